@@ -1,0 +1,286 @@
+"""What the server sees (:class:`Capture`) and the ground truth kept for scoring (:class:`Truth`).
+
+DESIGN.md §2: a capture is self-describing (model spec and state, protocol, gradients **or**
+update, history terms of the FL scheme). Sign convention: ``gradients`` are ∇θ of the mean-reduced
+loss; ``update`` is ``θ_local − θ_global``. Files are safetensors with the JSON metadata in the
+header: loading never unpickles.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from gi.errors import CaptureError
+from gi.protocol import Protocol
+
+Tensor = torch.Tensor
+_KINDS = ("state", "gradients", "update", "history")
+
+
+def _atomic_save(tensors: dict[str, Tensor], meta: dict[str, Any], path: str | os.PathLike) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    flat = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file(flat, tmp, metadata={"gi": json.dumps(meta)})
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _read(path: str | os.PathLike, expect: str) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise CaptureError(f"no {expect} file at {path}; write one with {expect.capitalize()}.save(path)")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            header = f.metadata() or {}
+        tensors = load_file(str(path))
+    except Exception as exc:  # safetensors raises its own types for corrupt files
+        raise CaptureError(f"{path} is not a valid safetensors file: {exc}") from None
+    if "gi" not in header:
+        raise CaptureError(f"{path} has no gi metadata; it was not written by {expect.capitalize()}.save")
+    meta = json.loads(header["gi"])
+    if meta.get("type") != expect:
+        raise CaptureError(f"{path} holds a {meta.get('type')!r}, not a {expect!r}")
+    return tensors, meta
+
+
+def _split(tensors: dict[str, Tensor]) -> dict[str, dict[str, Tensor]]:
+    out: dict[str, dict[str, Tensor]] = {k: {} for k in _KINDS}
+    for key, value in tensors.items():
+        kind, name = key.split("/", 1)
+        out.setdefault(kind, {})[name] = value
+    return out
+
+
+@dataclass
+class Capture:
+    """The shared message of one client (plus everything the server legitimately knows).
+
+    ``model_spec`` rebuilds the architecture (:func:`gi.models.from_spec`); ``model_state`` is the
+    global model θᵗ the client started from (parameters and buffers). Exactly one of ``gradients``
+    (FedSGD) and ``update`` (FedAvg-style schemes) is set. ``history`` holds scheme terms such as
+    Scaffold's control variates or FedDyn's state; ``meta`` is free-form JSON (round, client id…).
+    """
+
+    model_spec: dict[str, Any]
+    model_state: dict[str, Tensor]
+    protocol: Protocol
+    gradients: dict[str, Tensor] | None = None
+    update: dict[str, Tensor] | None = None
+    history: dict[str, Tensor] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ views
+    @property
+    def is_update(self) -> bool:
+        return self.update is not None
+
+    @property
+    def shared(self) -> dict[str, Tensor]:
+        """The shared tensors: ``gradients`` or ``update``, whichever is present."""
+        shared = self.update if self.update is not None else self.gradients
+        if shared is None:
+            raise CaptureError("capture has neither gradients nor update; set exactly one of them")
+        return shared
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.model_spec["num_classes"])
+
+    def model(self, device: str | torch.device = "cpu") -> torch.nn.Module:
+        """The global model θᵗ, rebuilt from spec and state, in the protocol's mode (eval/train)."""
+        from gi.models import from_spec
+
+        model = from_spec(self.model_spec)
+        missing, unexpected = model.load_state_dict(self.model_state, strict=False)
+        if missing or unexpected:
+            raise CaptureError(
+                f"capture state does not fit model {self.model_spec.get('name')!r}: "
+                f"missing {list(missing)[:3]}, unexpected {list(unexpected)[:3]}"
+            )
+        model.train(self.protocol.model_mode == "train")
+        return model.to(device)
+
+    def last_layer(self, dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor | None]:
+        """The shared last-layer tensors ``(W (C, D), b (C,) or None)`` in ``dtype``.
+
+        For an update the result is ``−Δθ/η``: for plain SGD that is the sum of the local step
+        gradients, so both kinds of capture read as gradient-like quantities. Update-based attacks
+        apply their own scheme factors (ρ, history terms) on top.
+        """
+        from gi.models import LAST_BIAS, LAST_WEIGHT
+
+        shared = self.shared
+        if LAST_WEIGHT not in shared:
+            raise CaptureError(f"capture has no {LAST_WEIGHT!r}; label recovery needs the last layer")
+        w, b = shared[LAST_WEIGHT].to(dtype), shared.get(LAST_BIAS)
+        b = None if b is None else b.to(dtype)
+        if self.is_update:
+            scale = -1.0 / self.protocol.lr
+            w, b = w * scale, (None if b is None else b * scale)
+        return w, b
+
+    # ------------------------------------------------------------------ checks
+    def validate(self, model: torch.nn.Module | None = None) -> Capture:
+        """Check names, shapes, finiteness and gradients-xor-update; raise :class:`CaptureError`."""
+        if (self.gradients is None) == (self.update is None):
+            raise CaptureError("a capture needs exactly one of gradients (FedSGD) and update (FedAvg); "
+                               f"got gradients={self.gradients is not None}, update={self.update is not None}")
+        if self.is_update != self.protocol.is_update:
+            raise CaptureError(f"protocol.scheme={self.protocol.scheme!r} does not match a capture with "
+                               f"{'an update' if self.is_update else 'gradients'}")
+        model = model if model is not None else self.model()
+        params = dict(model.named_parameters())
+        state = model.state_dict()
+        for name, tensor in self.shared.items():
+            if name not in params:
+                raise CaptureError(f"shared tensor {name!r} is not a parameter of model "
+                                   f"{self.model_spec.get('name')!r}; e.g. {list(params)[:3]}")
+            if tuple(tensor.shape) != tuple(params[name].shape):
+                raise CaptureError(f"shared tensor {name!r} has shape {tuple(tensor.shape)}, the model's "
+                                   f"parameter has {tuple(params[name].shape)}: capture and model differ")
+        for group, tensors in (("shared", self.shared), ("model_state", self.model_state),
+                               ("history", self.history)):
+            for name, tensor in tensors.items():
+                if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                    raise CaptureError(f"{group} tensor {name!r} contains NaN or Inf; drop this capture "
+                                       "or re-capture it")
+        for name, tensor in self.model_state.items():
+            if name in state and tuple(state[name].shape) != tuple(tensor.shape):
+                raise CaptureError(f"model_state tensor {name!r} has shape {tuple(tensor.shape)}, "
+                                   f"model expects {tuple(state[name].shape)}")
+        return self
+
+    # ------------------------------------------------------------------ I/O
+    def save(self, path: str | os.PathLike) -> None:
+        """Write one safetensors file (tensors) with JSON metadata in its header, atomically."""
+        tensors: dict[str, Tensor] = {f"state/{k}": v for k, v in self.model_state.items()}
+        if self.gradients is not None:
+            tensors.update({f"gradients/{k}": v for k, v in self.gradients.items()})
+        if self.update is not None:
+            tensors.update({f"update/{k}": v for k, v in self.update.items()})
+        tensors.update({f"history/{k}": v for k, v in self.history.items()})
+        meta = {"type": "capture", "model_spec": self.model_spec, "protocol": self.protocol.to_dict(),
+                "has_gradients": self.gradients is not None, "has_update": self.update is not None,
+                "meta": self.meta}
+        _atomic_save(tensors, meta, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Capture:
+        tensors, meta = _read(path, "capture")
+        parts = _split(tensors)
+        return cls(
+            model_spec=meta["model_spec"],
+            model_state=parts["state"],
+            protocol=Protocol.from_dict(meta["protocol"]),
+            gradients=parts["gradients"] if meta["has_gradients"] else None,
+            update=parts["update"] if meta["has_update"] else None,
+            history=parts["history"],
+            meta=meta.get("meta", {}),
+        )
+
+
+@dataclass
+class Truth:
+    """Ground truth of a capture, for scoring only (never passed to the attack side).
+
+    ``images`` (B, C, H, W) in [0, 1]; ``labels`` (B,) class ids (argmax of the target);
+    ``targets`` (B, C) the soft targets actually used; ``counts`` (C,) labels per class over all the
+    samples the shared message depends on; ``extra`` holds e.g. per-step counts of local training.
+    """
+
+    images: Tensor
+    labels: Tensor
+    targets: Tensor
+    counts: Tensor
+    extra: dict[str, Tensor] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def proportions(self) -> Tensor:
+        c = self.counts.double()
+        return c / c.sum().clamp_min(1)
+
+    def save(self, path: str | os.PathLike) -> None:
+        tensors = {"images": self.images, "labels": self.labels, "targets": self.targets, "counts": self.counts}
+        tensors.update({f"extra/{k}": v for k, v in self.extra.items()})
+        _atomic_save(tensors, {"type": "truth", "meta": self.meta}, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Truth:
+        tensors, meta = _read(path, "truth")
+        extra = {k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith("extra/")}
+        return cls(tensors["images"], tensors["labels"], tensors["targets"], tensors["counts"], extra,
+                   meta.get("meta", {}))
+
+
+def _dp_noise(shared: dict[str, Tensor], protocol: Protocol, generator: torch.Generator | None) -> None:
+    """Optional DP defence on the shared message: clip the global norm to ``dp_clip``, add N(0, σ²)."""
+    if protocol.dp_clip is not None:
+        norm = torch.sqrt(sum((t.double() ** 2).sum() for t in shared.values()))
+        factor = min(1.0, protocol.dp_clip / max(float(norm), 1e-12))
+        for t in shared.values():
+            t.mul_(factor)
+    if protocol.dp_sigma > 0:
+        for t in shared.values():
+            t.add_(torch.randn(t.shape, generator=generator, dtype=t.dtype) * protocol.dp_sigma)
+
+
+def capture_gradients(
+    model: torch.nn.Module,
+    images: Tensor,
+    targets: Tensor,
+    protocol: Protocol,
+    generator: torch.Generator | None = None,
+) -> tuple[Capture, Truth]:
+    """FedSGD: the client's gradient of the mean loss over one batch (DESIGN.md §4).
+
+    ``targets`` are class ids ``(B,)`` or soft labels ``(B, C)``. The model is used in the protocol's
+    mode (``eval`` by default, as Inverting Gradients assumes). Returns ``(Capture, Truth)``.
+    """
+    from gi.losses import as_soft_targets, loss_for
+
+    if protocol.is_update:
+        raise CaptureError(f"capture_gradients is FedSGD; protocol.scheme={protocol.scheme!r} needs "
+                           "gi.simulate_client")
+    if images.ndim != 4:
+        raise CaptureError(f"images must be (B, C, H, W), got shape {tuple(images.shape)}")
+    if images.shape[0] != targets.shape[0]:
+        raise CaptureError(f"{images.shape[0]} images but {targets.shape[0]} targets")
+    spec = getattr(model, "spec", None)
+    if spec is None:
+        raise CaptureError("model has no .spec; build it with gi.models.build so the capture can rebuild it")
+    if images.min() < 0 or images.max() > 1:
+        raise CaptureError("images must be pixels in [0, 1]; normalisation is the model's first layer")
+    soft = as_soft_targets(targets, spec["num_classes"])
+    model.train(protocol.model_mode == "train")
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}  # before BN updates
+    names, params = zip(*[(n, p) for n, p in model.named_parameters() if p.requires_grad])
+    loss = loss_for(protocol)(model(images), soft.to(images.dtype))
+    grads = torch.autograd.grad(loss, params)
+    shared = {n: g.detach().clone() for n, g in zip(names, grads)}
+    _dp_noise(shared, protocol, generator)
+    if not math.isfinite(float(loss.detach())):
+        raise CaptureError("client loss is not finite; check the model's initialisation and the inputs")
+    capture = Capture(model_spec=dict(spec), model_state=state, protocol=protocol, gradients=shared,
+                      meta={"num_samples": int(images.shape[0])})
+    counts = torch.bincount(soft.argmax(1), minlength=spec["num_classes"])
+    truth = Truth(images=images.detach().clone(), labels=soft.argmax(1), targets=soft.detach().clone(),
+                  counts=counts)
+    return capture, truth

@@ -1,0 +1,22 @@
+"""Errors of the toolkit: one base class, one subclass per kind of mistake (DESIGN.md §5).
+
+Messages are one line: what was wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+
+class GIError(Exception):
+    """Base class of every error the toolkit raises on purpose."""
+
+
+class CaptureError(GIError):
+    """A capture does not fit its model: wrong names or shapes, NaN/Inf, missing fields."""
+
+
+class ConfigError(GIError):
+    """A configuration key is unknown or a value is not allowed; the message lists the valid ones."""
+
+
+class AssetError(GIError):
+    """An offline asset (dataset files, backbone weights) is missing; the message names the install command."""

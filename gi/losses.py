@@ -1,0 +1,87 @@
+"""Client losses, in one place (issue 2 §4).
+
+Every loss takes logits ``(B, C)`` and targets that are either class ids ``(B,)`` or soft labels
+``(B, C)`` (rows on the simplex), and reduces by the mean over the batch, which is the FedSGD
+convention of DESIGN.md §2 (``gradients`` are ∇θ of the mean-reduced loss).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from gi.errors import ConfigError
+
+Tensor = torch.Tensor
+
+
+def as_soft_targets(targets: Tensor, num_classes: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Class ids ``(B,)`` become one-hot rows; soft targets ``(B, C)`` pass through."""
+    if targets.ndim == 1:
+        return F.one_hot(targets.long(), num_classes).to(dtype)
+    if targets.ndim == 2 and targets.shape[1] == num_classes:
+        return targets.to(dtype)
+    raise ConfigError(
+        f"targets must be class ids (B,) or soft labels (B, {num_classes}); got shape {tuple(targets.shape)}"
+    )
+
+
+def soft_cross_entropy(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
+    """Mean over the batch of ``-Σ_c y_c log softmax(z/τ)_c``; ∇z = (p − y)/(τB) (posterior paper, Table 1)."""
+    y = as_soft_targets(targets, logits.shape[1], logits.dtype)
+    return -(y * F.log_softmax(logits / temperature, dim=1)).sum(1).mean()
+
+
+def focal_loss(
+    logits: Tensor,
+    targets: Tensor,
+    alpha: float | Tensor | None = None,
+    gamma: float = 0.0,
+    temperature: float = 1.0,
+) -> Tensor:
+    """Multi-class focal loss, posterior-probability paper eq. 1 (Lin et al. 2017, extended).
+
+    ``L = -Σ_t y_t α_t (1 − p_t)^γ log p_t`` with ``p = softmax(z/τ)``; for one-hot ``y`` this is
+    ``-α_c (1 − p_c)^γ log p_c``. With γ = 0 and α = 1 it is cross-entropy. ``alpha`` is a scalar or a
+    per-class vector ``(C,)``.
+    """
+    y = as_soft_targets(targets, logits.shape[1], logits.dtype)
+    logp = F.log_softmax(logits / temperature, dim=1)
+    p = logp.exp()
+    a = torch.ones(logits.shape[1], dtype=logits.dtype, device=logits.device) if alpha is None else alpha
+    a = torch.as_tensor(a, dtype=logits.dtype, device=logits.device)
+    weight = a * (1.0 - p).clamp_min(0).pow(gamma)
+    return -(y * weight * logp).sum(1).mean()
+
+
+def binary_cross_entropy(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
+    """Sigmoid BCE summed over classes, mean over the batch; ∇z = (σ(z/τ) − y)/(τB) (Table 1, last row)."""
+    y = as_soft_targets(targets, logits.shape[1], logits.dtype)
+    per = F.binary_cross_entropy_with_logits(logits / temperature, y, reduction="none")
+    return per.sum(1).mean()
+
+
+LossFn = Callable[[Tensor, Tensor], Tensor]
+
+LOSSES: dict[str, Callable[..., LossFn]] = {
+    "ce": lambda p: (lambda z, y: soft_cross_entropy(z, y, p.temperature)),
+    "focal": lambda p: (lambda z, y: focal_loss(z, y, p.focal_alpha, p.focal_gamma, p.temperature)),
+    "bce": lambda p: (lambda z, y: binary_cross_entropy(z, y, p.temperature)),
+}
+
+
+def loss_for(protocol) -> LossFn:
+    """The client's loss ``(logits, targets) -> scalar`` as its protocol names it."""
+    try:
+        return LOSSES[protocol.loss](protocol)
+    except KeyError:
+        raise ConfigError(f"unknown loss {protocol.loss!r}; valid: {sorted(LOSSES)}") from None
+
+
+def posterior(logits: Tensor, loss: str, temperature: float = 1.0) -> Tensor:
+    """The output activation that goes with ``loss``: softmax(z/τ), or sigmoid(z/τ) for BCE."""
+    if loss == "bce":
+        return torch.sigmoid(logits / temperature)
+    return torch.softmax(logits / temperature, dim=-1)

@@ -1,0 +1,91 @@
+"""The FL protocol a client follows, as the server knows it (DESIGN.md §2).
+
+A :class:`Protocol` travels inside every :class:`gi.Capture`, so an attack can interpret a gradient
+or an update without guessing: which loss, which label augmentation, which optimiser, how many
+local epochs, which FL scheme and its hyper-parameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from gi.errors import ConfigError
+
+SCHEMES = ("fedsgd", "fedavg", "fedprox", "scaffold", "feddyn", "feddc")
+LOSS_NAMES = ("ce", "focal", "bce")
+LABEL_AUGS = ("onehot", "smoothing", "smoothing-alt", "mixup")
+OPTIMIZERS = ("sgd", "sgdm", "nesterov")
+MODEL_MODES = ("eval", "train")
+
+
+@dataclass
+class Protocol:
+    """What the client does with its data; everything here is known to the honest-but-curious server.
+
+    Label augmentation kinds (soft-label paper §3 and posterior paper Table 3):
+    ``onehot``; ``smoothing`` = ``(1−ε)·onehot + ε/C``; ``smoothing-alt`` = ``y⁺ = 1−ε, y⁻ = ε/(C−1)``;
+    ``mixup`` = ``(1−λ)·y₁ + λ·y₂``. ``label_eps`` is the smoothing ε when the server knows it (the
+    posterior attack's label embedding); ``None`` when it varies per sample (soft-label paper).
+    """
+
+    scheme: str = "fedsgd"
+    loss: str = "ce"
+    focal_alpha: float | list[float] | None = None
+    focal_gamma: float = 0.0
+    temperature: float = 1.0
+    label_aug: str = "onehot"
+    label_eps: float | None = None
+    batch_size: int = 1
+    num_samples: int | None = None
+    local_epochs: int = 1
+    optimizer: str = "sgd"
+    lr: float = 0.01
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    prox_mu: float = 0.0
+    feddyn_alpha: float = 0.0
+    feddc_alpha: float = 0.0
+    drop_last: bool = True
+    model_mode: str = "eval"
+    dp_sigma: float = 0.0
+    dp_clip: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, allowed in (
+            ("scheme", SCHEMES),
+            ("loss", LOSS_NAMES),
+            ("label_aug", LABEL_AUGS),
+            ("optimizer", OPTIMIZERS),
+            ("model_mode", MODEL_MODES),
+        ):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ConfigError(f"protocol.{name}={value!r} is not allowed; valid: {list(allowed)}")
+        for name in ("batch_size", "local_epochs"):
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"protocol.{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.temperature <= 0:
+            raise ConfigError(f"protocol.temperature must be > 0, got {self.temperature!r}")
+        if self.lr <= 0:
+            raise ConfigError(f"protocol.lr must be > 0, got {self.lr!r}")
+        if self.label_eps is not None and not 0.0 <= self.label_eps < 1.0:
+            raise ConfigError(f"protocol.label_eps must be in [0, 1), got {self.label_eps!r}")
+
+    @property
+    def is_update(self) -> bool:
+        """FedSGD shares a gradient; every other scheme shares ``θ_local − θ_global``."""
+        return self.scheme != "fedsgd"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Protocol:
+        valid = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - valid)
+        if unknown:
+            raise ConfigError(f"unknown protocol key(s) {unknown}; valid: {sorted(valid)}")
+        return cls(**data)

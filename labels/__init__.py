@@ -1,0 +1,19 @@
+"""Label recovery: single-sample hard and soft labels, batch counts, label distributions.
+
+Every module of this package registers its methods in :data:`labels.METHODS` on import; this file
+imports them all, so ``labels.recover(capture, name)`` sees every method.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from labels.base import BATCH_METHODS, METHODS, LabelResult, describe, recover, recover_many, register
+from labels.counts import largest_remainder, round_counts
+
+__all__ = ["BATCH_METHODS", "METHODS", "recover_many", "LabelResult", "describe", "largest_remainder", "recover", "register", "round_counts"]
+
+for _mod in pkgutil.iter_modules(__path__):
+    if _mod.name not in {"base", "counts"} and not _mod.name.startswith("_"):
+        importlib.import_module(f"labels.{_mod.name}")
