@@ -12,7 +12,17 @@ import pkgutil
 from labels.base import BATCH_METHODS, METHODS, LabelResult, describe, recover, recover_many, register
 from labels.counts import largest_remainder, round_counts
 
-__all__ = ["BATCH_METHODS", "METHODS", "recover_many", "LabelResult", "describe", "largest_remainder", "recover", "register", "round_counts"]
+__all__ = [
+    "BATCH_METHODS",
+    "METHODS",
+    "LabelResult",
+    "describe",
+    "largest_remainder",
+    "recover",
+    "recover_many",
+    "register",
+    "round_counts",
+]
 
 for _mod in pkgutil.iter_modules(__path__):
     if _mod.name not in {"base", "counts"} and not _mod.name.startswith("_"):
