@@ -1,0 +1,182 @@
+"""``gi labels CONFIG``: the label-recovery benchmark (one table per config, every method on the same captures).
+
+A config names a victim scenario (:mod:`gi.scenarios`), its ``setup``, an optional ``grid`` of setup
+values (one table row group per grid point), the label methods to compare and the metrics to show.
+Every method sees exactly the same captures; trials that share an auxiliary set are recovered in one
+vectorised call (:func:`labels.recover_many`). Output: ``trials.csv`` (one row per trial and method),
+``summary.csv`` / ``summary.md`` / ``summary.json`` (means per grid point and method, with the paper's
+value next to ours where the config gives one), ``config.yaml``, ``plot.png`` and the log.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as _dt
+import itertools
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from gi.config import apply_overrides, from_dict, load_yaml, to_dict
+from gi.errors import ConfigError
+from gi.report import save_line_plot, staged_output, write_csv, write_json, write_markdown_table, write_yaml
+
+log = logging.getLogger("gi.labels")
+
+
+@dataclass
+class BenchConfig:
+    """A label-recovery benchmark. ``grid`` maps dotted setup keys to lists of values; ``paper`` maps a grid
+    point label (or ``"*"``) to ``{method: value}`` of the paper's reported ``metrics[0]``."""
+
+    name: str = "labels"
+    scenario: str = ""
+    trials: int = 20
+    seed: int = 0
+    out: str | None = None
+    overwrite: bool = False
+    setup: dict[str, Any] = field(default_factory=dict)
+    grid: dict[str, list[Any]] = field(default_factory=dict)
+    methods: list[str] = field(default_factory=list)
+    method_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    metrics: list[str] = field(default_factory=lambda: ["ins_acc", "cls_acc"])
+    paper: dict[str, dict[str, float]] = field(default_factory=dict)
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        import labels
+        from gi.scenarios import get_scenario
+
+        get_scenario(self.scenario)
+        if not self.methods:
+            raise ConfigError("methods is empty; list label methods to compare, e.g. [idlg, yin]")
+        unknown = [m for m in self.methods if m not in labels.METHODS]
+        if unknown:
+            raise ConfigError(f"unknown label method(s) {unknown}; valid: {sorted(labels.METHODS)}")
+        extra = sorted(set(self.method_options) - set(self.methods))
+        if extra:
+            raise ConfigError(f"method_options for methods not in `methods`: {extra}")
+        if self.trials < 1:
+            raise ConfigError("trials must be >= 1")
+
+
+def load_bench_config(path: str | Path, overrides: list[str] | None = None) -> BenchConfig:
+    return from_dict(BenchConfig, apply_overrides(load_yaml(path), list(overrides or [])))
+
+
+def _set_dotted(d: dict[str, Any], key: str, value: Any) -> None:
+    keys = key.split(".")
+    for k in keys[:-1]:
+        d = d.setdefault(k, {})
+        if not isinstance(d, dict):
+            raise ConfigError(f"grid key {key!r}: {k!r} is not a mapping in setup")
+    d[keys[-1]] = value
+
+
+def grid_points(cfg: BenchConfig) -> list[tuple[str, dict[str, Any]]]:
+    """``[(label, setup)]``, one per combination of grid values (the label reads ``key=value, …``)."""
+    if not cfg.grid:
+        return [("all", copy.deepcopy(cfg.setup))]
+    keys = list(cfg.grid)
+    points = []
+    for values in itertools.product(*(cfg.grid[k] for k in keys)):
+        setup = copy.deepcopy(cfg.setup)
+        for k, v in zip(keys, values):
+            _set_dotted(setup, k, v)
+        label = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in zip(keys, values))
+        points.append((label, setup))
+    return points
+
+
+def _paper_value(cfg: BenchConfig, point: str, method: str) -> float | None:
+    for key in (point, "*"):
+        if key in cfg.paper and method in cfg.paper[key]:
+            return cfg.paper[key][method]
+    return None
+
+
+def run_bench(cfg: BenchConfig) -> Path:
+    """Run the benchmark and write its output directory; returns the directory."""
+    import labels
+    from gi.metrics import label_metrics
+    from gi.scenarios import get_scenario
+
+    scenario = get_scenario(cfg.scenario)
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(cfg.out or f"runs/labels/{cfg.name}-{stamp}")
+    points = grid_points(cfg)
+    rows: list[dict[str, Any]] = []
+    with staged_output(out, overwrite=cfg.overwrite) as tmp:
+        t0 = time.perf_counter()
+        bar = tqdm(total=len(points) * cfg.trials, desc=f"{cfg.name}: captures", disable=not cfg.progress)
+        for p_index, (point, setup) in enumerate(points):
+            gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + p_index)
+            trials = []
+            for t in range(cfg.trials):
+                for k, trial in enumerate(scenario(copy.deepcopy(setup), gen, t)):
+                    trials.append((t, k, trial))
+                bar.update(1)
+            groups: dict[int, list[tuple[int, int, Any]]] = defaultdict(list)
+            for entry in trials:
+                groups[id(entry[2].aux)].append(entry)
+            for method in cfg.methods:
+                options = cfg.method_options.get(method, {})
+                for entries in groups.values():
+                    caps = [e[2].capture for e in entries]
+                    start = time.perf_counter()
+                    results = labels.recover_many(caps, method, aux=entries[0][2].aux, **options)
+                    per = (time.perf_counter() - start) / len(caps)
+                    for (t, k, trial), res in zip(entries, results):
+                        row = {"point": point, "trial": t, "message": k, "group": trial.group, "method": method,
+                               **label_metrics(res, trial.truth),
+                               "seconds": float(res.info.get("seconds", per)),
+                               "reason": res.info.get("reason", "")}
+                        rows.append(row)
+            log.info("%s: %d captures, %d methods", point, len(trials), len(cfg.methods))
+        bar.close()
+        summary = summarize_rows(cfg, rows)
+        write_yaml(tmp / "config.yaml", to_dict(cfg))
+        write_csv(tmp / "trials.csv", rows)
+        write_csv(tmp / "summary.csv", summary)
+        text = write_markdown_table(tmp / "summary.md", summary, title=f"{cfg.name} ({cfg.trials} trials per point)")
+        write_json(tmp / "summary.json", {"name": cfg.name, "trials": cfg.trials, "rows": summary,
+                                          "seconds": time.perf_counter() - t0, "torch": torch.__version__})
+        _plot(tmp / "plot.png", cfg, summary, points)
+        print(text)
+    return out
+
+
+def summarize_rows(cfg: BenchConfig, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Means per (grid point, method) of the chosen metrics, success rate, median seconds, paper value."""
+    out = []
+    keyed: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        keyed[(r["point"], r["method"])].append(r)
+    for (point, method), rs in keyed.items():
+        row: dict[str, Any] = {"point": point, "method": method, "n": len(rs)}
+        for m in cfg.metrics:
+            vals = [float(r[m]) for r in rs if m in r and r[m] is not None]
+            row[m] = sum(vals) / len(vals) if vals else None
+        paper = _paper_value(cfg, point, method)
+        if paper is not None:
+            row[f"paper_{cfg.metrics[0]}"] = paper
+        row["ok_rate"] = sum(float(r.get("ok", 1.0)) for r in rs) / len(rs)
+        secs = sorted(float(r["seconds"]) for r in rs)
+        row["median_ms"] = 1000 * secs[len(secs) // 2]
+        out.append(row)
+    return out
+
+
+def _plot(path: Path, cfg: BenchConfig, summary: list[dict[str, Any]], points: list[tuple[str, Any]]) -> None:
+    metric = cfg.metrics[0]
+    labels_ = [p for p, _ in points]
+    series = {m: [next((r[metric] for r in summary if r["point"] == p and r["method"] == m), float("nan"))
+                  for p in labels_] for m in cfg.methods}
+    save_line_plot(path, list(range(len(labels_))), series, "grid point: " + " | ".join(labels_)[:120], metric,
+                   title=cfg.name)

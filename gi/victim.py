@@ -1,0 +1,480 @@
+"""The FL victim: one client's local training (:func:`simulate_client`) and a server loop (:func:`run_federation`).
+
+Local training follows RLU (Chen & Vikalo 2024) Appendix A.4–A.9 step by step, so the closed forms of
+RLU Table 1 hold exactly for the bias of the last layer:
+
+- optimisers (A.4, A.5): ``sgd``; ``sgdm`` ``v ← γv + g, θ ← θ − ηv`` (eq. 34–35, PyTorch's convention);
+  ``nesterov`` ``θ ← θ − η(g + γv)`` with ``v ← γv + g``, which equals RLU eq. 46–47 term by term;
+- schemes (A.6–A.9), each adding its term to the cross-entropy gradient ``g`` of every step:
+  ``fedavg`` nothing; ``fedprox`` ``μ(θ − θᵗ)`` (eq. 64–65); ``scaffold`` ``c − c_k`` (eq. 57) with
+  Karimireddy's option-II control update (eq. 58); ``feddyn`` ``−∇L_k^{prev} + α(θ − θᵗ)`` (eq. 71) with
+  the client state ``∇L_k^{prev} = −α Σ_{r<t} Δθ_k^{(r)}`` (eq. 73); ``feddc``
+  ``α(θ − θᵗ + d_k) + (Δθ_k^{(t−1)} − Δθ^{(t−1)})/(ηm)`` (eq. 81–82).
+
+RLU's "local epochs" are local *steps* on fresh batches (its eq. 5 and its public code); the protocol
+key ``extra["local_steps"]`` caps training at that many steps (epochs continue, reshuffled, until the cap),
+otherwise the client runs ``local_epochs`` full passes over its data. :func:`local_schedule` gives the
+batch size of every step from the protocol alone, so the attack side derives the same schedule.
+
+The capture carries the global model θᵗ, the update ``Δθ = θ_local − θᵗ``, the protocol with
+``num_samples = N_k`` and the scheme's history terms (``capture.history``, keys ``"<term>/<param>"``, see
+:data:`HISTORY_TERMS`). The truth carries the label counts of the distinct samples used, and in
+``truth.extra`` the per-step and per-epoch counts and the per-step cross-entropy bias gradient.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from gi.capture import Capture, Truth
+from gi.errors import CaptureError, ConfigError
+from gi.losses import loss_for
+from gi.protocol import Protocol
+
+Tensor = torch.Tensor
+State = dict[str, Tensor]
+
+# History terms the server legitimately knows at the start of round t, per scheme (RLU Table 1).
+HISTORY_TERMS: dict[str, tuple[str, ...]] = {
+    "fedsgd": (),
+    "fedavg": (),
+    "fedprox": (),
+    "scaffold": ("scaffold.c", "scaffold.c_k"),  # server control c^(t), client control c_k^(t)
+    "feddyn": ("feddyn.sum_updates",),  # Σ_{r<t} Δθ_k^(r) (client state ∇L_k = −α · this)
+    "feddc": ("feddc.drift", "feddc.prev_local", "feddc.prev_global"),  # d_k^(t), Δθ_k^(t−1), Δθ^(t−1)
+}
+
+
+# --------------------------------------------------------------------------- data access
+def _as_arrays(dataset: Any) -> tuple[Tensor, Tensor, int]:
+    """``(images, labels, num_classes)`` from a gi.data dataset, an AuxData, or an ``(images, labels)`` pair."""
+    if isinstance(dataset, tuple | list) and len(dataset) == 2:
+        images, labels = dataset
+        return images, labels.long(), int(labels.max()) + 1
+    images, labels = getattr(dataset, "images", None), getattr(dataset, "labels", None)
+    if images is None or labels is None:
+        raise ConfigError(f"dataset must have .images and .labels (or be an (images, labels) pair), got "
+                          f"{type(dataset).__name__}")
+    num_classes = int(getattr(dataset, "num_classes", int(labels.max()) + 1))
+    return images, labels.long(), num_classes
+
+
+def local_schedule(protocol: Protocol, num_samples: int | None = None) -> list[int]:
+    """Batch size of every local step, from what the server knows (N_k, B, drop_last, E, local_steps).
+
+    A client with fewer samples than ``B`` trains on all of them in one step per epoch (a drop-last
+    loader would otherwise never step). ``extra["local_steps"]`` overrides ``local_epochs``: epochs
+    continue until that many steps are done (RLU's multi-"epoch" setting).
+    """
+    n = num_samples if num_samples is not None else protocol.num_samples
+    if n is None or int(n) < 1:
+        raise CaptureError("protocol.num_samples (the client's N_k) is needed to derive the local schedule; "
+                           "captures from gi.victim set it")
+    n, b = int(n), min(int(protocol.batch_size), int(n))
+    per_epoch = [b] * (n // b)
+    if not protocol.drop_last and n % b:
+        per_epoch.append(n % b)
+    steps = protocol.extra.get("local_steps")
+    if steps is None:
+        return per_epoch * int(protocol.local_epochs)
+    steps = int(steps)
+    if steps < 1:
+        raise ConfigError(f"protocol.extra.local_steps must be >= 1, got {steps}")
+    return (per_epoch * math.ceil(steps / len(per_epoch)))[:steps]
+
+
+# --------------------------------------------------------------------------- schemes
+@dataclass
+class _Ctx:
+    """What a scheme term needs at one step."""
+
+    protocol: Protocol
+    theta0: State
+    history: State
+    num_steps: int
+
+    def hist(self, term: str, name: str) -> Tensor:
+        t = self.history.get(f"{term}/{name}")
+        return torch.zeros_like(self.theta0[name]) if t is None else t.to(self.theta0[name].dtype)
+
+
+SchemeTerm = Callable[[_Ctx, str, Tensor], Tensor | None]
+
+
+def _term_fedprox(ctx: _Ctx, name: str, theta: Tensor) -> Tensor | None:
+    mu = ctx.protocol.prox_mu
+    return mu * (theta - ctx.theta0[name]) if mu else None
+
+
+def _term_scaffold(ctx: _Ctx, name: str, theta: Tensor) -> Tensor:
+    return ctx.hist("scaffold.c", name) - ctx.hist("scaffold.c_k", name)
+
+
+def _term_feddyn(ctx: _Ctx, name: str, theta: Tensor) -> Tensor:
+    a = ctx.protocol.feddyn_alpha
+    return a * ctx.hist("feddyn.sum_updates", name) + a * (theta - ctx.theta0[name])
+
+
+def _term_feddc(ctx: _Ctx, name: str, theta: Tensor) -> Tensor:
+    a, lr = ctx.protocol.feddc_alpha, ctx.protocol.lr
+    correction = (ctx.hist("feddc.prev_local", name) - ctx.hist("feddc.prev_global", name)) / (lr * ctx.num_steps)
+    return a * (theta - ctx.theta0[name] + ctx.hist("feddc.drift", name)) + correction
+
+
+SCHEME_TERMS: dict[str, SchemeTerm | None] = {
+    "fedavg": None,
+    "fedprox": _term_fedprox,
+    "scaffold": _term_scaffold,
+    "feddyn": _term_feddyn,
+    "feddc": _term_feddc,
+}
+
+
+# --------------------------------------------------------------------------- one client
+@dataclass
+class ClientRun:
+    """Everything one client's local round produced (the clean update, before any DP noise)."""
+
+    update: State
+    num_samples: int
+    step_counts: Tensor  # (S, C)
+    step_bias_grad: Tensor | None  # (S, C) cross-entropy gradient of fc.bias at each step
+    indices_used: Tensor  # dataset indices of the distinct samples used
+    epoch_of_step: Tensor  # (S,)
+    final_loss: float
+
+
+def _targets(labels: Tensor, num_classes: int, protocol: Protocol) -> Tensor:
+    onehot = F.one_hot(labels, num_classes).float()
+    eps = protocol.label_eps or 0.0
+    if protocol.label_aug == "onehot" or eps == 0.0:
+        return onehot
+    if protocol.label_aug == "smoothing":
+        return (1 - eps) * onehot + eps / num_classes
+    if protocol.label_aug == "smoothing-alt":
+        return (1 - eps) * onehot + eps / (num_classes - 1) * (1 - onehot)
+    raise ConfigError(f"protocol.label_aug={protocol.label_aug!r} is not supported for local training; "
+                      "valid: ['onehot', 'smoothing', 'smoothing-alt']")
+
+
+def _train_client(
+    model: torch.nn.Module,
+    images: Tensor,
+    labels: Tensor,
+    num_classes: int,
+    protocol: Protocol,
+    generator: torch.Generator | None,
+    history: State,
+) -> ClientRun:
+    """Local training of one client from the model's current weights (θᵗ); the model is not modified."""
+    if protocol.scheme not in SCHEME_TERMS:
+        raise ConfigError(f"gi.victim trains FedAvg-style schemes; protocol.scheme={protocol.scheme!r} is not one "
+                          f"of {sorted(SCHEME_TERMS)} (FedSGD captures come from gi.capture_gradients)")
+    n = int(labels.shape[0])
+    schedule = local_schedule(protocol, n)
+    local = copy.deepcopy(model)
+    local.train(protocol.model_mode == "train")
+    names, params = zip(*[(k, p) for k, p in local.named_parameters() if p.requires_grad])
+    theta0 = {k: p.detach().clone() for k, p in zip(names, params)}
+    ctx = _Ctx(protocol, theta0, history, len(schedule))
+    term = SCHEME_TERMS[protocol.scheme]
+    loss_fn = loss_for(protocol)
+    lr, gamma, wd = protocol.lr, protocol.momentum, protocol.weight_decay
+    use_momentum = protocol.optimizer in ("sgdm", "nesterov") and gamma > 0
+    bufs: list[Tensor | None] = [None] * len(params)
+    bias_idx = names.index("fc.bias") if "fc.bias" in names else None
+
+    step_counts = torch.zeros(len(schedule), num_classes, dtype=torch.long)
+    bias_grads = torch.zeros(len(schedule), num_classes, dtype=torch.float64) if bias_idx is not None else None
+    epoch_of_step = torch.zeros(len(schedule), dtype=torch.long)
+    used = torch.zeros(n, dtype=torch.bool)
+    perm, pos, epoch = torch.randperm(n, generator=generator), 0, 0
+    loss = torch.zeros(())
+    for step, size in enumerate(schedule):
+        if pos + size > n:  # next epoch: reshuffle
+            perm, pos, epoch = torch.randperm(n, generator=generator), 0, epoch + 1
+        idx = perm[pos:pos + size]
+        pos += size
+        used[idx] = True
+        y = labels[idx]
+        step_counts[step] = torch.bincount(y, minlength=num_classes)
+        epoch_of_step[step] = epoch
+        loss = loss_fn(local(images[idx]), _targets(y, num_classes, protocol).to(images.dtype))
+        grads = torch.autograd.grad(loss, params)
+        with torch.no_grad():
+            if bias_grads is not None:
+                bias_grads[step] = grads[bias_idx].double()
+            for i, (name, p, g) in enumerate(zip(names, params, grads)):
+                d = g
+                if wd:
+                    d = d + wd * p
+                if term is not None:
+                    extra = term(ctx, name, p)
+                    if extra is not None:
+                        d = d + extra
+                if use_momentum:
+                    bufs[i] = d.clone() if bufs[i] is None else bufs[i].mul_(gamma).add_(d)
+                    d = d + gamma * bufs[i] if protocol.optimizer == "nesterov" else bufs[i]
+                p.sub_(lr * d)
+        if not math.isfinite(float(loss.detach())):
+            raise CaptureError("client loss became NaN/Inf during local training; lower protocol.lr")
+    update = {k: p.detach() - theta0[k] for k, p in zip(names, params)}
+    return ClientRun(update=update, num_samples=n, step_counts=step_counts, step_bias_grad=bias_grads,
+                     indices_used=torch.nonzero(used).flatten(), epoch_of_step=epoch_of_step,
+                     final_loss=float(loss.detach()))
+
+
+def _dp(update: State, protocol: Protocol, generator: torch.Generator | None) -> State:
+    """DP defence on the shared update: clip its global L2 norm to ``dp_clip``, add N(0, σ²) noise.
+
+    ``extra["dp_scale"] = "gradient"`` puts σ on the gradient-like ``−Δθ/η`` (noise ``η·σ`` on Δθ), the
+    scale RLU Table 6 reports; the default ``"update"`` adds σ to Δθ itself.
+    """
+    shared = {k: v.clone() for k, v in update.items()}
+    scale = protocol.extra.get("dp_scale", "update")
+    if scale not in ("update", "gradient"):
+        raise ConfigError(f"protocol.extra.dp_scale={scale!r}; valid: ['gradient', 'update']")
+    if protocol.dp_clip is not None:
+        norm = float(torch.sqrt(sum((t.double() ** 2).sum() for t in shared.values())))
+        factor = min(1.0, protocol.dp_clip / max(norm, 1e-12))
+        for t in shared.values():
+            t.mul_(factor)
+    if protocol.dp_sigma > 0:
+        sigma = protocol.dp_sigma * (protocol.lr if scale == "gradient" else 1.0)
+        for t in shared.values():
+            t.add_(torch.randn(t.shape, generator=generator, dtype=t.dtype) * sigma)
+    return shared
+
+
+def _history_for(protocol: Protocol, history: State | None, params: State) -> State:
+    """The server-known history terms of this scheme (zeros when a term is absent: first round)."""
+    out: State = {}
+    history = history or {}
+    for term in HISTORY_TERMS.get(protocol.scheme, ()):
+        for name, p in params.items():
+            t = history.get(f"{term}/{name}")
+            out[f"{term}/{name}"] = torch.zeros_like(p) if t is None else t.detach().clone().to(p.dtype)
+    return out
+
+
+def _make_capture(model: torch.nn.Module, run: ClientRun, protocol: Protocol, history: State,
+                  generator: torch.Generator | None, meta: dict[str, Any]) -> Capture:
+    spec = getattr(model, "spec", None)
+    if spec is None:
+        raise CaptureError("model has no .spec; build it with gi.models.build so the capture can rebuild it")
+    proto = dataclasses.replace(protocol, num_samples=run.num_samples, extra=dict(protocol.extra))
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    meta = {"num_samples": run.num_samples, "num_steps": int(run.step_counts.shape[0]),
+            "labelled_samples": int(run.step_counts.sum()), **meta}
+    return Capture(model_spec=dict(spec), model_state=state, protocol=proto, update=_dp(run.update, proto, generator),
+                   history=history, meta=meta)
+
+
+def _make_truth(images: Tensor, labels: Tensor, num_classes: int, run: ClientRun, indices: Tensor,
+                keep_images: bool) -> Truth:
+    used = run.indices_used
+    y = labels[used]
+    imgs = images[used].detach().clone() if keep_images else images[:0].detach().clone()
+    epochs = int(run.epoch_of_step.max()) + 1 if len(run.epoch_of_step) else 0
+    epoch_counts = torch.zeros(epochs, num_classes, dtype=torch.long).index_add_(0, run.epoch_of_step,
+                                                                                 run.step_counts)
+    extra = {"step_counts": run.step_counts, "epoch_counts": epoch_counts, "indices": indices[used]}
+    if run.step_bias_grad is not None:
+        extra["step_bias_grad"] = run.step_bias_grad
+    return Truth(images=imgs, labels=y, targets=F.one_hot(y, num_classes).float(),
+                 counts=torch.bincount(y, minlength=num_classes), extra=extra,
+                 meta={"final_loss": run.final_loss, "labelled_counts": run.step_counts.sum(0).tolist()})
+
+
+def simulate_client(
+    model: torch.nn.Module,
+    dataset: Any,
+    protocol: Protocol,
+    rng: torch.Generator | None = None,
+    indices: Tensor | Sequence[int] | None = None,
+    history: State | None = None,
+    keep_images: bool = True,
+    meta: dict[str, Any] | None = None,
+) -> tuple[Capture, Truth]:
+    """One FL client's local round from the global model ``model`` (θᵗ) (DESIGN.md §4).
+
+    ``dataset``: a ``gi.data`` dataset (``.images`` in [0, 1], ``.labels``, ``.num_classes``) or an
+    ``(images, labels)`` pair; ``indices`` the client's samples (default: all). ``history``: the scheme's
+    state at the start of the round, keys ``"<term>/<param>"`` of :data:`HISTORY_TERMS` (absent = zero,
+    the first round). ``rng`` shuffles the batches and draws DP noise. Returns ``(Capture, Truth)``;
+    ``truth.counts`` counts the distinct samples the update depends on, ``truth.extra['step_counts']``
+    the labels of every step (their sum is what RLU estimates).
+    """
+    images, labels, num_classes = _as_arrays(dataset)
+    if images.ndim != 4:
+        raise CaptureError(f"images must be (N, C, H, W), got shape {tuple(images.shape)}")
+    if images.min() < 0 or images.max() > 1:
+        raise CaptureError("images must be pixels in [0, 1]; normalisation is the model's first layer")
+    spec = getattr(model, "spec", {})
+    num_classes = int(spec.get("num_classes", num_classes))
+    indices = torch.arange(len(labels)) if indices is None else torch.as_tensor(indices, dtype=torch.long)
+    if indices.numel() == 0:
+        raise CaptureError("client has no samples (empty indices)")
+    params = {k: p.detach() for k, p in model.named_parameters() if p.requires_grad}
+    hist = _history_for(protocol, history, params)
+    run = _train_client(model, images[indices], labels[indices], num_classes, protocol, rng, hist)
+    capture = _make_capture(model, run, protocol, hist, rng, dict(meta or {}))
+    truth = _make_truth(images[indices], labels[indices], num_classes, run, indices, keep_images)
+    return capture, truth
+
+
+# --------------------------------------------------------------------------- server loop
+@dataclass
+class Federation:
+    """Result of :func:`run_federation`.
+
+    ``global_states[t]`` is θᵗ (the model broadcast in round t, rounds start at 1: θ¹ is the
+    initialisation); ``captures`` holds ``(round, client, Capture, Truth)`` for the requested rounds and
+    clients; ``accuracy[t]`` is the accuracy of θᵗ on the evaluation data when given.
+    """
+
+    partition: list[Tensor]
+    global_states: dict[int, State] = field(default_factory=dict)
+    captures: list[tuple[int, int, Capture, Truth]] = field(default_factory=list)
+    accuracy: dict[int, float] = field(default_factory=dict)
+    client_states: dict[int, State] = field(default_factory=dict)
+
+    def model(self, template: torch.nn.Module, round: int) -> torch.nn.Module:
+        """A copy of ``template`` carrying θ^round."""
+        m = copy.deepcopy(template)
+        m.load_state_dict(self.global_states[round])
+        return m
+
+
+def _next_client_state(protocol: Protocol, hist: State, update: State, num_steps: int) -> State:
+    """Client-side state after a round (Scaffold option II eq. 58, FedDyn eq. 73, FedDC eq. 82)."""
+    new: State = {k: v.clone() for k, v in hist.items()}
+    if protocol.scheme == "scaffold":
+        for name, d in update.items():
+            c, ck = hist[f"scaffold.c/{name}"], hist[f"scaffold.c_k/{name}"]
+            new[f"scaffold.c_k/{name}"] = ck - c - d / (protocol.lr * num_steps)
+    elif protocol.scheme == "feddyn":
+        for name, d in update.items():
+            new[f"feddyn.sum_updates/{name}"] = hist[f"feddyn.sum_updates/{name}"] + d
+    elif protocol.scheme == "feddc":
+        for name, d in update.items():
+            new[f"feddc.drift/{name}"] = hist[f"feddc.drift/{name}"] + d
+            new[f"feddc.prev_local/{name}"] = d.clone()
+    return new
+
+
+@torch.no_grad()
+def _accuracy(model: torch.nn.Module, images: Tensor, labels: Tensor, batch: int = 1000) -> float:
+    model.eval()
+    correct = sum(int((model(images[i:i + batch]).argmax(1) == labels[i:i + batch]).sum())
+                  for i in range(0, len(labels), batch))
+    return correct / max(len(labels), 1)
+
+
+def run_federation(
+    model: torch.nn.Module,
+    dataset: Any,
+    protocol: Protocol,
+    num_clients: int,
+    rounds: int,
+    alpha: float | None,
+    rng: torch.Generator | None = None,
+    partition: Sequence[Tensor] | None = None,
+    capture_rounds: Sequence[int] = (),
+    capture_clients: Sequence[int] | None = None,
+    eval_data: Any = None,
+    keep_states: str = "captured",
+    keep_images: bool = False,
+    min_size: int | None = None,
+) -> Federation:
+    """FedAvg-style training of ``model`` (θ¹) over ``rounds`` rounds with all clients participating.
+
+    Clients are a Dirichlet(``alpha``) partition of ``dataset`` (``gi.data.dirichlet_partition``) unless
+    ``partition`` (a list of index tensors) is given. Aggregation is the size-weighted mean of the local
+    models (McMahan 2017, RLU eq. 1); FedDyn adds its server state ``θ ← mean θ_k − h/α``
+    (Acar et al. 2021), FedDC adds the mean drift (Gao et al. 2022), Scaffold updates the server
+    control variate by the mean of the client control changes. Captures (with DP noise, if the
+    protocol asks for it) are taken at ``capture_rounds`` for ``capture_clients`` (default all); the
+    server's own aggregation uses the noisy updates too, as a real server would. ``keep_states``:
+    ``"captured"`` keeps θᵗ of the captured rounds, ``"all"`` of every round (plus θ^{rounds+1}).
+    """
+    images, labels, num_classes = _as_arrays(dataset)
+    if partition is None:
+        if alpha is None:
+            raise ConfigError("run_federation needs alpha (Dirichlet concentration) or an explicit partition")
+        from gi.data import dirichlet_partition
+
+        kwargs = {} if min_size is None else {"min_size": min_size}
+        partition = dirichlet_partition(labels, num_clients, alpha, rng, **kwargs)
+    partition = [torch.as_tensor(p, dtype=torch.long) for p in partition]
+    if len(partition) != num_clients:
+        raise ConfigError(f"partition has {len(partition)} clients, num_clients={num_clients}")
+    if keep_states not in ("captured", "all"):
+        raise ConfigError(f"keep_states={keep_states!r}; valid: ['all', 'captured']")
+    capture_rounds = set(int(r) for r in capture_rounds)
+    capture_clients = set(range(num_clients)) if capture_clients is None else set(int(c) for c in capture_clients)
+    sizes = torch.tensor([len(p) for p in partition], dtype=torch.float64)
+    weights = sizes / sizes.sum()
+    glob = copy.deepcopy(model)
+    params = {k: p.detach() for k, p in glob.named_parameters() if p.requires_grad}
+    states: dict[int, State] = {c: _history_for(protocol, None, params) for c in range(num_clients)}
+    server_h = {k: torch.zeros_like(p) for k, p in params.items()}  # FedDyn server state
+    fed = Federation(partition=partition)
+    for t in range(1, rounds + 1):
+        if keep_states == "all" or t in capture_rounds:
+            fed.global_states[t] = {k: v.detach().clone() for k, v in glob.state_dict().items()}
+        if eval_data is not None:
+            ev_images, ev_labels, _ = _as_arrays(eval_data)
+            fed.accuracy[t] = _accuracy(glob, ev_images, ev_labels)
+        shared: list[State] = []
+        for c, idx in enumerate(partition):
+            hist = states[c]
+            run = _train_client(glob, images[idx], labels[idx], num_classes, protocol, rng, hist)
+            capture = _make_capture(glob, run, protocol, hist, rng, {"round": t, "client": c})
+            if t in capture_rounds and c in capture_clients:
+                truth = _make_truth(images[idx], labels[idx], num_classes, run, idx, keep_images)
+                fed.captures.append((t, c, capture, truth))
+            shared.append(capture.update)
+            states[c] = _next_client_state(protocol, hist, run.update, len(run.step_counts))
+        _aggregate(glob, protocol, shared, weights, states, server_h)
+    if keep_states == "all":
+        fed.global_states[rounds + 1] = {k: v.detach().clone() for k, v in glob.state_dict().items()}
+    if eval_data is not None:
+        ev_images, ev_labels, _ = _as_arrays(eval_data)
+        fed.accuracy[rounds + 1] = _accuracy(glob, ev_images, ev_labels)
+    fed.client_states = states
+    return fed
+
+
+@torch.no_grad()
+def _aggregate(glob: torch.nn.Module, protocol: Protocol, shared: list[State], weights: Tensor,
+               states: dict[int, State], server_h: State) -> None:
+    """θ^{t+1} from the round's shared updates (and the scheme's server state), in place."""
+    avg = {k: sum(float(w) * u[k] for w, u in zip(weights, shared)) for k in shared[0]}
+    for name, p in glob.named_parameters():
+        if name not in avg:
+            continue
+        step = avg[name]
+        if protocol.scheme == "feddyn" and protocol.feddyn_alpha > 0:
+            server_h[name] -= protocol.feddyn_alpha * avg[name]
+            step = step - server_h[name] / protocol.feddyn_alpha
+        elif protocol.scheme == "feddc":
+            step = step + sum(float(w) * states[c][f"feddc.drift/{name}"] for c, w in enumerate(weights))
+        p.add_(step.to(p.dtype))
+    if protocol.scheme == "scaffold":
+        for name in avg:
+            c_new = sum(float(w) * states[c][f"scaffold.c_k/{name}"] for c, w in enumerate(weights))
+            for c in states:
+                states[c][f"scaffold.c/{name}"] = c_new.clone()
+    if protocol.scheme == "feddc":
+        for c in states:
+            for name in avg:
+                states[c][f"feddc.prev_global/{name}"] = avg[name].clone()
