@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -63,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
         "features, then images, from what a client shares.", epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details to the console")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for torch (default: $GI_THREADS, else torch's default); 1 is fastest for "
+                        "small models on a busy machine")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text, takes_config) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -78,6 +82,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
+    threads = args.threads or int(os.environ.get("GI_THREADS", "0") or 0)
+    if threads > 0:
+        import torch
+
+        torch.set_num_threads(threads)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     logging.getLogger("gi").setLevel(logging.INFO)
     try:
