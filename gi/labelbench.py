@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from gi.config import apply_overrides, from_dict, load_yaml, to_dict
 from gi.errors import ConfigError
-from gi.report import save_line_plot, staged_output, write_csv, write_json, write_markdown_table, write_yaml
+from gi.report import save_bar_plot, staged_output, write_csv, write_json, write_markdown_table, write_yaml
 
 log = logging.getLogger("gi.labels")
 
@@ -178,5 +178,4 @@ def _plot(path: Path, cfg: BenchConfig, summary: list[dict[str, Any]], points: l
     labels_ = [p for p, _ in points]
     series = {m: [next((r[metric] for r in summary if r["point"] == p and r["method"] == m), float("nan"))
                   for p in labels_] for m in cfg.methods}
-    save_line_plot(path, list(range(len(labels_))), series, "grid point: " + " | ".join(labels_)[:120], metric,
-                   title=cfg.name)
+    save_bar_plot(path, labels_, series, metric, title=cfg.name)

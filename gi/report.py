@@ -137,3 +137,31 @@ def save_line_plot(path: Path, x: Sequence[float], series: dict[str, Sequence[fl
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def save_bar_plot(path: Path, groups: Sequence[str], series: dict[str, Sequence[float]], ylabel: str,
+                  title: str = "") -> None:
+    """Grouped bars: one group per table row group (e.g. grid point), one bar per series (e.g. method)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    n = max(len(series), 1)
+    width = 0.8 / n
+    x = np.arange(len(groups))
+    fig, ax = plt.subplots(figsize=(max(5, 0.9 * len(groups) * max(1, n / 3) + 2), 3.6), dpi=120)
+    for i, (name, ys) in enumerate(series.items()):
+        ax.bar(x + (i - (n - 1) / 2) * width, list(ys), width, label=name)
+    ax.set_xticks(x)
+    ax.set_xticklabels(list(groups), rotation=30 if len(groups) > 3 else 0, ha="right" if len(groups) > 3 else "center",
+                       fontsize=7)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    ax.legend(fontsize=7, ncol=min(n, 4))
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
