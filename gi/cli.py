@@ -14,6 +14,9 @@ EPILOG = """examples:
   gi run configs/demo.yaml                      end-to-end reconstruction of one CIFAR-10 sample
   gi run configs/demo.yaml labels.mode=truth    the same with oracle labels
   gi labels configs/labels/<table>.yaml         label-recovery benchmark table
+  gi ablate configs/ablate/<table>.yaml         label-knowledge ablation (soft-label paper Tables 3, 4)
+  gi sweep configs/sweep/<grid>.yaml            grid of jobs over devices/machines; re-run resumes
+  gi bench [configs/bench/<name>.yaml]          speed/quality benchmark as JSON (LeNet, ResNet-18; B = 1, 8)
   gi methods                                    list the registered label-recovery methods
 
 Every run writes one output directory (config.yaml, metrics.json, results.csv, PNG grid, plots, log).
@@ -28,7 +31,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     m = result.metrics
     print(f"PSNR {m['psnr_mean']:.2f} dB (random image {m['random_image_psnr_mean']:.2f} dB)  "
           f"SSIM {m['ssim_mean']:.3f}  LPIPS-alex {m['lpips_alex_mean']:.3f}  "
-          f"labels {m['labels']['method']} ins_acc {m['labels']['ins_acc']:.3f}")
+          f"labels {m['labels']['mode']}/{m['labels']['method']} ins_acc {m['final_labels']['ins_acc']:.3f}")
     print(f"wrote {result.out}")
     return 0
 
@@ -42,6 +45,32 @@ def _cmd_labels(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_ablate(args: argparse.Namespace) -> int:
+    from gi.ablate import load_ablate_config, run_ablation
+
+    cfg = load_ablate_config(args.config, args.overrides)
+    out = run_ablation(cfg)
+    print(f"wrote {out}")
+    return 0
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from gi.sweep import load_sweep_config, run_sweep
+
+    out = run_sweep(load_sweep_config(args.config, args.overrides))
+    print(f"wrote {out}")
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from gi.bench import format_report, load_bench_config, run_bench
+
+    path = run_bench(load_bench_config(args.config, args.overrides))
+    print(format_report(path))
+    print(f"wrote {path}")
+    return 0
+
+
 def _cmd_methods(args: argparse.Namespace) -> int:
     import labels
 
@@ -50,10 +79,14 @@ def _cmd_methods(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str, bool]] = {
-    # name: (handler, help, takes a config)
+COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str, bool | str]] = {
+    # name: (handler, help, takes a config: True, False or "optional")
     "run": (_cmd_run, "end-to-end reconstruction: data, victim, labels, images, scores", True),
     "labels": (_cmd_labels, "label-recovery benchmark: a table (CSV/Markdown/JSON) and a plot", True),
+    "ablate": (_cmd_ablate, "label-knowledge ablation: the same captures under every label mode and α/β variant", True),
+    "sweep": (_cmd_sweep, "many jobs (grid x seeds) across devices and machines, resumable, aggregated", True),
+    "bench": (_cmd_bench, "time per iteration, final PSNR and peak memory of fixed reconstructions (JSON)",
+              "optional"),
     "methods": (_cmd_methods, "list the registered label-recovery methods", False),
 }
 
@@ -70,7 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text, takes_config) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        if takes_config:
+        if takes_config == "optional":
+            p.add_argument("config", nargs="?", help="YAML config file (optional)")
+            p.add_argument("overrides", nargs="*", help="key.sub=value overrides")
+        elif takes_config:
             p.add_argument("config", help="YAML config file")
             p.add_argument("overrides", nargs="*", help="key.sub=value overrides")
     return parser

@@ -133,7 +133,7 @@ def _lenet5(in_shape, activation, hidden: Sequence[int] = (120, 84), **_):
 
 def _mlp(in_shape, activation, widths: Sequence[int], bias: bool, **_):
     """Fully-connected body ``Flatten → (Linear → act)*``; with ``widths`` the hidden sizes."""
-    dims = [int(torch.tensor(in_shape).prod()), *widths]
+    dims = [torch.Size(in_shape).numel(), *widths]
     layers: list[nn.Module] = [nn.Flatten()]
     for a, b in zip(dims[:-1], dims[1:]):
         layers += [nn.Linear(a, b, bias=bias), _act(activation)]

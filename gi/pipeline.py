@@ -6,9 +6,11 @@ oracle LabelResult when ``labels.mode: truth`` is asked for explicitly, and to s
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,6 @@ from gi.recon import ReconConfig, Reconstruction, reconstruct
 from gi.report import save_grid, save_line_plot, staged_output, write_csv, write_json, write_yaml
 
 log = logging.getLogger("gi.run")
-LABEL_MODES = ("truth", "recovered")
 
 
 @dataclass
@@ -66,11 +67,15 @@ class ModelConfig:
 
 @dataclass
 class LabelConfig:
-    """``mode``: ``truth`` (oracle labels) or ``recovered`` (``method`` of the label registry);
-    ``aux_per_class`` auxiliary samples per class for methods that need them."""
+    """``mode`` (a name of :data:`LABEL_MODES`): ``truth`` (oracle), ``recovered`` (``method`` of the label
+    registry; soft labels are soft targets, counts become per-slot one-hot labels), ``hard`` (one-hot labels of
+    ``hard_method``, iDLG by default), ``joint`` (DLG: labels optimised with the images from a random start),
+    ``recovered+joint`` (joint, initialised from ``method``'s labels). ``aux_per_class`` auxiliary samples per
+    class for methods that need them."""
 
     mode: str = "recovered"
     method: str = "idlg"
+    hard_method: str = "idlg"
     options: dict[str, Any] = field(default_factory=dict)
     aux_per_class: int = 0
 
@@ -97,6 +102,9 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.labels.mode not in LABEL_MODES:
             raise ConfigError(f"labels.mode={self.labels.mode!r} is not allowed; valid: {list(LABEL_MODES)}")
+        if self.protocol.is_update and self.protocol.label_aug == "mixup":
+            raise ConfigError("protocol.label_aug=mixup is FedSGD-only here (gi.victim trains with one-hot or "
+                              "smoothed labels); use protocol.scheme=fedsgd or another label_aug")
 
 
 def load_run_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
@@ -133,6 +141,137 @@ def oracle_labels(truth: Truth) -> Any:
     return LabelResult.from_counts("truth", truth.counts, soft=truth.targets.clone(), info={"oracle": True})
 
 
+def build_victim(cfg: Any) -> tuple[Any, torch.nn.Module]:
+    """The client's dataset and the global model (trained briefly when ``model.train_epochs`` > 0).
+
+    ``cfg`` is any config with ``data``, ``model`` and ``seed`` sections (a RunConfig or an ablation config).
+    """
+    dataset = gdata.load(cfg.data.name, split=cfg.data.split, root=cfg.data.root, size=cfg.data.size)
+    num_classes = cfg.model.num_classes or dataset.num_classes
+    in_shape = tuple(dataset.images.shape[1:])
+    model = build(cfg.model.name, num_classes, activation=cfg.model.activation, in_shape=in_shape,
+                  bias_last=cfg.model.bias_last, init=cfg.model.init, norm=cfg.model.norm, seed=cfg.seed,
+                  **cfg.model.options)
+    if cfg.model.train_epochs > 0:
+        from gi.train import train_model
+
+        pool = gdata.load(cfg.data.name, split="train", root=cfg.data.root, size=cfg.data.size) \
+            if cfg.data.name == "fashion-mnist" else dataset
+        stats = train_model(model, pool.images, pool.labels, cfg.model.train_epochs, lr=cfg.model.train_lr,
+                            generator=torch.Generator().manual_seed(cfg.seed + 1))
+        log.info("trained model: %s", stats)
+    return dataset, model
+
+
+def share_bn_statistics(model: torch.nn.Module, images: torch.Tensor, capture: Capture) -> None:
+    """Victim side, when the threat model grants it (``protocol.extra.share_bn_stats``): put the client's
+    per-channel batch mean and biased variance at every BatchNorm input into ``capture.history`` as
+    ``bn_stats/<module>.mean|.var`` (what FedAvg's shared running buffers reveal), for the ``bn`` regulariser."""
+    seen: dict[str, torch.Tensor] = {}
+    hooks = [m.register_forward_hook(lambda m, i, o, name=name: seen.__setitem__(name, i[0].detach()))
+             for name, m in model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(images)
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(was)
+    for name, a in seen.items():
+        dims = (0,) + tuple(range(2, a.ndim))
+        capture.history[f"bn_stats/{name}.mean"] = a.mean(dims)
+        capture.history[f"bn_stats/{name}.var"] = a.var(dims, unbiased=False)
+
+
+def capture_client(cfg: Any, dataset: Any, model: torch.nn.Module, gen: torch.Generator) -> tuple[Capture, Truth]:
+    """Victim side: the client's batch (per ``protocol.label_aug``) and what it shares: a FedSGD gradient, or a
+    FedAvg-style update of local training on that batch (``gi.victim.simulate_client``)."""
+    images, targets = client_batch(cfg, dataset, gen)
+    if cfg.protocol.is_update:
+        from gi.victim import simulate_client
+
+        capture, truth = simulate_client(model, (images, targets.argmax(1)), cfg.protocol, rng=gen)
+    else:
+        capture, truth = capture_gradients(model, images, targets, cfg.protocol, generator=gen)
+    if cfg.protocol.extra.get("share_bn_stats"):
+        share_bn_statistics(model, images, capture)
+    return capture, truth
+
+
+# --------------------------------------------------------------------------- label modes
+def _truth_labels(lcfg: LabelConfig, capture: Capture, truth: Truth, aux: Any) -> Any:
+    return oracle_labels(truth)
+
+
+def _recovered_labels(lcfg: LabelConfig, capture: Capture, truth: Truth, aux: Any) -> Any:
+    import labels
+
+    return labels.recover(capture, lcfg.method, aux=aux, **lcfg.options)
+
+
+def _hard_labels(lcfg: LabelConfig, capture: Capture, truth: Truth, aux: Any) -> Any:
+    """iDLG-style one-hot labels: the counts of ``hard_method`` (its soft labels, if any, become their argmax)."""
+    import labels
+    from labels import LabelResult
+
+    result = labels.recover(capture, lcfg.hard_method, aux=aux)
+    counts = result.counts if result.soft is None else torch.bincount(result.soft.argmax(1),
+                                                                      minlength=capture.num_classes)
+    return LabelResult.from_counts(f"hard:{result.method}", counts, ok=result.ok, info=dict(result.info))
+
+
+def _no_labels(lcfg: LabelConfig, capture: Capture, truth: Truth, aux: Any) -> Any:
+    return None
+
+
+@dataclass(frozen=True)
+class LabelMode:
+    """A label-knowledge mode: where its labels come from (``labels(lcfg, capture, truth, aux)`` → LabelResult or
+    None; only the oracle reads ``truth``) and whether the attack keeps them ``fixed`` or optimises them
+    ``joint``ly (DLG)."""
+
+    labels: Callable[[LabelConfig, Capture, Truth, Any], Any]
+    kind: str
+
+
+LABEL_MODES: dict[str, LabelMode] = {
+    "truth": LabelMode(_truth_labels, "fixed"),
+    "recovered": LabelMode(_recovered_labels, "fixed"),
+    "hard": LabelMode(_hard_labels, "fixed"),
+    "joint": LabelMode(_no_labels, "joint"),
+    "recovered+joint": LabelMode(_recovered_labels, "joint"),
+}
+
+
+def attack_labels(lcfg: LabelConfig, capture: Capture, truth: Truth, aux: Any = None) -> tuple[Any, str]:
+    """The label knowledge of ``lcfg.mode``: ``(LabelResult or None, "fixed" | "joint")``."""
+    mode = LABEL_MODES[lcfg.mode]
+    return mode.labels(lcfg, capture, truth, aux), mode.kind
+
+
+def make_aux(lcfg: LabelConfig, dataset: Any, gen: torch.Generator) -> Any:
+    if lcfg.aux_per_class <= 0:
+        return None
+    from labels.aux import AuxData
+
+    ax, ay, _ = gdata.sample_aux(dataset, lcfg.aux_per_class, gen)
+    return AuxData(ax, ay, dataset.num_classes)
+
+
+def used_labels(rec: Reconstruction, mode: str) -> Any:
+    """The labels the reconstruction ended with, as a LabelResult (soft rows and their argmax counts)."""
+    from labels import LabelResult
+
+    counts = torch.bincount(rec.labels.argmax(1), minlength=rec.labels.shape[1])
+    return LabelResult.from_counts(mode, counts, soft=rec.labels.double())
+
+
+def final_counts(rec: Reconstruction) -> torch.Tensor:
+    return torch.bincount(rec.labels.argmax(1), minlength=rec.labels.shape[1])
+
+
 class TruthMonitor(L.Callback):
     """Logs PSNR of the current best iterate against the truth, from outside the attack module."""
 
@@ -163,7 +302,6 @@ class RunResult:
 
 def run(cfg: RunConfig) -> RunResult:
     """Run one end-to-end reconstruction and write its output directory."""
-    import labels
     from gi.metrics import label_metrics, score
 
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -172,53 +310,39 @@ def run(cfg: RunConfig) -> RunResult:
     gen = torch.Generator().manual_seed(cfg.seed)
     with staged_output(out, overwrite=cfg.overwrite) as tmp:
         t0 = time.perf_counter()
-        dataset = gdata.load(cfg.data.name, split=cfg.data.split, root=cfg.data.root, size=cfg.data.size)
-        num_classes = cfg.model.num_classes or dataset.num_classes
-        in_shape = tuple(dataset.images.shape[1:])
-        model = build(cfg.model.name, num_classes, activation=cfg.model.activation, in_shape=in_shape,
-                      bias_last=cfg.model.bias_last, init=cfg.model.init, norm=cfg.model.norm, seed=cfg.seed,
-                      **cfg.model.options)
-        if cfg.model.train_epochs > 0:
-            from gi.train import train_model
+        dataset, model = build_victim(cfg)
+        capture, truth = capture_client(cfg, dataset, model, gen)
+        log.info("captured %s %s of %d samples", cfg.model.name, "update" if capture.is_update else "gradients",
+                 truth.images.shape[0])
 
-            pool = gdata.load(cfg.data.name, split="train", root=cfg.data.root, size=cfg.data.size) \
-                if cfg.data.name == "fashion-mnist" else dataset
-            stats = train_model(model, pool.images, pool.labels, cfg.model.train_epochs, lr=cfg.model.train_lr,
-                                generator=torch.Generator().manual_seed(cfg.seed + 1))
-            log.info("trained model: %s", stats)
-        images, targets = client_batch(cfg, dataset, gen)
-        capture, truth = capture_gradients(model, images, targets, cfg.protocol, generator=gen)
-        log.info("captured %s gradients of %d samples", cfg.model.name, images.shape[0])
-
-        # ---- attack side: capture (+ aux) only
-        if cfg.labels.mode == "truth":
-            label_result = oracle_labels(truth)
-        else:
-            aux = None
-            if cfg.labels.aux_per_class > 0:
-                from labels.aux import AuxData
-
-                ax, ay, _ = gdata.sample_aux(dataset, cfg.labels.aux_per_class, gen)
-                aux = AuxData(ax, ay, num_classes)
-            label_result = labels.recover(capture, cfg.labels.method, aux=aux, **cfg.labels.options)
-        log.info("labels (%s): ok=%s counts=%s", label_result.method, label_result.ok, label_result.counts.tolist())
+        # ---- attack side: capture (+ aux) only; the oracle mode alone reads truth, by request
+        aux = make_aux(cfg.labels, dataset, gen)
+        label_result, label_kind = attack_labels(cfg.labels, capture, truth, aux)
+        if label_result is not None:
+            log.info("labels (%s): ok=%s counts=%s", label_result.method, label_result.ok,
+                     label_result.counts.tolist())
+        attack = dataclasses.replace(cfg.attack, labels=label_kind)
         monitor = TruthMonitor(truth.images, cfg.attack.log_every)
-        rec = reconstruct(capture, label_result, features=label_result.features, config=cfg.attack,
-                          callbacks=[monitor])
+        features = getattr(label_result, "features", None)
+        rec = reconstruct(capture, label_result, features=features, config=attack, callbacks=[monitor])
 
         # ---- scoring
         scores = score(rec.images, truth.images, labels_rec=rec.labels.argmax(1), labels_true=truth.labels,
                        match=cfg.metrics.match, vgg=cfg.metrics.lpips_vgg)
         random_img = torch.rand(truth.images.shape, generator=torch.Generator().manual_seed(cfg.seed + 7))
         baseline = score(random_img, truth.images, match=cfg.metrics.match, vgg=False)
-        lab = label_metrics(label_result, truth)
+        lab = label_metrics(label_result, truth) if label_result is not None else {}
+        final = label_metrics(used_labels(rec, cfg.labels.mode), truth)
         metrics = {
             "name": cfg.name,
             "psnr_mean": scores["psnr_mean"], "ssim_mean": scores["ssim_mean"],
             "lpips_alex_mean": scores["lpips_alex_mean"],
             "random_image_psnr_mean": baseline["psnr_mean"],
-            "labels": {"method": label_result.method, "ok": label_result.ok, **lab,
-                       "counts": label_result.counts.tolist(), "true_counts": truth.counts.tolist()},
+            "labels": {"mode": cfg.labels.mode, "method": getattr(label_result, "method", "joint"),
+                       "ok": getattr(label_result, "ok", True), **lab,
+                       "counts": (label_result.counts if label_result is not None else final_counts(rec)).tolist(),
+                       "true_counts": truth.counts.tolist()},
+            "final_labels": {**final, "L_r": final.get("soft_l1"), "counts": final_counts(rec).tolist()},
             "images": scores,
             "attack": {"objective": rec.objective.tolist(), "best_restart": rec.best_restart,
                        "seconds": rec.seconds, "iterations": rec.iterations,

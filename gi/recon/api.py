@@ -1,32 +1,42 @@
-"""``gi.reconstruct``: the attack's public entry point (DESIGN.md §4)."""
+"""``gi.reconstruct``: the attack's public entry point (DESIGN.md §4).
+
+The attack API takes a :class:`Capture`, a label result and optional features: there is no parameter through
+which ground truth could reach it, so restarts can only be ranked by the attack objective.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import lightning as L
 import torch
 
 from gi.capture import Capture
-from gi.errors import CaptureError, ConfigError
+from gi.errors import CaptureError, ConfigError, GIError
 from gi.recon.config import ReconConfig
 from gi.recon.module import Context, GradientInversion
 
 Tensor = torch.Tensor
+SMALL_MODEL = 2_000_000  # parameters under which one CPU thread is the default (overhead-bound loops)
+log = logging.getLogger("gi.recon")
 
 
 @dataclass
 class Reconstruction:
     """Result of :func:`reconstruct`.
 
-    ``images`` (B, C, H, W) of the restart with the lowest attack objective; ``all_images`` (R, B, …);
-    ``labels`` the soft targets used (B, C); ``objective`` per restart (R,); ``history`` the objective
-    per restart every ``log_every`` steps plus whatever callbacks logged.
+    ``images`` (B, C, H, W) of the restart with the lowest attack objective; ``all_images`` (R, B, …) the best
+    iterate of every restart; ``labels`` the soft labels used (B, C): the fixed targets, or for joint labels the
+    optimised softmax of the chosen restart; ``objective`` per restart (R,); ``history`` the objective per
+    restart every ``log_every`` steps plus whatever callbacks logged.
     """
 
     images: Tensor
@@ -37,29 +47,94 @@ class Reconstruction:
     history: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     iterations: int = 0
+    all_labels: Tensor | None = None
 
 
 def num_samples(capture: Capture) -> int:
-    return int(capture.meta.get("num_samples") or capture.protocol.batch_size)
+    """B: the samples of a FedSGD batch, or N_k of a FedAvg client (all the slots the update depends on)."""
+    return int(capture.meta.get("num_samples") or capture.protocol.num_samples or capture.protocol.batch_size)
 
 
 def labels_for_slots(label_result: Any, batch: int, num_classes: int) -> Tensor:
-    """Soft targets (B, C) from a LabelResult: its soft labels, else one slot per counted label.
+    """Soft targets (B, C) from a LabelResult: its soft labels, else one one-hot slot per counted label.
 
-    Slots are filled class by class in increasing class index (order is irrelevant to the gradient of a
-    mean loss, and the batch metric matches images one-to-one afterwards).
+    The order of slots is irrelevant to a mean loss (and the batch metric matches images one-to-one), so slots
+    are put in a canonical order: by class (argmax), stably. Counts fill slots class by class in increasing
+    class index; an oracle's per-sample labels land in the same order, so exact counts give identical slots.
     """
     if label_result is None:
-        raise ConfigError("reconstruct needs labels: pass a LabelResult (labels.recover, or oracle labels "
-                          "made by the pipeline)")
+        raise ConfigError("reconstruct needs labels: pass a LabelResult (labels.recover, or oracle labels made by "
+                          "the pipeline), or set attack.labels=joint to optimise them from a random start")
     soft = getattr(label_result, "soft", None)
     if soft is not None and soft.shape == (batch, num_classes):
-        return soft.float()
+        soft = soft.float()
+        return soft[torch.argsort(soft.argmax(1), stable=True)]
     counts = label_result.counts.long()
     if int(counts.sum()) != batch:
-        raise ConfigError(f"label counts sum to {int(counts.sum())} but the capture has {batch} samples")
+        reason = label_result.info.get("reason") if not label_result.ok else None
+        raise ConfigError(f"label counts of {label_result.method!r} sum to {int(counts.sum())} but the capture has "
+                          f"{batch} samples" + (f" (the method failed: {reason})" if reason else ""))
     slots = torch.repeat_interleave(torch.arange(num_classes), counts)
     return torch.nn.functional.one_hot(slots, num_classes).float()
+
+
+def feature_targets(capture: Capture, label_result: Any, soft: Tensor) -> Tensor | None:
+    """f*_{N−1} per slot (B, D), float64, for the feature term of eq. 8; None when the capture does not give it.
+
+    One sample: :func:`fcn_analytic.last_layer_features` (``λ·g_r`` of the soft-label method, ``∇Wᵀ∇b/‖∇b‖²``
+    with a bias, or λ fitted to the slot label). A batch with a last-layer bias: slot with label c gets
+    ``∇W_c/∇b_c``, the ∇b-weighted mean of the features in the batch, which is the feature of a class that
+    occurs once (breaching's ``features`` regulariser); a bias-free batch has no analytic per-slot feature.
+    """
+    b = soft.shape[0]
+    if capture.is_update:
+        return None
+    if b == 1:
+        from fcn_analytic import last_layer_features
+
+        if getattr(label_result, "features", None) is None and getattr(label_result, "soft", None) is None:
+            label_result = SimpleNamespace(features=None, soft=soft)  # counts only: λ fitted to the slot label
+        try:
+            return last_layer_features(capture, label_result).reshape(1, -1)
+        except GIError:
+            return None
+    gw, gb = capture.last_layer(torch.float64)
+    if gb is None:
+        return None
+    cls = soft.argmax(1)
+    denom = gb[cls]
+    if bool((denom == 0).any()):
+        return None
+    return gw[cls] / denom.unsqueeze(1)
+
+
+def analytic_prior(capture: Capture, label_result: Any) -> Tensor | None:
+    """The analytic inversion of a fully-connected net (soft-label paper §4.2) as (B=1, C, H, W), else None."""
+    from fcn_analytic import invert
+
+    try:
+        return invert(capture, label_result).image
+    except GIError:
+        return None
+
+
+def bn_targets(capture: Capture, model: torch.nn.Module, source: str) -> dict[str, tuple[Tensor, Tensor]]:
+    """BatchNorm targets the threat model grants: ``shared`` reads ``capture.history['bn_stats/<module>.mean'|'.var']``
+    (the client's batch statistics, e.g. from FedAvg's shared buffers), ``running`` the model's running stats."""
+    out: dict[str, tuple[Tensor, Tensor]] = {}
+    for name, m in model.named_modules():
+        if not isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            continue
+        if source == "running":
+            if m.running_mean is None:
+                continue
+            mean, var = m.running_mean, m.running_var
+        else:
+            mean, var = capture.history.get(f"bn_stats/{name}.mean"), capture.history.get(f"bn_stats/{name}.var")
+            if mean is None or var is None:
+                continue
+        out[name] = (mean.detach().float().reshape(1, -1), var.detach().float().reshape(1, -1))
+    return out
 
 
 def _quiet_lightning() -> None:
@@ -67,12 +142,45 @@ def _quiet_lightning() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     warnings.filterwarnings("ignore", message=".*GPU available.*")
+    warnings.filterwarnings("ignore", message=".*module\\(s\\) in eval mode.*")  # the victim keeps its mode
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*is deprecated.*")
 
 
-def resolve_device(name: str) -> str:
+def resolve_device(name: str) -> tuple[str, int | list[int]]:
+    """``attack.device`` → Lightning ``(accelerator, devices)``: ``auto``, ``cpu``, ``gpu``/``cuda``, ``cuda:N``."""
     if name == "auto":
-        return "gpu" if torch.cuda.is_available() else "cpu"
-    return {"cuda": "gpu"}.get(name, name)
+        return ("gpu" if torch.cuda.is_available() else "cpu"), 1
+    if name.startswith("cuda:"):
+        return "gpu", [int(name.split(":", 1)[1])]
+    if name in ("cpu", "gpu", "cuda", "mps"):
+        return {"cuda": "gpu"}.get(name, name), 1
+    raise ConfigError(f"attack.device={name!r} is not allowed; valid: auto, cpu, gpu, cuda, cuda:N, mps")
+
+
+@contextlib.contextmanager
+def cpu_threads(threads: int | None, model: torch.nn.Module, accelerator: str) -> Iterator[int]:
+    """Set torch's CPU threads for the loop and restore them after. null: ``$GI_THREADS`` when set (keep the
+    command's setting), else 1 for small models on CPU (overhead-bound), else torch's default."""
+    before = torch.get_num_threads()
+    if threads is None and os.environ.get("GI_THREADS"):  # the user chose the threads for the whole command
+        threads = before
+    if threads is None:
+        small = sum(p.numel() for p in model.parameters()) < SMALL_MODEL
+        threads = 1 if small and accelerator == "cpu" else before
+    torch.set_num_threads(threads)
+    try:
+        yield threads
+    finally:
+        torch.set_num_threads(before)
+
+
+def _same_model(a: Capture, b: Capture) -> bool:
+    if a.model_spec != b.model_spec or a.protocol != b.protocol or num_samples(a) != num_samples(b):
+        return False
+    if a.is_update != b.is_update or set(a.shared) != set(b.shared) or set(a.model_state) != set(b.model_state):
+        return False
+    return all(torch.equal(a.model_state[k], b.model_state[k]) for k in a.model_state) and \
+        all(torch.equal(a.history.get(k, torch.zeros(0)), b.history.get(k, torch.zeros(0))) for k in a.history)
 
 
 def reconstruct(
@@ -82,41 +190,100 @@ def reconstruct(
     config: ReconConfig | None = None,
     callbacks: Sequence[L.Callback] = (),
 ) -> Reconstruction:
-    """Reconstruct the client's images from a capture, given recovered (or oracle) labels.
+    """Reconstruct the client's images from a capture (FedSGD gradients or a FedAvg update), given recovered
+    (or oracle) labels; ``features`` (B, D) the feature targets of eq. 8 (default: from the capture and labels).
 
-    Optimises ``config.restarts`` restarts as one batched problem through a Lightning ``Trainer`` and
-    returns the restart with the lowest attack objective (never chosen with ground truth).
+    Optimises ``config.restarts`` restarts as one batched problem through a Lightning ``Trainer`` and returns
+    the restart with the lowest attack objective (never chosen with ground truth).
+    """
+    return reconstruct_many([capture], [label_result], None if features is None else [features], config,
+                            callbacks)[0]
+
+
+def reconstruct_many(
+    captures: Sequence[Capture],
+    label_results: Sequence[Any] | None = None,
+    features: Sequence[Tensor | None] | None = None,
+    config: ReconConfig | None = None,
+    callbacks: Sequence[L.Callback] = (),
+) -> list[Reconstruction]:
+    """:func:`reconstruct` for many captures of one global model as one batched problem (captures × restarts).
+
+    Captures must share model, state, protocol, history and batch size (an ablation's captures do); otherwise
+    they are reconstructed one after another. On a CPU a LeNet step over 10 captures costs about twice one.
     """
     cfg = config or ReconConfig()
-    if capture.is_update:
-        raise ConfigError("this capture is a FedAvg update; reconstruction matches FedSGD gradients only "
-                          "in this version (set protocol.scheme=fedsgd)")
-    if capture.gradients is None:
-        raise CaptureError("capture has no gradients to match")
-    model = capture.model()
-    capture.validate(model)
-    batch = num_samples(capture)
-    soft = labels_for_slots(label_result, batch, capture.num_classes)
-    image_shape = tuple(int(s) for s in capture.model_spec["in_shape"])
-    ctx = Context(model=model, protocol=capture.protocol, features=features)
-    module = GradientInversion(ctx, capture.gradients, soft, cfg, image_shape)
+    captures = list(captures)
+    if not captures:
+        raise ConfigError("reconstruct_many needs at least one capture")
+    label_results = list(label_results) if label_results is not None else [None] * len(captures)
+    features = list(features) if features is not None else [None] * len(captures)
+    if len(label_results) != len(captures) or len(features) != len(captures):
+        raise ConfigError(f"{len(captures)} captures but {len(label_results)} label results and {len(features)} "
+                          "feature tensors")
+    for c in captures:
+        if not isinstance(c, Capture):
+            raise CaptureError(f"reconstruct needs a gi.Capture, got {type(c).__name__}")
+        if (c.gradients is None) == (c.update is None):
+            raise CaptureError("a capture needs exactly one of gradients (FedSGD) and update (FedAvg) to match")
+    if not all(_same_model(captures[0], c) for c in captures[1:]):
+        return [reconstruct_many([c], [lr], [f], cfg, callbacks)[0] for c, lr, f in zip(captures, label_results,
+                                                                                         features)]
+    first = captures[0]
+    model = first.model()
+    for c in captures:
+        c.validate(model)
+    b, classes = num_samples(first), first.num_classes
+    joint_random = cfg.labels == "joint" and all(lr is None for lr in label_results)
+    soft = None if joint_random else torch.stack([labels_for_slots(lr, b, classes) for lr in label_results])
+    feats = None
+    if cfg.feature_weight > 0:
+        slots = soft if soft is not None else torch.zeros(len(captures), b, classes)
+        rows = [f if f is not None else (feature_targets(c, lr, s) if soft is not None or b == 1 else None)
+                for c, lr, f, s in zip(captures, label_results, features, slots)]
+        if any(f is None for f in rows):
+            raise ConfigError("attack.feature_weight > 0 but no last-layer feature target f* is available for this "
+                              "capture (needs one sample, or a batch with a last-layer bias, or explicit features)")
+        feats = torch.stack([f.reshape(b, -1) for f in rows])
+    prior = None
+    if cfg.init == "analytic":
+        priors = [analytic_prior(c, lr) for c, lr in zip(captures, label_results)]
+        if any(p is None for p in priors) or b != 1:
+            raise ConfigError("attack.init=analytic needs a fully-connected net and one sample (fcn_analytic.invert); "
+                              "use attack.init=uniform")
+        prior = torch.stack(priors)
+    names = list(first.shared)
+    target = {k: torch.stack([c.shared[k] for c in captures]) for k in names}
+    ctx = Context(model=model, protocol=first.protocol, kind="update" if first.is_update else "gradient",
+                  history=dict(first.history), trained=names)
+    if "bn" in cfg.regularizers and cfg.regularizers["bn"]:
+        ctx.bn_targets = bn_targets(first, model, cfg.bn_stats)
+    image_shape = tuple(int(s) for s in first.model_spec["in_shape"])
+    module = GradientInversion(ctx, target, soft, cfg, image_shape, num_samples=b, features=feats, prior=prior)
     _quiet_lightning()
+    accelerator, devices = resolve_device(cfg.device)
     trainer = L.Trainer(
-        max_steps=cfg.iterations, max_epochs=1, accelerator=resolve_device(cfg.device), devices=1,
+        max_steps=cfg.iterations, max_epochs=1, accelerator=accelerator, devices=devices,
         logger=False, enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0,
         enable_progress_bar=cfg.progress, callbacks=list(callbacks),
     )
-    start = time.perf_counter()
-    trainer.fit(module)
-    seconds = time.perf_counter() - start
-    best = int(torch.argmin(module.best_loss))
-    return Reconstruction(
-        images=module.best_images[best].detach().cpu().clamp(0, 1),
-        all_images=module.best_images.detach().cpu().clamp(0, 1),
-        labels=soft,
-        objective=module.best_loss.detach().cpu(),
-        best_restart=best,
-        history=module.history,
-        seconds=seconds,
-        iterations=cfg.iterations,
-    )
+    with cpu_threads(cfg.threads, model, accelerator) as threads:
+        start = time.perf_counter()
+        trainer.fit(module)
+        seconds = time.perf_counter() - start
+    log.info("reconstructed %d capture(s) x %d restart(s) in %.1f s (%d threads)", len(captures), cfg.restarts,
+             seconds, threads)
+    n, r = len(captures), cfg.restarts
+    loss = module.best_loss.detach().cpu().view(n, r)
+    images = module.best_images.detach().cpu().clamp(0, 1).view(n, r, *module.best_images.shape[1:])
+    labels = module.best_soft.detach().cpu().view(n, r, *module.best_soft.shape[1:])
+    out = []
+    for i in range(n):
+        best = int(torch.argmin(loss[i]))
+        history = {"step": module.history["step"],
+                   "objective": [o[i * r:(i + 1) * r] for o in module.history["objective"]],
+                   "threads": threads}
+        out.append(Reconstruction(images=images[i, best], all_images=images[i], labels=labels[i, best],
+                                  objective=loss[i], best_restart=best, history=history, seconds=seconds / n,
+                                  iterations=cfg.iterations, all_labels=labels[i]))
+    return out

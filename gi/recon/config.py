@@ -6,17 +6,36 @@ from dataclasses import dataclass, field
 
 from gi.errors import ConfigError
 
-INITS = ("uniform", "gaussian", "constant")
-SCHEDULES = ("multistep", "none", "cosine")
-OPTIMIZERS = ("adam", "sgd")
+SCHEDULES = ("multistep", "constant", "cosine")
+LABEL_MODES = ("fixed", "joint")
+BN_SOURCES = ("shared", "running")
 
 
 @dataclass
 class ReconConfig:
     """Inverting-Gradients defaults (frameworks.md §4) expressed in pixel space [0, 1].
 
-    ``regularizers`` maps registry names to weights (``{"tv": 1e-4}``); ``layer_weights`` optionally
-    maps parameter names to weights in the objective (missing names weigh 1; weight 0 drops a layer).
+    Matching objective (soft-label paper eq. 8)::
+
+        L = Σ_{layers < N−1} w_l D(g_l, g_l*) + α D(g_{N−1}, g_{N−1}*) + β D(f_{N−1}(x), f*_{N−1}) + Σ_k λ_k R_k(x)
+
+    ``objective`` names D (registry :data:`gi.recon.objectives.OBJECTIVES`); ``layer_weights`` maps parameter
+    names to w_l (missing names weigh 1, weight 0 drops a layer); ``last_layer_weight`` is α (multiplies the
+    weights of ``fc.weight``/``fc.bias``); ``feature_weight`` is β (0: no feature term; the target f* comes
+    from the label stage / ``fcn_analytic``); ``regularizers`` maps registry names
+    (:data:`gi.recon.regularizers.REGULARIZERS`) to λ_k, e.g. ``{"tv": 1e-4}``.
+
+    ``optimizer``: :data:`gi.recon.optim.OPTIMIZERS` (``adam``, ``sgd``, ``lbfgs``: DLG's L-BFGS, per problem;
+    ``signed`` applies to the first two). ``labels``: ``fixed`` (the given soft labels are the targets) or
+    ``joint`` (DLG: per-image label logits are optimised with the images, initialised from the given labels or
+    at random; ``label_lr`` is their step, null = ``lr``). ``init``: a name of :data:`gi.recon.inits.INITS`
+    (``analytic`` inverts a fully-connected net with ``fcn_analytic.invert``; restarts after the first add
+    ``init_noise``). ``restarts`` R are optimised as one batched problem and ranked by the objective only.
+    ``threads``: torch CPU threads while reconstructing (null: ``$GI_THREADS`` if set, else 1 for models under
+    2M parameters on CPU, else torch's default; oversubscribed CPUs run small-op loops 10–20× slower with more
+    threads). ``bn_stats``: where the ``bn`` regulariser's targets come from (``shared``: batch statistics in
+    ``capture.history`` when the threat model grants them, ``running``: the model's running statistics,
+    DeepInversion's choice).
     """
 
     iterations: int = 1000
@@ -25,29 +44,48 @@ class ReconConfig:
     objective: str = "cosine"
     regularizers: dict[str, float] = field(default_factory=lambda: {"tv": 1e-4})
     layer_weights: dict[str, float] = field(default_factory=dict)
+    last_layer_weight: float = 1.0
+    feature_weight: float = 0.0
+    labels: str = "fixed"
+    label_lr: float | None = None
     restarts: int = 1
     init: str = "uniform"
+    init_noise: float = 0.1
     signed: bool = True
     boxed: bool = True
     schedule: str = "multistep"
     seed: int = 0
     device: str = "auto"
+    threads: int | None = None
+    bn_stats: str = "shared"
     progress: bool = True
     log_every: int = 50
 
     def __post_init__(self) -> None:
+        from gi.recon.inits import INITS
         from gi.recon.objectives import OBJECTIVES
+        from gi.recon.optim import OPTIMIZERS
         from gi.recon.regularizers import REGULARIZERS
 
         checks = (("objective", self.objective, OBJECTIVES), ("init", self.init, INITS),
-                  ("schedule", self.schedule, SCHEDULES), ("optimizer", self.optimizer, OPTIMIZERS))
+                  ("schedule", self.schedule, SCHEDULES), ("optimizer", self.optimizer, OPTIMIZERS),
+                  ("labels", self.labels, LABEL_MODES), ("bn_stats", self.bn_stats, BN_SOURCES))
         for key, value, allowed in checks:
             if value not in allowed:
                 raise ConfigError(f"attack.{key}={value!r} is not allowed; valid: {sorted(allowed)}")
+        if not isinstance(self.regularizers, dict):
+            raise ConfigError(f"attack.regularizers must map names to weights, e.g. {{tv: 1e-4}}; valid names: "
+                              f"{sorted(REGULARIZERS)}")
         for name in self.regularizers:
             if name not in REGULARIZERS:
                 raise ConfigError(f"attack.regularizers has unknown {name!r}; valid: {sorted(REGULARIZERS)}")
         if self.iterations < 1 or self.restarts < 1:
             raise ConfigError("attack.iterations and attack.restarts must be >= 1")
-        if self.lr <= 0:
-            raise ConfigError(f"attack.lr must be > 0, got {self.lr}")
+        if self.lr <= 0 or (self.label_lr is not None and self.label_lr <= 0):
+            raise ConfigError(f"attack.lr and attack.label_lr must be > 0, got {self.lr}, {self.label_lr}")
+        if self.last_layer_weight < 0 or self.feature_weight < 0:
+            raise ConfigError("attack.last_layer_weight (α) and attack.feature_weight (β) must be >= 0")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"attack.threads must be >= 1 or null, got {self.threads}")
+        if self.log_every < 1:
+            raise ConfigError(f"attack.log_every must be >= 1, got {self.log_every}")

@@ -1,9 +1,10 @@
 """The reconstruction as a LightningModule with manual optimisation (GradAttack's pattern, DESIGN.md §6).
 
-The Trainer drives one optimisation step per batch of a length-N dummy loader. All R restarts are
-one batched problem: dummy gradients come from ``vmap(grad(loss))`` over restarts, the objective is
-computed per restart and the optimiser minimises their sum (the restarts do not interact). Ground
-truth never enters this module; callbacks may look at ``current_images()`` to log metrics.
+The Trainer drives one optimisation step per batch of a length-N dummy loader. P = N problems (captures that
+share one global model) × R restarts are one batched problem: the dummy gradients (or unrolled updates) come
+from ``vmap`` of a per-problem ``torch.func`` simulator (:mod:`gi.recon.simulate`), the objective is computed
+per problem and the optimiser minimises their sum (problems do not interact: Adam and sign are elementwise).
+Ground truth never enters this module; callbacks may look at :meth:`current_images` to log metrics.
 """
 
 from __future__ import annotations
@@ -13,16 +14,19 @@ from typing import Any
 
 import lightning as L
 import torch
-from torch.func import functional_call, grad, vmap
+from torch.func import vmap
 from torch.utils.data import DataLoader, Dataset
 
-from gi.losses import loss_for
 from gi.protocol import Protocol
 from gi.recon.config import ReconConfig
+from gi.recon.inits import INITS
 from gi.recon.objectives import OBJECTIVES
+from gi.recon.optim import OPTIMIZERS
 from gi.recon.regularizers import REGULARIZERS
+from gi.recon.simulate import SIMULATORS
 
 Tensor = torch.Tensor
+LAST_LAYER = ("fc.weight", "fc.bias")
 
 
 class StepDataset(Dataset):
@@ -40,65 +44,107 @@ class StepDataset(Dataset):
 
 @dataclass
 class Context:
-    """What the attack knows besides the target: model, protocol, recovered features (never truth)."""
+    """What the attack knows besides the target: model, protocol, recovered features, granted BN statistics,
+    the shared-message kind and its scheme history (never truth)."""
 
     model: torch.nn.Module
     protocol: Protocol
     features: Tensor | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    bn_targets: dict[str, tuple[Tensor, Tensor]] | None = None
+    kind: str = "gradient"
+    history: dict[str, Tensor] = field(default_factory=dict)
+    trained: list[str] | None = None
 
 
-def _initial_images(cfg: ReconConfig, shape: tuple[int, ...], generator: torch.Generator) -> Tensor:
-    if cfg.init == "uniform":
-        return torch.rand(shape, generator=generator)
-    if cfg.init == "gaussian":
-        return (0.5 + 0.25 * torch.randn(shape, generator=generator)).clamp(0, 1)
-    return torch.full(shape, 0.5)
+def match_weights(names: list[str], cfg: ReconConfig) -> dict[str, float]:
+    """w_l per shared tensor: ``layer_weights`` (default 1) times α for the last layer (eq. 8)."""
+    return {k: float(cfg.layer_weights.get(k, 1.0)) * (cfg.last_layer_weight if k in LAST_LAYER else 1.0)
+            for k in names}
 
 
 class GradientInversion(L.LightningModule):
-    """Optimise R×B dummy images so that their gradient matches the shared one."""
+    """Optimise P = N·R dummy batches so that what they would share matches the capture.
 
-    def __init__(self, ctx: Context, target: dict[str, Tensor], soft_labels: Tensor, cfg: ReconConfig,
-                 image_shape: tuple[int, ...]) -> None:
+    ``target``: {name: (N, *shape)} shared tensors (gradients or update) of N problems, or unbatched {name: shape}
+    with ``soft_labels`` (B, C) for one problem. ``soft_labels`` (N, B, C): the fixed targets, or the
+    initialisation of joint label logits; None (joint only) draws the logits at random. ``features`` (N, B, D):
+    the feature targets f* of eq. 8 (needed when ``cfg.feature_weight`` > 0). ``prior`` (N, B, C, H, W): image
+    estimate for ``init=analytic``.
+    """
+
+    def __init__(self, ctx: Context, target: dict[str, Tensor], soft_labels: Tensor | None, cfg: ReconConfig,
+                 image_shape: tuple[int, ...], num_samples: int | None = None, features: Tensor | None = None,
+                 prior: Tensor | None = None) -> None:
         super().__init__()
         self.automatic_optimization = False
         self.ctx, self.cfg = ctx, cfg
-        model = ctx.model
+        single = soft_labels is not None and soft_labels.ndim == 2
+        if single:
+            soft_labels = soft_labels.unsqueeze(0)
+            target = {k: v.unsqueeze(0) for k, v in target.items()}
+            features = None if features is None else features.reshape(1, *features.shape[-2:])
+        n = next(iter(target.values())).shape[0]
+        b = soft_labels.shape[1] if soft_labels is not None else int(num_samples or 1)
+        r = cfg.restarts
+        self.num_problems, self.batch, self.num_classes = n, b, ctx.model.num_classes
+        self.net = ctx.model
         if ctx.protocol.model_mode == "train":
-            torch.func.replace_all_batch_norm_modules_(model)
-        self.net = model
+            torch.func.replace_all_batch_norm_modules_(self.net)
         for p in self.net.parameters():
             p.requires_grad_(False)
-        self.weights = {k: float(cfg.layer_weights.get(k, 1.0)) for k in target}
-        self.names = [k for k in target if self.weights[k] != 0.0]
+        weights = match_weights(list(target), cfg)
+        self.names = [k for k in target if weights[k] != 0.0]
+        self.weights = {k: weights[k] for k in self.names}
         for i, k in enumerate(self.names):  # buffers, so they follow the module to its device
-            self.register_buffer(f"target_{i}", target[k].detach().float().clone())
+            self.register_buffer(f"target_{i}", self._per_problem(target[k].detach().float(), n, r))
+        self.use_features = cfg.feature_weight > 0
+        if self.use_features:
+            if features is None:
+                from gi.errors import ConfigError
+
+                raise ConfigError("attack.feature_weight > 0 needs last-layer feature targets f* (eq. 8): recover them "
+                                  "(labels.method=soft-lambda, or a last-layer bias) or set feature_weight=0")
+            self.register_buffer("feature_target", self._per_problem(features.detach().float(), n, r))
         gen = torch.Generator().manual_seed(cfg.seed)
-        b = soft_labels.shape[0]
-        self.images = torch.nn.Parameter(_initial_images(cfg, (cfg.restarts, b, *image_shape), gen))
-        self.register_buffer("soft", soft_labels.float().expand(cfg.restarts, *soft_labels.shape).clone())
-        self.register_buffer("best_loss", torch.full((cfg.restarts,), float("inf")))
+        init = INITS[cfg.init]((n, r, b, *image_shape), gen, prior, cfg.init_noise)
+        self.images = torch.nn.Parameter(init.reshape(n * r, b, *image_shape))
+        self.joint = cfg.labels == "joint"
+        if self.joint:
+            if soft_labels is None:
+                logits = torch.randn((n * r, b, self.num_classes), generator=gen)
+            else:
+                logits = soft_labels.float().clamp_min(1e-8).log().repeat_interleave(r, 0)
+            self.label_logits = torch.nn.Parameter(logits)
+        else:
+            self.register_buffer("soft", soft_labels.float().repeat_interleave(r, 0))
+        self.register_buffer("best_loss", torch.full((n * r,), float("inf")))
         self.register_buffer("best_images", self.images.detach().clone())
-        self.loss_fn = loss_for(ctx.protocol)
+        self.register_buffer("best_soft", self.current_soft().detach().clone())
+        self.simulate = SIMULATORS[ctx.kind](self.net, ctx.protocol, self.names, num_samples=b,
+                                             history=ctx.history, trained=ctx.trained, features=self.use_features)
         self.history: dict[str, list] = {"step": [], "objective": []}
 
+    @staticmethod
+    def _per_problem(t: Tensor, n: int, r: int) -> Tensor:
+        """(N, …) → (1, …) when one problem (broadcast over restarts), else (N·R, …)."""
+        return t if n == 1 else t.repeat_interleave(r, 0)
+
     # ----------------------------------------------------------------- the attack objective
-    def _dummy_gradients(self, images: Tensor, soft: Tensor) -> dict[str, Tensor]:
-        params = {n: p for n, p in self.net.named_parameters()}
-        buffers = dict(self.net.named_buffers())
+    def current_soft(self) -> Tensor:
+        """Soft labels (P, B, C) the dummy data is trained with: fixed, or softmax of the joint logits."""
+        return torch.softmax(self.label_logits, -1) if self.joint else self.soft
 
-        def loss(p_sub: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
-            return self.loss_fn(functional_call(self.net, ({**params, **p_sub}, buffers), (x,)), y)
-
-        sub = {n: params[n] for n in self.names}
-        return vmap(grad(loss), in_dims=(None, 0, 0))(sub, images, soft)
-
-    def objective(self, images: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        """Per-restart attack objective (R,) and its parts; the only basis for ranking restarts."""
-        dummy = self._dummy_gradients(images, self.soft)
+    def objective(self, images: Tensor, soft: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        """Per-problem attack objective (P,) and its parts; the only basis for ranking restarts."""
+        soft = self.current_soft() if soft is None else soft
+        dummy, feats = vmap(self.simulate, out_dims=(0, 0 if self.use_features else None))(images, soft)
+        distance = OBJECTIVES[self.cfg.objective]
         target = {k: getattr(self, f"target_{i}") for i, k in enumerate(self.names)}
-        parts = {"match": OBJECTIVES[self.cfg.objective](dummy, target, self.weights)}
+        parts = {"match": distance(dummy, target, self.weights)} if self.names else {}
+        if self.use_features:
+            parts["features"] = self.cfg.feature_weight * distance({"f": feats}, {"f": self.feature_target},
+                                                                   {"f": 1.0})
         for name, weight in self.cfg.regularizers.items():
             if weight:
                 parts[name] = weight * REGULARIZERS[name](images, self.ctx)
@@ -107,17 +153,17 @@ class GradientInversion(L.LightningModule):
     # ----------------------------------------------------------------- Lightning hooks
     def configure_optimizers(self):
         cfg = self.cfg
-        if cfg.optimizer == "adam":
-            opt = torch.optim.Adam([self.images], lr=cfg.lr)
-        else:
-            opt = torch.optim.SGD([self.images], lr=cfg.lr, momentum=0.9)
+        groups = [{"params": [self.images], "lr": cfg.lr}]
+        if self.joint:
+            groups.append({"params": [self.label_logits], "lr": cfg.label_lr or cfg.lr})
+        opt = OPTIMIZERS[cfg.optimizer](groups, cfg)
         n = cfg.iterations
         if cfg.schedule == "multistep":
             milestones = [int(n * 3 / 8), int(n * 5 / 8), int(n * 7 / 8)]
             sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=milestones, gamma=0.1)
         elif cfg.schedule == "cosine":
             sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=n)
-        else:
+        else:  # constant
             sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
         return [opt], [sched]
 
@@ -128,18 +174,22 @@ class GradientInversion(L.LightningModule):
         # Lightning puts modules in train mode; the victim model keeps the protocol's mode
         self.net.train(self.ctx.protocol.model_mode == "train")
 
+    def _track(self, loss: Tensor) -> None:
+        """Keep each problem's best iterate, paired with the objective it produced (no off-by-one)."""
+        better = loss < self.best_loss
+        self.best_loss = torch.where(better, loss, self.best_loss)
+        self.best_images[better] = self.images.detach()[better]
+        self.best_soft[better] = self.current_soft().detach()[better]
+
     def training_step(self, batch: Any, batch_idx: int) -> None:
         opt = self.optimizers()
         sched = self.lr_schedulers()
         opt.zero_grad(set_to_none=True)
-        per_restart, _ = self.objective(self.images)
-        self.manual_backward(per_restart.sum())
+        per_problem, _ = self.objective(self.images)
+        self.manual_backward(per_problem.sum())
         with torch.no_grad():
-            # pair each objective with the iterate that produced it (no off-by-one)
-            better = per_restart.detach() < self.best_loss
-            self.best_loss = torch.where(better, per_restart.detach(), self.best_loss)
-            self.best_images[better] = self.images.detach()[better]
-            if self.cfg.signed and self.images.grad is not None:
+            self._track(per_problem.detach())
+            if self.cfg.signed and self.cfg.optimizer != "lbfgs" and self.images.grad is not None:
                 self.images.grad.sign_()
         opt.step()
         sched.step()
@@ -148,18 +198,28 @@ class GradientInversion(L.LightningModule):
                 self.images.clamp_(0, 1)
         if batch_idx % self.cfg.log_every == 0 or batch_idx == self.cfg.iterations - 1:
             self.history["step"].append(batch_idx)
-            self.history["objective"].append(per_restart.detach().cpu().tolist())
-        self.log("objective", per_restart.detach().min(), prog_bar=True, on_step=True, logger=False)
+            self.history["objective"].append(per_problem.detach().cpu().tolist())
+        self.log("objective", per_problem.detach().min(), prog_bar=True, on_step=True, logger=False)
 
     def on_train_end(self) -> None:
         with torch.no_grad():
             final, _ = self.objective(self.images.detach())
-            better = final < self.best_loss
-            self.best_loss = torch.where(better, final, self.best_loss)
-            self.best_images[better] = self.images.detach()[better]
+            self._track(final)
+
+    # ----------------------------------------------------------------- results
+    def best_per_problem(self) -> Tensor:
+        """Index (N,) of the restart with the lowest objective of every problem."""
+        return self.best_loss.view(self.num_problems, -1).argmin(1)
+
+    def current_batch(self) -> Tensor:
+        """Best iterate so far of every problem's best restart (by the attack objective), (N, B, C, H, W)."""
+        finite = torch.isfinite(self.best_loss).any()
+        src = self.best_images if finite else self.images.detach()
+        r = self.cfg.restarts
+        view = src.view(self.num_problems, r, *src.shape[1:])
+        idx = self.best_per_problem() if finite else torch.zeros(self.num_problems, dtype=torch.long)
+        return view[torch.arange(self.num_problems), idx.to(view.device)].detach().clamp(0, 1)
 
     def current_images(self) -> Tensor:
-        """Best iterate so far of the best restart (by the attack objective), (B, C, H, W)."""
-        r = int(torch.argmin(self.best_loss)) if torch.isfinite(self.best_loss).any() else 0
-        src = self.best_images if torch.isfinite(self.best_loss).any() else self.images.detach()
-        return src[r].detach().clamp(0, 1)
+        """:meth:`current_batch` of the first problem, (B, C, H, W)."""
+        return self.current_batch()[0]

@@ -14,9 +14,9 @@ victim batch). Setup keys (defaults in :data:`DEFAULTS`):
   rest uniform over the other classes; Fig. 3). Without ``imbalance`` batches are uniform random draws.
 - ``model``: ``{name, activation, init, bias_last, norm, options}`` for :func:`gi.models.build`; ``reinit``:
   ``true`` a fresh initialisation per trial (default for untrained models), an integer k: k initialisations
-  used in turn (trial mod k; k aux forwards instead of one per trial), ``false`` one model for all trials
-  (default when ``train.epochs > 0``: the trained model is built once per configuration and cached
-  in-process, and on disk under ``$GI_CACHE_DIR`` when that variable is set).
+  used in turn (trial mod k; k aux forwards instead of one per trial), ``false`` one model for all trials.
+  Trained models (``train.epochs > 0``, whatever ``reinit`` says, so a grid can mix both) are trained
+  once per configuration and cached in-process, and on disk under ``$GI_CACHE_DIR`` when it is set.
 - ``shared``: ``all`` (the full FedSGD gradient) or ``last`` (only ``fc.weight``/``fc.bias``: identical
   last-layer gradients without the backward pass through the body, ~3× faster on VGG-16; every batch
   label method reads only the last layer). ``last`` refuses DP clipping (the clip norm is global).
@@ -211,7 +211,7 @@ def resolve(setup: dict) -> dict[str, Any]:
     if s["protocol"].label_aug == "mixup":
         raise ConfigError("setup.protocol.label_aug='mixup' is not a batch-count scenario; valid: onehot, "
                           "smoothing, smoothing-alt")
-    if s["reinit"] is None:
+    if float(s["train"]["epochs"]) > 0 or s["reinit"] is None:  # a trained model is trained once
         s["reinit"] = float(s["train"]["epochs"]) == 0
     if not isinstance(s["reinit"], bool) and int(s["reinit"]) < 1:
         raise ConfigError(f"setup.reinit must be true, false or a number of models >= 1, got {s['reinit']!r}")

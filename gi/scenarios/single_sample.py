@@ -1,7 +1,8 @@
 """Single-sample FedSGD captures with augmented labels (soft-label paper, Wang, Liang & He 2024, §4.1, §5.2).
 
-One scenario call builds one model (a fresh initialisation per trial unless ``model.seed`` fixes it),
-optionally trains it briefly, and captures ``samples`` one-image gradients:
+One scenario call builds one model (a fresh initialisation every ``model.reseed_every`` trials, or one
+model throughout when ``model.seed`` fixes it), optionally trains it briefly (once per model), and
+captures ``samples`` one-image gradients:
 
 - ``label_aug: smoothing`` (or ``smoothing-alt``): a random image, ε ~ U(``eps``) per sample;
 - ``label_aug: mixup``: two images of different classes, x = (1−λ)x₁ + λx₂ with λ ~ U(``mix``);
@@ -44,7 +45,7 @@ DEFAULTS: dict[str, Any] = {
     "shared": "all",  # all | last
 }
 MODEL_DEFAULTS: dict[str, Any] = {"name": "lenet", "activation": None, "init": None, "bias_last": False,
-                                  "norm": None, "seed": None, "options": {}}
+                                  "norm": None, "seed": None, "reseed_every": 1, "options": {}}
 TRAIN_DEFAULTS: dict[str, Any] = {"dataset": "same", "split": "train", "epochs": 1.0, "lr": 0.01, "momentum": 0.9,
                                   "batch_size": 64, "max_samples": None}
 NOISE_DEFAULTS: dict[str, Any] = {"kind": "gaussian", "variance": 0.0}
@@ -64,7 +65,8 @@ def _noise_laplace(shape: torch.Size, variance: float, generator: torch.Generato
 
 
 NOISES = {"gaussian": _noise_gaussian, "laplace": _noise_laplace}
-_TRAINED: dict[str, dict[str, Tensor]] = {}  # trained states of fixed-seed models, shared across trials
+_TRAINED: dict[str, tuple[dict[str, Tensor], dict[str, Any]]] = {}  # trained states of models shared by several trials
+_SEEDS: dict[tuple[str, int], int] = {}  # (setup, trial // reseed_every) → model seed
 
 
 def _uniform(bounds: Any, n: int, generator: torch.Generator, what: str) -> Tensor:
@@ -92,15 +94,21 @@ def _make_samples(ds: Any, setup: dict[str, Any], generator: torch.Generator) ->
     return ds.images[idx], y, {"indices": idx.tolist(), "eps": eps.tolist()}
 
 
-def _train(model: torch.nn.Module, ds: Any, cfg: dict[str, Any], generator: torch.Generator) -> dict[str, Any]:
-    """Brief SGD training (gi.train.train_model) on the attack set itself or on another dataset."""
+def _train(model: torch.nn.Module, ds: Any, attack_name: str, attack_split: str, cfg: dict[str, Any],
+           generator: torch.Generator) -> dict[str, Any]:
+    """Brief SGD training (gi.train.train_model) on ``cfg['dataset']`` / ``cfg['split']``; ``same`` is the
+    attacked dataset's ``split`` (the attacked samples themselves when that split does not exist)."""
     from gi import data
     from gi.train import train_model
 
-    if cfg["dataset"] == "same":
-        images, labels = ds.images, ds.labels
+    name = attack_name if cfg["dataset"] == "same" else cfg["dataset"]
+    if name not in data.DATASETS:
+        raise ConfigError(f"train.dataset {name!r} is unknown; valid: {sorted(data.DATASETS)} or 'same'")
+    if cfg["split"] not in data.DATASETS[name].splits or (name == attack_name and cfg["split"] == attack_split):
+        images, labels, source = ds.images, ds.labels, f"{attack_name}/{attack_split} (the attacked samples)"
     else:
-        train_ds = data.load(cfg["dataset"], split=cfg["split"], size=tuple(ds.images.shape[-2:]))
+        source = f"{name}/{cfg['split']}"
+        train_ds = data.load(name, split=cfg["split"], size=tuple(ds.images.shape[-2:]))
         if train_ds.images.shape[1:] != ds.images.shape[1:] or train_ds.num_classes != ds.num_classes:
             raise ConfigError(f"train.dataset {cfg['dataset']!r} has images {tuple(train_ds.images.shape[1:])} and "
                               f"{train_ds.num_classes} classes; the attacked dataset has "
@@ -111,7 +119,7 @@ def _train(model: torch.nn.Module, ds: Any, cfg: dict[str, Any], generator: torc
         images, labels = images[keep], labels[keep]
     stats = train_model(model, images, labels, epochs=float(cfg["epochs"]), batch_size=int(cfg["batch_size"]),
                         lr=float(cfg["lr"]), momentum=float(cfg["momentum"]), generator=generator)
-    return {**{k: cfg[k] for k in ("dataset", "epochs", "lr", "momentum", "batch_size", "max_samples")},
+    return {**{k: cfg[k] for k in ("epochs", "lr", "momentum", "batch_size", "max_samples")}, "data": source,
             "train_samples": int(labels.shape[0]), **stats}
 
 
@@ -135,20 +143,26 @@ def single_sample(setup: dict, generator: torch.Generator, trial: int) -> list[T
 
     size = setup["size"]
     ds = data.load(setup["dataset"], split=setup["split"], size=tuple(size) if isinstance(size, list) else size)
-    seed = mcfg["seed"] if mcfg["seed"] is not None else int(torch.randint(2**31 - 1, (1,), generator=generator))
+    every = int(mcfg["reseed_every"])
+    if every < 1:
+        raise ConfigError(f"single-sample model.reseed_every must be >= 1, got {every}")
+    drawn = int(torch.randint(2**31 - 1, (1,), generator=generator))
+    slot = (json.dumps(setup, sort_keys=True, default=str), trial // every)
+    seed = mcfg["seed"] if mcfg["seed"] is not None else _SEEDS.setdefault(slot, drawn)
+    shared_model = mcfg["seed"] is not None or every > 1
     model = build(mcfg["name"], ds.num_classes, activation=mcfg["activation"], in_shape=tuple(ds.images.shape[1:]),
                   bias_last=bool(mcfg["bias_last"]), init=mcfg["init"], norm=mcfg["norm"], seed=int(seed),
                   **(mcfg["options"] or {}))
     trained = None
     if tcfg is not None and float(tcfg["epochs"]) > 0:
         key = json.dumps([model.spec, tcfg, setup["dataset"]], sort_keys=True, default=str)
-        if mcfg["seed"] is not None and key in _TRAINED:
-            model.load_state_dict(_TRAINED[key])
-            trained = {**tcfg, "cached": True}
+        if shared_model and key in _TRAINED:
+            model.load_state_dict(_TRAINED[key][0])
+            trained = _TRAINED[key][1]
         else:
-            trained = _train(model, ds, tcfg, generator)
-            if mcfg["seed"] is not None:
-                _TRAINED[key] = {k: v.clone() for k, v in model.state_dict().items()}
+            trained = _train(model, ds, setup["dataset"], setup["split"], tcfg, generator)
+            if shared_model:
+                _TRAINED[key] = ({k: v.clone() for k, v in model.state_dict().items()}, trained)
     model.eval()
     if setup["shared"] == "last":
         for p in model.body.parameters():
@@ -161,8 +175,13 @@ def single_sample(setup: dict, generator: torch.Generator, trial: int) -> list[T
     if variance > 0:
         group += f"/{ncfg['kind']}:{variance:g}"
     trials = []
+    state = None
     for i in range(images.shape[0]):
         capture, truth = capture_gradients(model, images[i:i + 1], targets[i:i + 1], protocol)
+        # the model is in eval mode and unchanged between captures: share one copy of its state (a ResNet-18
+        # state is 45 MB; 200 private copies would not fit in memory)
+        state = state if state is not None else capture.model_state
+        capture.model_state = state
         if variance > 0:
             for name in (LAST_WEIGHT, LAST_BIAS):
                 if name in capture.gradients:

@@ -1,0 +1,258 @@
+"""``gi ablate CONFIG``: how much does label (and feature) knowledge help the reconstruction?
+
+The same captures are reconstructed under every label-knowledge mode (``truth``, ``recovered``, ``hard``,
+``joint``, ``recovered+joint``; :data:`gi.pipeline.LABEL_MODES`) and every α/β variant of the soft-label paper's
+eq. 8, giving its Tables 3 and 4 (Wang, Liang & He 2024, §4.3 and §5.1): PSNR / SSIM / LPIPS and the label error
+L_r (Σ_c |ŷ_c − y_c| per image, rows matched one-to-one), with per-image values and a PNG grid per row.
+
+A config holds one base experiment (``data``, ``model``, ``protocol``, ``labels``, ``attack`` as in ``gi run``),
+``settings`` (named dotted overrides of the base that change the captures, e.g. mixup vs smoothing, trained vs
+untrained, L2 vs cosine), ``variants`` (named overrides of ``attack``, e.g. α/β) and ``modes``. Each
+(setting, variant, mode) row reconstructs all ``trials`` captures of its setting as one batched problem.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime as _dt
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gi.config import apply_overrides, from_dict, load_yaml, to_dict
+from gi.errors import ConfigError, GIError
+from gi.pipeline import (
+    LABEL_MODES,
+    DataConfig,
+    LabelConfig,
+    MetricConfig,
+    ModelConfig,
+    build_victim,
+    capture_client,
+    make_aux,
+    used_labels,
+)
+from gi.protocol import Protocol
+from gi.recon import ReconConfig, reconstruct_many
+from gi.report import save_grid, staged_output, write_csv, write_json, write_markdown_table, write_yaml
+
+log = logging.getLogger("gi.ablate")
+METRIC_KEYS = ("psnr", "ssim", "lpips", "L_r")
+
+
+@dataclass
+class AblateConfig:
+    """One ablation table. ``trials``: captures per setting (each one client batch of ``protocol.batch_size``).
+    ``settings``: {name: {dotted.key: value}} overrides of this config per setting (default: one setting named
+    ``base``); ``variants``: {name: {attack key: value}} (default: one variant ``base``); ``modes``: label modes;
+    ``paper``: reference numbers {"setting/variant/mode" (any part may be ``*``; "setting/mode" too):
+    {psnr, ssim, lpips, L_r}};
+    ``only``: run just these settings."""
+
+    name: str = "ablate"
+    seed: int = 0
+    out: str | None = None
+    overwrite: bool = False
+    trials: int = 4
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    protocol: Protocol = field(default_factory=Protocol)
+    labels: LabelConfig = field(default_factory=LabelConfig)
+    attack: ReconConfig = field(default_factory=ReconConfig)
+    metrics: MetricConfig = field(default_factory=lambda: MetricConfig(lpips_vgg=False))
+    modes: list[str] = field(default_factory=lambda: list(LABEL_MODES))
+    settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
+    paper: dict[str, dict[str, float]] = field(default_factory=dict)
+    only: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.only or []) - set(self.settings))
+        if unknown:
+            raise ConfigError(f"only names unknown setting(s) {unknown}; valid: {sorted(self.settings)}")
+        bad = [m for m in self.modes if m not in LABEL_MODES]
+        if bad or not self.modes:
+            raise ConfigError(f"modes has unknown {bad}; valid: {list(LABEL_MODES)}")
+        if self.trials < 1:
+            raise ConfigError(f"trials must be >= 1, got {self.trials}")
+        valid_attack = {f.name for f in dataclasses.fields(ReconConfig)}
+        for name, over in self.variants.items():
+            if not isinstance(over, dict):
+                raise ConfigError(f"variants.{name} must map attack keys to values")
+            unknown = sorted(set(over) - valid_attack)
+            if unknown:
+                raise ConfigError(f"variants.{name} has unknown attack key(s) {unknown}; valid: {sorted(valid_attack)}")
+        for name, over in self.settings.items():
+            if not isinstance(over, dict):
+                raise ConfigError(f"settings.{name} must map dotted keys to values, e.g. {{protocol.label_aug: mixup}}")
+            setting_config(self, name)  # validates the overrides now, not halfway through a table
+
+
+def load_ablate_config(path: str | Path, overrides: list[str] | None = None) -> AblateConfig:
+    data = apply_overrides(load_yaml(path), list(overrides or []))
+    return from_dict(AblateConfig, data)
+
+
+def setting_config(cfg: AblateConfig, name: str) -> AblateConfig:
+    """The base config with setting ``name``'s dotted overrides applied (settings/variants/paper dropped)."""
+    base = to_dict(cfg)
+    for key in ("settings", "variants", "paper", "only"):
+        base.pop(key)
+    over = cfg.settings.get(name, {})
+    data = apply_overrides(copy.deepcopy(base), [f"{k}={_yaml_scalar(v)}" for k, v in over.items()])
+    try:
+        return from_dict(AblateConfig, data)
+    except ConfigError as exc:
+        raise ConfigError(f"settings.{name}: {exc}") from None
+
+
+def _yaml_scalar(value: Any) -> str:
+    import yaml
+
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
+def _paper_value(cfg: AblateConfig, setting: str, variant: str, mode: str) -> dict[str, float]:
+    for key in (f"{setting}/{variant}/{mode}", f"{setting}/{mode}", f"{setting}/*/{mode}", f"*/{variant}/{mode}",
+                f"{setting}/{variant}/*", f"{setting}/{variant}", f"*/*/{mode}", f"{setting}/*/*", f"*/{variant}/*"):
+        if key in cfg.paper:
+            return cfg.paper[key]
+    return {}
+
+
+@dataclass
+class Row:
+    setting: str
+    variant: str
+    mode: str
+    per_image: list[dict[str, Any]]
+    seconds: float
+    label_ok: float
+    error: str | None = None
+
+    def summary(self) -> dict[str, Any]:
+        def mean(key: str) -> float:
+            vals = [r[key] for r in self.per_image if r.get(key) is not None]
+            return float(sum(vals) / len(vals)) if vals else float("nan")
+
+        out = {"setting": self.setting, "variant": self.variant, "mode": self.mode}
+        out.update({k: mean(k) for k in METRIC_KEYS})
+        out.update({"label_top1": mean("label_top1"), "labels_ok": self.label_ok, "images": len(self.per_image),
+                    "seconds": self.seconds})
+        if self.error:
+            out["error"] = self.error
+        return out
+
+
+def _captures(cfg: AblateConfig) -> tuple[list, list, Any]:
+    dataset, model = build_victim(cfg)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    pairs = [capture_client(cfg, dataset, model, gen) for _ in range(cfg.trials)]
+    aux = make_aux(cfg.labels, dataset, gen)
+    return [p[0] for p in pairs], [p[1] for p in pairs], aux
+
+
+def run_setting(cfg: AblateConfig, setting: str, out: Path) -> list[Row]:
+    """All (variant, mode) rows of one setting on the same captures."""
+    from gi.metrics import label_metrics, score
+
+    scfg = setting_config(cfg, setting)
+    captures, truths, aux = _captures(scfg)
+    variants = cfg.variants or {"base": {}}
+    labels_cache: dict[Any, list[Any]] = {}  # one label stage per source (recovered serves recovered+joint too)
+    rows = []
+    for mode in cfg.modes:
+        lcfg = dataclasses.replace(scfg.labels, mode=mode)
+        source, kind = LABEL_MODES[mode].labels, LABEL_MODES[mode].kind
+        if source not in labels_cache:
+            labels_cache[source] = [source(lcfg, c, t, aux) for c, t in zip(captures, truths)]
+        results = labels_cache[source]
+        for variant, over in variants.items():
+            attack = dataclasses.replace(scfg.attack, **over, labels=kind, progress=False)
+            features = [getattr(r, "features", None) for r in results]
+            start = time.perf_counter()
+            try:
+                recs = reconstruct_many(captures, results, features, attack)
+            except GIError as exc:  # e.g. a feature term without a feature target: the row reports why
+                print(f"  {setting:>24s} {variant:>12s} {mode:>16s}  FAILED: {exc}", flush=True)
+                rows.append(Row(setting, variant, mode, [], 0.0, 0.0, error=str(exc)))
+                continue
+            seconds = time.perf_counter() - start
+            per_image = []
+            for t, (rec, truth) in enumerate(zip(recs, truths)):
+                sc = score(rec.images, truth.images, match=True, vgg=scfg.metrics.lpips_vgg)
+                lab = label_metrics(used_labels(rec, mode), truth)
+                for i in range(truth.images.shape[0]):
+                    per_image.append({"setting": setting, "variant": variant, "mode": mode, "trial": t, "image": i,
+                                      "psnr": sc["psnr"][i], "ssim": sc["ssim"][i], "lpips": sc["lpips_alex"][i],
+                                      "L_r": lab.get("soft_l1"), "label_top1": lab.get("top1"),
+                                      "true_label": int(truth.labels[i]), "objective": float(rec.objective.min())})
+                rec.history["perm"] = sc["perm"]
+            row = Row(setting, variant, mode, per_image, seconds,
+                      float(sum(bool(getattr(r, "ok", True)) for r in results) / len(results)))
+            rows.append(row)
+            s = row.summary()
+            print(f"  {setting:>24s} {variant:>12s} {mode:>16s}  PSNR {s['psnr']:6.2f}  SSIM {s['ssim']:.3f}  "
+                  f"LPIPS {s['lpips']:.3f}  L_r {s['L_r']:.2e}  ({seconds:.0f} s)", flush=True)
+            truth_row = torch.cat([t.images for t in truths])
+            rec_row = torch.cat([r.images[torch.as_tensor(r.history["perm"])] for r in recs])
+            save_grid(out / f"grid-{_slug(setting)}-{_slug(variant)}-{_slug(mode)}.png", [truth_row, rec_row], scale=2)
+    return rows
+
+
+def _slug(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in text)
+
+
+def save_bar_plot(path: Path, rows: list[dict[str, Any]], key: str = "psnr") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['setting']}\n" + (f"{r['variant']}/" if r["variant"] != "base" else "") + r["mode"] for r in rows]
+    fig, ax = plt.subplots(figsize=(max(5, 0.55 * len(rows)), 3.6), dpi=120)
+    ax.bar(range(len(rows)), [r[key] for r in rows], color="tab:blue", label="ours")
+    paper = [r.get(f"paper_{key}") for r in rows]
+    if any(p is not None for p in paper):
+        ax.scatter(range(len(rows)), [p if p is not None else float("nan") for p in paper], color="tab:red",
+                   marker="_", s=200, label="paper", zorder=3)
+        ax.legend(fontsize=7)
+    ax.set_xticks(range(len(rows)), labels, rotation=90, fontsize=6)
+    ax.set_ylabel(key.upper() + (" [dB]" if key == "psnr" else ""))
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def run_ablation(cfg: AblateConfig) -> Path:
+    """Run every setting × variant × mode and write the table (Markdown/CSV/JSON), per-image CSV, grids, plot."""
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(cfg.out or f"runs/ablate-{cfg.name}-{stamp}")
+    torch.manual_seed(cfg.seed)
+    with staged_output(out, overwrite=cfg.overwrite) as tmp:
+        t0 = time.perf_counter()
+        write_yaml(tmp / "config.yaml", to_dict(cfg))
+        rows: list[Row] = []
+        for setting in cfg.only or cfg.settings or {"base": {}}:
+            rows += run_setting(cfg, setting, tmp)
+        table = []
+        for row in rows:
+            s = row.summary()
+            ref = _paper_value(cfg, row.setting, row.variant, row.mode)
+            s.update({f"paper_{k}": ref.get(k) for k in METRIC_KEYS if k in ref})
+            table.append(s)
+        write_csv(tmp / "table.csv", table)
+        write_csv(tmp / "results.csv", [r for row in rows for r in row.per_image])
+        md = write_markdown_table(tmp / "table.md", table, title=f"gi ablate: {cfg.name}")
+        write_json(tmp / "metrics.json", {"name": cfg.name, "table": table, "seconds": time.perf_counter() - t0,
+                                          "torch": torch.__version__})
+        save_bar_plot(tmp / "psnr.png", table)
+        print(md)
+    return out

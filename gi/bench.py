@@ -1,0 +1,229 @@
+"""``gi bench [CONFIG]``: speed and quality of a fixed reconstruction, as JSON comparable across versions.
+
+For every model × batch size × device: one fixed reconstruction (real CIFAR-10 samples, FedSGD, oracle labels,
+``attack`` settings of the config) gives the median time per iteration, the final PSNR and the peak memory;
+for ``restart_batch_sizes`` the time per iteration with R restarts is measured too (short runs), with the ratio
+to R = 1. Every entry runs in a fresh process, so the peak resident memory (``ru_maxrss``) belongs to it alone:
+``peak_rss_mb`` is the process peak, ``attack_rss_mb`` what the reconstruction added to the peak after the
+model and capture were set up; on a GPU ``peak_cuda_mb`` is ``torch.cuda.max_memory_allocated``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gi.config import apply_overrides, from_dict, load_yaml, to_dict
+from gi.errors import ConfigError
+from gi.recon.config import ReconConfig
+
+SCHEMA = 1
+
+
+@dataclass
+class BenchConfig:
+    """``iterations``: iterations of the fixed reconstruction per model (its final PSNR is reported);
+    ``timing_iterations``: steps of the restart-timing runs; ``devices``: ``cpu``/``gpu`` (``auto``: cpu, plus gpu
+    when one is available); ``threads``: torch CPU threads (1 on shared machines)."""
+
+    name: str = "bench"
+    models: list[str] = field(default_factory=lambda: ["lenet", "resnet18"])
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 8])
+    iterations: dict[str, int] = field(default_factory=lambda: {"lenet": 1000, "resnet18": 100})
+    restarts: list[int] = field(default_factory=lambda: [8])
+    restart_batch_sizes: list[int] = field(default_factory=lambda: [1])
+    timing_iterations: int = 12
+    devices: list[str] = field(default_factory=lambda: ["auto"])
+    threads: int = 1
+    seed: int = 0
+    dataset: str = "cifar10-samples"
+    attack: ReconConfig = field(default_factory=lambda: ReconConfig(lr=0.01, regularizers={"tv": 2e-3},
+                                                                    progress=False, log_every=1000))
+    out: str | None = None
+
+    def __post_init__(self) -> None:
+        from gi.models import BODIES
+
+        bad = [m for m in self.models if m not in BODIES]
+        if bad:
+            raise ConfigError(f"models has unknown {bad}; valid: {sorted(BODIES)}")
+        if any(b < 1 for b in self.batch_sizes + self.restart_batch_sizes) or self.timing_iterations < 4:
+            raise ConfigError("batch sizes must be >= 1 and timing_iterations >= 4")
+        for d in self.devices:
+            if d not in ("auto", "cpu", "gpu"):
+                raise ConfigError(f"devices has {d!r}; valid: auto, cpu, gpu")
+
+
+def load_bench_config(path: str | Path | None, overrides: list[str] | None = None) -> BenchConfig:
+    data = load_yaml(path) if path else {}
+    return from_dict(BenchConfig, apply_overrides(data, list(overrides or [])))
+
+
+class StepTimer:
+    """Lightning callback: wall time of every optimisation step."""
+
+    def __new__(cls):  # subclass lazily so importing gi.bench does not import lightning
+        import lightning as L
+
+        class _Timer(L.Callback):
+            def __init__(self) -> None:
+                self.times: list[float] = []
+                self._t = 0.0
+
+            def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+                self._t = time.perf_counter()
+
+            def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+                self.times.append(time.perf_counter() - self._t)
+
+        return _Timer()
+
+
+def _maxrss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def measure(entry: dict[str, Any]) -> dict[str, Any]:
+    """One benchmark entry, in the current process: model, batch, restarts, device, iterations, attack config."""
+    import torch
+
+    from gi import data as gdata
+    from gi.capture import capture_gradients
+    from gi.metrics import psnr
+    from gi.models import build
+    from gi.protocol import Protocol
+    from gi.recon import reconstruct
+
+    torch.set_num_threads(entry["threads"])
+    ds = gdata.load(entry["dataset"])
+    b = entry["batch"]
+    model = build(entry["model"], ds.num_classes, init="uniform" if entry["model"] == "lenet" else None,
+                  seed=entry["seed"])
+    images, labels = ds.images[:b], ds.labels[:b]
+    capture, truth = capture_gradients(model, images, labels, Protocol(batch_size=b))
+    from labels import LabelResult
+
+    oracle = LabelResult.from_counts("truth", truth.counts, soft=truth.targets)
+    attack = from_dict(ReconConfig, {**entry["attack"], "iterations": entry["iterations"],
+                                     "restarts": entry["restarts"], "threads": entry["threads"],
+                                     "device": entry["device"], "progress": False})
+    cuda = entry["device"] == "gpu"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    before = _maxrss_mb()
+    timer = StepTimer()
+    start = time.perf_counter()
+    rec = reconstruct(capture, oracle, config=attack, callbacks=[timer])
+    wall = time.perf_counter() - start
+    steps = timer.times[3:] or timer.times
+    out = {**{k: entry[k] for k in ("model", "batch", "restarts", "device", "iterations", "threads")},
+           "sec_per_iteration": statistics.median(steps), "sec_per_iteration_mean": statistics.fmean(steps),
+           "wall_seconds": wall, "peak_rss_mb": _maxrss_mb(), "attack_rss_mb": max(_maxrss_mb() - before, 0.0)}
+    if cuda:
+        out["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
+        out["gpu"] = torch.cuda.get_device_name()
+    if not entry.get("timing_only"):
+        from gi.metrics import match_images
+
+        perm = match_images(rec.images, truth.images) if b > 1 else [0]
+        out["psnr"] = float(psnr(rec.images[perm], truth.images).mean())
+    return out
+
+
+def _in_process(entry: dict[str, Any]) -> dict[str, Any]:
+    """Run :func:`measure` in a fresh interpreter, so its peak memory is its own."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        return pool.apply(measure, (entry,))
+
+
+def entries(cfg: BenchConfig) -> list[dict[str, Any]]:
+    import torch
+
+    devices = []
+    for d in cfg.devices:
+        if d == "auto":
+            devices += ["cpu"] + (["gpu"] if torch.cuda.is_available() else [])
+        elif d == "gpu" and not torch.cuda.is_available():
+            raise ConfigError("devices lists gpu but no CUDA device is available; use devices=[auto] or [cpu]")
+        else:
+            devices.append(d)
+    attack = to_dict(cfg.attack)
+    out = []
+    for device in dict.fromkeys(devices):
+        for model in cfg.models:
+            its = int(cfg.iterations.get(model, 100))
+            for b in cfg.batch_sizes:
+                out.append(dict(model=model, batch=b, restarts=1, device=device, iterations=its, threads=cfg.threads,
+                                seed=cfg.seed, dataset=cfg.dataset, attack=attack))
+            for b in cfg.restart_batch_sizes:
+                for r in [1] + [r for r in cfg.restarts if r != 1]:
+                    out.append(dict(model=model, batch=b, restarts=r, device=device, iterations=cfg.timing_iterations,
+                                    threads=cfg.threads, seed=cfg.seed, dataset=cfg.dataset, attack=attack,
+                                    timing_only=True))
+    return out
+
+
+def _git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                              cwd=Path(__file__).resolve().parent).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def run_bench(cfg: BenchConfig) -> Path:
+    """Run every entry (one fresh process each) and write the JSON report; returns its path."""
+    import torch
+
+    from gi.report import write_json
+
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = Path(cfg.out or f"runs/bench/{cfg.name}-{stamp}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    results = []
+    for entry in entries(cfg):
+        res = _in_process(entry)
+        res["timing_only"] = bool(entry.get("timing_only"))
+        results.append(res)
+        extra = f"  PSNR {res['psnr']:.2f} dB" if "psnr" in res and not res["timing_only"] else ""
+        print(f"{res['model']:>9s} B={res['batch']:<2d} R={res['restarts']:<2d} {res['device']:>3s}: "
+              f"{1000 * res['sec_per_iteration']:8.1f} ms/it  peak {res['peak_rss_mb']:.0f} MB "
+              f"(+{res['attack_rss_mb']:.0f}){extra}", flush=True)
+    for res in results:  # R restarts vs one restart, same model/batch/device
+        if res["timing_only"] and res["restarts"] > 1:
+            one = [r for r in results if r["timing_only"] and r["restarts"] == 1 and
+                   all(r[k] == res[k] for k in ("model", "batch", "device"))]
+            if one:
+                res["ratio_to_one_restart"] = res["sec_per_iteration"] / one[0]["sec_per_iteration"]
+    report = {"schema": SCHEMA, "name": cfg.name, "created": stamp, "git": _git_commit(),
+              "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
+              "cpus": os.cpu_count(), "load_average": list(os.getloadavg()),
+              "config": to_dict(dataclasses.replace(cfg)), "results": results}
+    tmp = path.with_suffix(".json.tmp")
+    write_json(tmp, report)
+    os.replace(tmp, path)
+    return path
+
+
+def format_report(path: Path) -> str:
+    data = json.loads(Path(path).read_text())
+    lines = ["| model | B | R | device | ms/it | PSNR | peak RSS MB | R-ratio |", "|---|---|---|---|---|---|---|---|"]
+    for r in data["results"]:
+        lines.append(f"| {r['model']} | {r['batch']} | {r['restarts']} | {r['device']} | "
+                     f"{1000 * r['sec_per_iteration']:.1f} | {r.get('psnr', float('nan')):.2f} | "
+                     f"{r['peak_rss_mb']:.0f} | {r.get('ratio_to_one_restart', float('nan')):.2f} |")
+    return "\n".join(lines)

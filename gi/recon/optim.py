@@ -1,0 +1,122 @@
+"""Optimisers of the image (and joint-label) parameters (registry): ``fn(groups, cfg) -> torch.optim.Optimizer``.
+
+``lbfgs`` is DLG's optimiser (Zhu et al. 2019; the soft-label paper's L2 runs, L-BFGS with lr 1) made
+*per problem*: every problem of the batched reconstruction (captures × restarts, the leading dim of each
+parameter) keeps its own curvature pairs, step scaling and convergence test, so P problems optimised together
+follow exactly the iterates of P separate runs. One ``step()`` is one L-BFGS iteration (one objective
+evaluation), the same unit as an Adam step; like ``torch.optim.LBFGS`` without line search it takes the step
+``t·d`` with ``t = lr`` (``min(1, 1/‖g‖₁)·lr`` on the first iteration).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+Tensor = torch.Tensor
+OPTIMIZERS: dict[str, Callable[[list[dict[str, Any]], Any], torch.optim.Optimizer]] = {}
+
+
+def register_optimizer(name: str) -> Callable:
+    def wrap(fn: Callable) -> Callable:
+        OPTIMIZERS[name] = fn
+        return fn
+
+    return wrap
+
+
+@register_optimizer("adam")
+def _adam(groups: list[dict[str, Any]], cfg: Any) -> torch.optim.Optimizer:
+    return torch.optim.Adam(groups, lr=cfg.lr)
+
+
+@register_optimizer("sgd")
+def _sgd(groups: list[dict[str, Any]], cfg: Any) -> torch.optim.Optimizer:
+    return torch.optim.SGD(groups, lr=cfg.lr, momentum=0.9)
+
+
+@register_optimizer("lbfgs")
+def _lbfgs(groups: list[dict[str, Any]], cfg: Any) -> torch.optim.Optimizer:
+    return BatchedLBFGS(groups, lr=cfg.lr)
+
+
+class BatchedLBFGS(torch.optim.Optimizer):
+    """L-BFGS (Nocedal 1980; ``torch.optim.LBFGS``'s two-loop recursion, no line search) run independently for
+    every problem p = 0..P−1, the leading dimension of every parameter.
+
+    ``step()`` reads the gradients of the current iterate (after ``backward``), updates each problem's memory
+    with ``s = x_k − x_{k−1}`` and ``y = g_k − g_{k−1}`` (kept only where ``yᵀs > 1e-10``), and moves ``x`` along
+    its direction. A problem stops once ``max|g| ≤ tolerance_grad`` or its last step was below
+    ``tolerance_change``. ``s`` is the displacement actually taken, so clamping the iterate (box constraint) between
+    steps keeps the curvature pairs consistent.
+    """
+
+    def __init__(self, params: Any, lr: float = 1.0, history_size: int = 100, tolerance_grad: float = 1e-7,
+                 tolerance_change: float = 1e-9) -> None:
+        super().__init__(params, dict(lr=lr))
+        self.history_size, self.tol_grad, self.tol_change = history_size, tolerance_grad, tolerance_change
+        self.mem_s: list[Tensor] = []
+        self.mem_y: list[Tensor] = []
+        self.mem_rho: list[Tensor] = []
+        self.prev_x: Tensor | None = None
+        self.prev_g: Tensor | None = None
+        self.h_diag: Tensor | None = None
+        self.active: Tensor | None = None
+        self.iterations = 0
+
+    def _params(self) -> list[tuple[Tensor, float]]:
+        return [(p, g["lr"]) for g in self.param_groups for p in g["params"]]
+
+    def _flat(self, grads: bool) -> Tensor:
+        parts = []
+        for p, _ in self._params():
+            t = p.grad if grads else p.detach()
+            t = torch.zeros_like(p) if t is None else t
+            parts.append(t.reshape(p.shape[0], -1))
+        return torch.cat(parts, 1)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
+        loss = closure() if closure is not None else None
+        x, g = self._flat(False), self._flat(True)
+        num = x.shape[0]
+        if self.active is None:
+            self.active = torch.ones(num, dtype=torch.bool, device=x.device)
+            self.h_diag = torch.ones(num, dtype=x.dtype, device=x.device)
+        self.active &= g.abs().amax(1) > self.tol_grad
+        if self.prev_x is not None:
+            s, y = x - self.prev_x, g - self.prev_g
+            ys = (y * s).sum(1)
+            ok = (ys > 1e-10) & self.active
+            if len(self.mem_s) == self.history_size:
+                self.mem_s.pop(0), self.mem_y.pop(0), self.mem_rho.pop(0)
+            self.mem_s.append(s)
+            self.mem_y.append(y)
+            self.mem_rho.append(torch.where(ok, 1.0 / ys.where(ok, torch.ones_like(ys)), torch.zeros_like(ys)))
+            self.h_diag = torch.where(ok, ys / (y * y).sum(1).clamp_min(1e-30), self.h_diag)
+        q = -g
+        alphas = []
+        for s_i, y_i, rho_i in zip(reversed(self.mem_s), reversed(self.mem_y), reversed(self.mem_rho)):
+            a = (s_i * q).sum(1) * rho_i
+            q = q - a[:, None] * y_i
+            alphas.append(a)
+        d = q * self.h_diag[:, None]
+        for s_i, y_i, rho_i, a in zip(self.mem_s, self.mem_y, self.mem_rho, reversed(alphas)):
+            b = (y_i * d).sum(1) * rho_i
+            d = d + s_i * (a - b)[:, None]
+        descent = (g * d).sum(1) < -self.tol_change
+        d = torch.where((self.active & descent)[:, None], d, torch.zeros_like(d))
+        first = self.iterations == 0
+        scale = (1.0 / g.abs().sum(1).clamp_min(1e-30)).clamp_max(1.0) if first else torch.ones(num, device=x.device)
+        self.prev_x, self.prev_g = x, g.clone()
+        offset = 0
+        for p, lr in self._params():
+            n = p[0].numel()
+            step = (d[:, offset:offset + n] * (scale * lr)[:, None]).view_as(p)
+            p.add_(step)
+            offset += n
+        self.active &= (d * scale[:, None]).abs().amax(1) * max(lr for _, lr in self._params()) > self.tol_change
+        self.iterations += 1
+        return loss

@@ -1,0 +1,307 @@
+"""``gi sweep CONFIG``: a grid of jobs (configs × seeds) over the available devices, resumable.
+
+Jobs are the product of ``grid`` (dotted overrides of a ``gi run`` or ``gi ablate`` base config) and ``seeds``.
+Processes are launched by Lightning Fabric: one process per device on this machine (``devices``; on a CPU
+machine, ``devices`` worker processes), and across machines through Lightning's cluster environments:
+
+- torchrun:  ``torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint HOST:29500 -m gi.cli sweep CONFIG devices=4
+  num_nodes=2``
+- SLURM:     ``srun --nodes 2 --ntasks-per-node 4 --gpus-per-node 4 gi sweep CONFIG devices=4 num_nodes=2``
+
+Job i runs on global rank ``i mod world_size``. Every job writes its own output directory atomically
+(:func:`gi.report.staged_output`): a killed sweep leaves no half-written job, and a re-run skips every job whose
+directory holds ``metrics.json``. After a barrier, rank 0 writes ``aggregate.csv`` (one row per job, or per
+table row for ablation jobs), ``summary.md`` and ``summary.png`` (mean ± std over seeds per configuration).
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gi.config import apply_overrides, from_dict, load_yaml, parse_override
+from gi.errors import ConfigError, GIError
+
+log = logging.getLogger("gi.sweep")
+DONE = "metrics.json"
+
+
+@dataclass
+class SweepConfig:
+    """``command``: ``run`` or ``ablate`` (the job kind); ``base``: its config file (relative paths resolve
+    against the working directory); ``overrides``: ``key=value`` applied to every job; ``grid``: {dotted key:
+    [values]}; ``seeds``: one job per seed and grid point (sets ``seed``); ``devices``: processes on this node
+    (``auto``: one per GPU, else 1); ``accelerator``: ``auto`` | ``cpu`` | ``gpu``; ``num_nodes``: machines;
+    ``columns``: metrics of a ``run`` job copied into ``aggregate.csv``; ``metric``: the one summarised."""
+
+    name: str = "sweep"
+    command: str = "run"
+    base: str = "configs/demo.yaml"
+    overrides: list[str] = field(default_factory=list)
+    grid: dict[str, list[Any]] = field(default_factory=dict)
+    seeds: list[int] = field(default_factory=lambda: [0])
+    out: str | None = None
+    devices: int | str = "auto"
+    accelerator: str = "auto"
+    num_nodes: int = 1
+    columns: list[str] = field(default_factory=lambda: ["psnr_mean", "ssim_mean", "lpips_alex_mean",
+                                                        "final_labels.ins_acc", "attack.seconds"])
+    metric: str = "psnr_mean"
+
+    def __post_init__(self) -> None:
+        if self.command not in JOB_KINDS:
+            raise ConfigError(f"command={self.command!r} is not allowed; valid: {sorted(JOB_KINDS)}")
+        if not isinstance(self.grid, dict) or any(not isinstance(v, list) or not v for v in self.grid.values()):
+            raise ConfigError("grid must map dotted keys to non-empty lists of values, e.g. {attack.lr: [0.01, 0.1]}")
+        if not self.seeds:
+            raise ConfigError("seeds must list at least one seed")
+        if self.accelerator not in ("auto", "cpu", "gpu", "cuda"):
+            raise ConfigError(f"accelerator={self.accelerator!r} is not allowed; valid: ['auto', 'cpu', 'gpu']")
+        if self.devices != "auto" and (not isinstance(self.devices, int) or self.devices < 1):
+            raise ConfigError(f"devices must be 'auto' or an int >= 1, got {self.devices!r}")
+        for text in self.overrides:
+            parse_override(text)
+
+
+def load_sweep_config(path: str | Path, overrides: list[str] | None = None) -> SweepConfig:
+    return from_dict(SweepConfig, apply_overrides(load_yaml(path), list(overrides or [])))
+
+
+# ----------------------------------------------------------------------------- jobs
+@dataclass
+class Job:  # not frozen: Lightning's launcher copies dataclass arguments field by field
+    index: int
+    name: str
+    overrides: tuple[str, ...]
+    params: tuple[tuple[str, Any], ...]
+
+
+def _slug(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else value
+    return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in text).strip("-") or "x"
+
+
+def expand_jobs(cfg: SweepConfig) -> list[Job]:
+    """Every grid point × seed, in a fixed order (grid keys in config order, seeds innermost)."""
+    import yaml
+
+    keys = list(cfg.grid)
+    jobs = []
+    for values in itertools.product(*(cfg.grid[k] for k in keys)):
+        for seed in cfg.seeds:
+            params = tuple(zip(keys, values)) + (("seed", seed),)
+            name = "_".join(f"{k.split('.')[-1]}={_slug(v)}" for k, v in params)
+            over = tuple(cfg.overrides) + tuple(f"{k}={yaml.safe_dump(v, default_flow_style=True).strip()}"
+                                                .removesuffix("\n...") for k, v in params)
+            jobs.append(Job(len(jobs), name, over, params))
+    names = [j.name for j in jobs]
+    if len(set(names)) != len(names):
+        raise ConfigError("two jobs of the sweep map to the same directory name; make grid values distinct")
+    return jobs
+
+
+def _run_job(base: str, overrides: list[str]) -> dict[str, Any]:
+    from gi.pipeline import load_run_config, run
+
+    return run(load_run_config(base, overrides)).metrics
+
+
+def _ablate_job(base: str, overrides: list[str]) -> dict[str, Any]:
+    from gi.ablate import load_ablate_config, run_ablation
+
+    out = run_ablation(load_ablate_config(base, overrides))
+    return json.loads((out / DONE).read_text())
+
+
+JOB_KINDS: dict[str, Callable[[str, list[str]], dict[str, Any]]] = {"run": _run_job, "ablate": _ablate_job}
+
+
+def job_dir(root: Path, job: Job) -> Path:
+    return root / "jobs" / job.name
+
+
+def is_done(root: Path, job: Job) -> bool:
+    return (job_dir(root, job) / DONE).is_file()
+
+
+def _clean_partials(path: Path) -> None:
+    """Remove staging folders a killed run of this job left behind (only this rank runs this job)."""
+    for stale in path.parent.glob(f".{path.name}.partial-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def _device_overrides(cfg: SweepConfig, accelerator: str, local_rank: int) -> list[str]:
+    if accelerator == "gpu":
+        return [f"attack.device=cuda:{local_rank}"]
+    return ["attack.device=cpu"]
+
+
+def run_jobs(cfg: SweepConfig, root: Path, jobs: list[Job], rank: int, world: int, accelerator: str,
+             local_rank: int = 0) -> list[dict[str, Any]]:
+    """Run this rank's share of the jobs (job i on rank i mod world), skipping finished ones."""
+    mine = [j for j in jobs if j.index % world == rank]
+    done = sum(is_done(root, j) for j in mine)
+    print(f"[rank {rank}/{world}] {len(mine)} job(s), {done} already finished", flush=True)
+    report = []
+    for k, job in enumerate(mine, 1):
+        path = job_dir(root, job)
+        if is_done(root, job):
+            continue
+        _clean_partials(path)
+        start = time.perf_counter()
+        over = list(job.overrides) + _device_overrides(cfg, accelerator, local_rank) + \
+            [f"out={path}", "overwrite=true", "attack.progress=false"]
+        try:
+            metrics = JOB_KINDS[cfg.command](cfg.base, over)
+            status = f"{cfg.metric} {_get(metrics, cfg.metric)}" if _get(metrics, cfg.metric) is not None else "ok"
+        except GIError as exc:  # a bad job is reported, the sweep goes on (nothing is swallowed silently)
+            status = f"FAILED: {exc}"
+            (root / "failed").mkdir(exist_ok=True)
+            (root / "failed" / f"{job.name}.txt").write_text(str(exc) + "\n")
+        seconds = time.perf_counter() - start
+        print(f"[rank {rank}/{world}] {k}/{len(mine)} {job.name}: {status} ({seconds:.0f} s)", flush=True)
+        report.append({"job": job.name, "status": status, "seconds": seconds})
+    return report
+
+
+# ----------------------------------------------------------------------------- aggregation
+def _get(data: dict[str, Any], dotted: str) -> Any:
+    node: Any = data
+    for key in dotted.split("."):
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+def aggregate(cfg: SweepConfig, root: Path, jobs: list[Job]) -> list[dict[str, Any]]:
+    """One row per finished job (per table row for ``ablate`` jobs); writes aggregate.csv, summary.md/png."""
+    rows: list[dict[str, Any]] = []
+    for job in jobs:
+        path = job_dir(root, job) / DONE
+        if not path.is_file():
+            continue
+        metrics = json.loads(path.read_text())
+        base = {"job": job.name, **{k: v for k, v in job.params}}
+        if cfg.command == "ablate":
+            rows += [{**base, **r} for r in metrics.get("table", [])]
+        else:
+            rows.append({**base, **{c: _get(metrics, c) for c in cfg.columns}})
+    keys: list[str] = []
+    for row in rows:
+        keys += [k for k in row if k not in keys]
+    tmp = root / ".aggregate.csv.tmp"
+    with tmp.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, root / "aggregate.csv")
+    _summary(cfg, root, rows, len(jobs))
+    return rows
+
+
+def _summary(cfg: SweepConfig, root: Path, rows: list[dict[str, Any]], total: int) -> None:
+    import numpy as np
+
+    metric = "psnr" if cfg.command == "ablate" else cfg.metric
+    group_keys = [k for k in cfg.grid] + (["setting", "variant", "mode"] if cfg.command == "ablate" else [])
+    groups: dict[tuple, list[float]] = {}
+    for row in rows:
+        value = row.get(metric)
+        if isinstance(value, int | float):
+            groups.setdefault(tuple(row.get(k) for k in group_keys), []).append(float(value))
+    lines = [f"# gi sweep: {cfg.name}", "", f"{len(rows)} result row(s) from {total} job(s); {metric}: mean ± std "
+             "over seeds", "", "| " + " | ".join(group_keys + [metric, "std", "n"]) + " |",
+             "|" + "---|" * (len(group_keys) + 3)]
+    for key, vals in groups.items():
+        lines.append("| " + " | ".join(str(k) for k in key) + f" | {np.mean(vals):.3f} | {np.std(vals):.3f} | "
+                     f"{len(vals)} |")
+    (root / "summary.md").write_text("\n".join(lines) + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [", ".join(str(k) for k in key) or "all" for key in groups]
+    fig, ax = plt.subplots(figsize=(max(4, 0.6 * len(groups)), 3.4), dpi=120)
+    ax.bar(range(len(groups)), [np.mean(v) for v in groups.values()], yerr=[np.std(v) for v in groups.values()],
+           capsize=3, color="tab:blue")
+    ax.set_xticks(range(len(groups)), labels, rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel(metric)
+    ax.set_title(cfg.name, fontsize=9)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(root / "summary.png")
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- launch
+def _accelerator(cfg: SweepConfig) -> str:
+    import torch
+
+    if cfg.accelerator in ("gpu", "cuda"):
+        return "gpu"
+    if cfg.accelerator == "cpu":
+        return "cpu"
+    return "gpu" if torch.cuda.is_available() else "cpu"
+
+
+def _devices(cfg: SweepConfig, accelerator: str) -> int:
+    import torch
+
+    if cfg.devices != "auto":
+        return int(cfg.devices)
+    return max(torch.cuda.device_count(), 1) if accelerator == "gpu" else 1
+
+
+def _worker(fabric: Any, cfg: SweepConfig, root: Path, jobs: list[Job], accelerator: str) -> None:
+    import torch
+
+    if accelerator == "cpu":
+        torch.set_num_threads(1)  # one process per core; more threads oversubscribe the CPU
+    run_jobs(cfg, root, jobs, fabric.global_rank, fabric.world_size, accelerator, fabric.local_rank)
+    fabric.barrier()
+    if fabric.global_rank == 0:
+        rows = aggregate(cfg, root, jobs)
+        print(f"aggregated {len(rows)} row(s) into {root / 'aggregate.csv'}", flush=True)
+
+
+def _cluster_launched() -> bool:
+    from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
+
+    return TorchElasticEnvironment.detect() or SLURMEnvironment.detect()
+
+
+def run_sweep(cfg: SweepConfig) -> Path:
+    """Run (or resume) the sweep and aggregate it; returns the sweep directory."""
+    root = Path(cfg.out or f"runs/sweep-{cfg.name}")
+    root.mkdir(parents=True, exist_ok=True)
+    jobs = expand_jobs(cfg)
+    accelerator = _accelerator(cfg)
+    devices = _devices(cfg, accelerator)
+    (root / "jobs").mkdir(exist_ok=True)
+    (root / "sweep.json").write_text(json.dumps({"name": cfg.name, "command": cfg.command, "base": cfg.base,
+                                                 "jobs": [j.name for j in jobs]}, indent=1) + "\n")
+    if devices * cfg.num_nodes == 1 and not _cluster_launched():
+        run_jobs(cfg, root, jobs, 0, 1, accelerator)
+        rows = aggregate(cfg, root, jobs)
+        print(f"aggregated {len(rows)} row(s) into {root / 'aggregate.csv'}", flush=True)
+        return root
+    from lightning.fabric import Fabric
+
+    from gi.recon.api import _quiet_lightning
+
+    _quiet_lightning()
+    strategy = "ddp" if _cluster_launched() else "ddp_spawn"
+    fabric = Fabric(accelerator=accelerator, devices=devices, num_nodes=cfg.num_nodes, strategy=strategy)
+    fabric.launch(_worker, cfg, root, jobs, accelerator)
+    return root

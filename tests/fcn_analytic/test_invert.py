@@ -1,0 +1,112 @@
+"""Analytic inversion of fully-connected nets (soft-label paper §4.2, eq. 6–7)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fcn_analytic
+import labels
+from gi.capture import Capture, capture_gradients
+from gi.errors import CaptureError, GIError
+from gi.metrics import psnr
+from gi.models import build
+from gi.protocol import Protocol
+
+C = 10
+
+
+def _sample(model, seed: int = 0, eps: float = 0.3) -> tuple[Capture, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(1, *model.spec["in_shape"], generator=g)
+    y = torch.full((1, C), eps / C)
+    y[0, seed % C] += 1 - eps
+    cap, truth = capture_gradients(model, x, y, Protocol(label_aug="smoothing"))
+    return cap, truth.images
+
+
+@pytest.mark.parametrize("activation", ["relu", "sigmoid", "tanh", "leaky_relu", "elu"])
+def test_bias_free_fcn_is_inverted_exactly(activation):
+    model = build("mlp", C, activation=activation, in_shape=(3, 12, 12), widths=(96, 48), bias=False,
+                  bias_last=False, seed=1)
+    cap, x = _sample(model, seed=2)
+    result = labels.recover(cap, "soft-lambda")
+    assert result.ok
+    inv = fcn_analytic.invert(cap, result)
+    assert inv.image.shape == x.shape and float(psnr(inv.image, x)) > 60
+    assert inv.exact and [layer.route for layer in inv.layers] == ["label-result", "derivative", "derivative"]
+    if activation == "relu":
+        assert inv.layers[1].rows_used < inv.layers[1].rows  # dead ReLUs give zero rows, skipped
+
+
+def test_biased_fcn_uses_bias_gradients():
+    model = build("mlp", C, in_shape=(1, 10, 10), widths=(64, 32), bias=True, bias_last=True, seed=3)
+    cap, x = _sample(model, seed=4)
+    inv = fcn_analytic.invert(cap, labels.recover(cap, "soft-lambda"))
+    assert float(psnr(inv.image, x)) > 60 and inv.exact
+    assert [layer.route for layer in inv.layers] == ["label-result", "bias", "bias"]
+    inv_no_label = fcn_analytic.invert(cap)  # the bias alone gives the last-layer feature
+    assert float(psnr(inv_no_label.image, x)) > 60 and inv_no_label.layers[0].route == "bias"
+
+
+def test_fcn4_default_shape_runs_fast_and_exact():
+    model = build("fcn4", C, in_shape=(3, 16, 16), widths=(256, 128, 64), seed=5)
+    cap, x = _sample(model, seed=6)
+    inv = fcn_analytic.invert(cap, labels.recover(cap, "soft-lambda"))
+    assert float(psnr(inv.image, x)) > 60 and inv.info["seconds"] < 5
+
+
+def test_last_layer_features_from_soft_label_only():
+    """Any label method's soft label gives λ by fitting eq. 4 (no features in the result)."""
+    model = build("mlp", C, in_shape=(1, 8, 8), widths=(32,), bias=False, bias_last=False, seed=7)
+    cap, x = _sample(model, seed=8)
+    full = labels.recover(cap, "soft-lambda")
+    soft_only = labels.LabelResult.from_counts("given", full.counts, soft=full.soft)
+    feats = fcn_analytic.last_layer_features(cap, soft_only)
+    torch.testing.assert_close(feats, full.features, rtol=1e-7, atol=1e-9)
+    torch.testing.assert_close(feats.float(), model.features(x), rtol=1e-4, atol=1e-5)
+    inv = fcn_analytic.invert(cap, soft_only)
+    assert inv.layers[0].route == "fitted-lambda" and float(psnr(inv.image, x)) > 60
+    with pytest.raises(GIError, match="soft-lambda"):
+        fcn_analytic.last_layer_features(cap, labels.LabelResult.from_counts("hard", full.counts))
+
+
+def test_not_fully_connected_or_unsupported_is_an_error():
+    lenet = build("lenet", C, bias_last=False, seed=9)
+    cap, _ = _sample(lenet)
+    with pytest.raises(GIError, match="not fully connected"):
+        fcn_analytic.invert(cap, labels.recover(cap, "soft-lambda"))
+    silu = build("mlp", C, activation="silu", in_shape=(1, 6, 6), widths=(16,), bias=False, bias_last=False, seed=9)
+    cap, _ = _sample(silu)
+    with pytest.raises(GIError, match="SiLU"):
+        fcn_analytic.invert(cap, labels.recover(cap, "soft-lambda"))
+
+
+def test_rank_deficient_layer_and_missing_gradient():
+    # every first-layer ReLU is dead (negative weights and bias on non-negative pixels), so the second layer's input
+    # is zero and its weight gradient δ₂·a₁ᵀ vanishes: no row of body.3 carries its input
+    model = build("mlp", C, in_shape=(1, 6, 6), widths=(16, 8), bias=True, bias_last=True, norm="none", seed=10)
+    with torch.no_grad():
+        model.body[1].weight.abs_().neg_()
+        model.body[1].bias.fill_(-1.0)
+        model.body[3].bias.uniform_(0.5, 1.0)
+    cap, _ = _sample(model)
+    result = labels.recover(cap, "soft-lambda")
+    assert result.ok
+    with pytest.raises(GIError, match="body.3: every unit has a zero gradient.*rank-deficient"):
+        fcn_analytic.invert(cap, result)
+    missing = Capture(cap.model_spec, cap.model_state, cap.protocol,
+                      gradients={k: v for k, v in cap.gradients.items() if k != "body.3.weight"}, meta=cap.meta)
+    with pytest.raises(CaptureError, match="body.3.weight"):
+        fcn_analytic.invert(missing, result)
+    free = build("mlp", C, in_shape=(1, 6, 6), widths=(16, 8), bias=False, bias_last=False, seed=10)
+    cap, _ = _sample(free)
+    with pytest.raises(GIError, match="feature is zero"):  # no bias: δ = ∇W x/‖x‖² needs x ≠ 0
+        fcn_analytic.invert(cap, features=torch.zeros(1, 8, dtype=torch.float64))
+
+
+def test_batch_capture_is_an_error():
+    model = build("mlp", C, in_shape=(1, 6, 6), widths=(16,), bias=False, bias_last=False, seed=11)
+    cap, _ = capture_gradients(model, torch.rand(2, 1, 6, 6), torch.tensor([0, 1]), Protocol(batch_size=2))
+    with pytest.raises(GIError, match="one sample"):
+        fcn_analytic.last_layer_features(cap, None)

@@ -1,0 +1,90 @@
+"""gi sweep: job expansion, resume after a kill without redoing finished jobs, aggregation, multi-process launch."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+import gi.sweep as sweep
+from gi.errors import ConfigError
+from gi.report import staged_output, write_json
+from gi.sweep import SweepConfig, expand_jobs, load_sweep_config, run_sweep
+
+
+def test_jobs_are_the_grid_times_seeds_in_a_fixed_order():
+    cfg = SweepConfig(grid={"attack.lr": [0.1, 0.01], "labels.mode": ["truth", "recovered+joint"]}, seeds=[0, 1, 2])
+    jobs = expand_jobs(cfg)
+    assert len(jobs) == 12 and [j.index for j in jobs] == list(range(12))
+    assert jobs[0].name == "lr=0.1_mode=truth_seed=0" and jobs[-1].name == "lr=0.01_mode=recovered-joint_seed=2"
+    assert "attack.lr=0.1" in jobs[0].overrides and "seed=2" in jobs[-1].overrides
+    assert load_sweep_config("configs/sweep/demo-cpu.yaml").devices == 2
+    assert len(expand_jobs(load_sweep_config("configs/sweep/demo-cpu.yaml"))) == 12
+
+
+@pytest.mark.parametrize("over, match", [
+    (["command=train"], "command"), (["grid={a: []}"], "grid"), (["seeds=[]"], "seeds"),
+    (["devices=0"], "devices"), (["accelerator=tpu"], "accelerator"), (["overrides=[nokey]"], "key.sub=value"),
+])
+def test_bad_sweep_configs_raise(over, match):
+    with pytest.raises(ConfigError, match=match):
+        load_sweep_config("configs/sweep/demo-cpu.yaml", over)
+
+
+class _Killed(BaseException):
+    pass
+
+
+def _fake_kind(calls: list[str], die_at: int | None = None):
+    def job(base: str, overrides: list[str]) -> dict:
+        out = next(o.split("=", 1)[1] for o in overrides if o.startswith("out="))
+        calls.append(out)
+        with staged_output(out, overwrite=True) as tmp:
+            if die_at is not None and len(calls) == die_at:
+                (tmp / "half-written.txt").write_text("x")
+                raise _Killed()  # like SIGKILL halfway through a job
+            lr = float(next(o.split("=", 1)[1] for o in overrides if o.startswith("attack.lr=")))
+            write_json(tmp / "metrics.json", {"psnr_mean": 10 + lr, "attack": {"seconds": 1.0}})
+        return {"psnr_mean": 10 + lr}
+
+    return job
+
+
+def test_killed_sweep_resumes_without_redoing_finished_jobs_and_aggregates(tmp_path, monkeypatch):
+    cfg = SweepConfig(name="t", grid={"attack.lr": [1.0, 2.0, 3.0, 4.0]}, seeds=[0, 1, 2], out=str(tmp_path / "sw"),
+                      devices=1, accelerator="cpu", columns=["psnr_mean", "attack.seconds"])
+    first: list[str] = []
+    monkeypatch.setitem(sweep.JOB_KINDS, "run", _fake_kind(first, die_at=7))
+    with pytest.raises(_Killed):
+        run_sweep(cfg)
+    assert len(first) == 7
+    assert len(list((tmp_path / "sw" / "jobs").glob("*/metrics.json"))) == 6
+    second: list[str] = []
+    monkeypatch.setitem(sweep.JOB_KINDS, "run", _fake_kind(second))
+    run_sweep(cfg)
+    assert len(second) == 6 and not set(second) & set(first[:6])  # only the unfinished jobs ran
+    assert not list((tmp_path / "sw" / "jobs").glob(".*partial*"))  # the killed job's staging is gone
+    with (tmp_path / "sw" / "aggregate.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 12 and {float(r["psnr_mean"]) for r in rows} == {11.0, 12.0, 13.0, 14.0}
+    summary = (tmp_path / "sw" / "summary.md").read_text()
+    assert "| 1.0 | 11.000 | 0.000 | 3 |" in summary
+    assert (tmp_path / "sw" / "summary.png").is_file()
+    third: list[str] = []
+    monkeypatch.setitem(sweep.JOB_KINDS, "run", _fake_kind(third))
+    run_sweep(cfg)
+    assert third == []
+    assert json.loads((tmp_path / "sw" / "sweep.json").read_text())["jobs"][0] == "lr=1.0_seed=0"
+
+
+def test_two_cpu_processes_share_the_jobs_through_lightning(tmp_path):
+    """Real `gi run` jobs on two Fabric worker processes (ddp_spawn on CPU), then aggregation by rank 0."""
+    cfg = SweepConfig(name="two", base="configs/demo.yaml", grid={"labels.mode": ["truth", "recovered"]}, seeds=[0],
+                      overrides=["attack.iterations=3", "metrics.lpips_vgg=false"], out=str(tmp_path / "sw"),
+                      devices=2, accelerator="cpu")
+    run_sweep(cfg)
+    with (tmp_path / "sw" / "aggregate.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(r["labels.mode"] for r in rows) == ["recovered", "truth"]
+    assert all(float(r["psnr_mean"]) > 0 for r in rows)
