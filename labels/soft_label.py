@@ -583,6 +583,8 @@ def _search(prob: Problem, sign: Tensor, stages: Sequence[str], threshold: float
             interval = pso["interval"] if pso["interval"] is not None else (50.0 if kind == "mixup" else 20.0)
             wins = [(max(a, -hi), min(b, hi)) for a, b in pso_windows(pso["coe"], interval, pso["bound"])]
             wins = [(a, b) for a, b in wins if a < b]  # windows clipped to the search bound
+            if not wins:
+                continue
             cl, cf = search_pso(sub, wins, pso["pop"], pso["iters"], pso["w"], pso["c1"], pso["c2"], generator)
             first = _first_below(cf, threshold).unsqueeze(1)  # Algorithm 2: the first window that succeeds
             cl, cf = _gauss_newton(sub, cl.gather(1, first), lo=lo * tau[todo], hi=hi * tau[todo])
