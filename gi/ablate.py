@@ -52,7 +52,8 @@ class AblateConfig:
     ``base``); ``variants``: {name: {attack key: value}} (default: one variant ``base``); ``modes``: label modes;
     ``paper``: reference numbers {"setting/variant/mode" (any part may be ``*``; "setting/mode" too):
     {psnr, ssim, lpips, L_r}};
-    ``only``: run just these settings."""
+    ``only``: run just these settings; ``mode_attack``: {mode: {attack key: value}} per label mode (e.g. a smaller
+    ``label_lr`` when joint labels start from recovered ones)."""
 
     name: str = "ablate"
     seed: int = 0
@@ -70,6 +71,7 @@ class AblateConfig:
     variants: dict[str, dict[str, Any]] = field(default_factory=dict)
     paper: dict[str, dict[str, float]] = field(default_factory=dict)
     only: list[str] | None = None
+    mode_attack: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.only or []) - set(self.settings))
@@ -87,6 +89,10 @@ class AblateConfig:
             unknown = sorted(set(over) - valid_attack)
             if unknown:
                 raise ConfigError(f"variants.{name} has unknown attack key(s) {unknown}; valid: {sorted(valid_attack)}")
+        for name, over in self.mode_attack.items():
+            unknown = sorted(set(over) - valid_attack) if isinstance(over, dict) else ["<not a mapping>"]
+            if name not in LABEL_MODES or unknown:
+                raise ConfigError(f"mode_attack.{name}: modes {list(LABEL_MODES)}, attack keys {sorted(valid_attack)}")
         for name, over in self.settings.items():
             if not isinstance(over, dict):
                 raise ConfigError(f"settings.{name} must map dotted keys to values, e.g. {{protocol.label_aug: mixup}}")
@@ -101,7 +107,7 @@ def load_ablate_config(path: str | Path, overrides: list[str] | None = None) -> 
 def setting_config(cfg: AblateConfig, name: str) -> AblateConfig:
     """The base config with setting ``name``'s dotted overrides applied (settings/variants/paper dropped)."""
     base = to_dict(cfg)
-    for key in ("settings", "variants", "paper", "only"):
+    for key in ("settings", "variants", "paper", "only", "mode_attack"):
         base.pop(key)
     over = cfg.settings.get(name, {})
     data = apply_overrides(copy.deepcopy(base), [f"{k}={_yaml_scalar(v)}" for k, v in over.items()])
@@ -173,7 +179,8 @@ def run_setting(cfg: AblateConfig, setting: str, out: Path) -> list[Row]:
             labels_cache[source] = [source(lcfg, c, t, aux) for c, t in zip(captures, truths)]
         results = labels_cache[source]
         for variant, over in variants.items():
-            attack = dataclasses.replace(scfg.attack, **over, labels=kind, progress=False)
+            attack = dataclasses.replace(scfg.attack, **{**cfg.mode_attack.get(mode, {}), **over}, labels=kind,
+                                         progress=False)
             features = [getattr(r, "features", None) for r in results]
             start = time.perf_counter()
             try:

@@ -65,7 +65,10 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from gi.bench import format_report, load_bench_config, run_bench
 
-    path = run_bench(load_bench_config(args.config, args.overrides))
+    config, overrides = args.config, list(args.overrides)
+    if config and "=" in config and not os.path.exists(config):  # `gi bench key=value ...` without a config
+        config, overrides = None, [config] + overrides
+    path = run_bench(load_bench_config(config, overrides))
     print(format_report(path))
     print(f"wrote {path}")
     return 0

@@ -191,6 +191,7 @@ def _train_client(
     use_momentum = protocol.optimizer in ("sgdm", "nesterov") and gamma > 0
     bufs: list[Tensor | None] = [None] * len(params)
     bias_idx = names.index("fc.bias") if "fc.bias" in names else None
+    step_sigma = protocol.dp_sigma if _dp_scale(protocol) == "step" else 0.0
 
     step_counts = torch.zeros(len(schedule), num_classes, dtype=torch.long)
     bias_grads = torch.zeros(len(schedule), num_classes, dtype=torch.float64) if bias_idx is not None else None
@@ -212,6 +213,9 @@ def _train_client(
         with torch.no_grad():
             if bias_grads is not None:
                 bias_grads[step] = grads[bias_idx].double()
+            if step_sigma > 0:  # DP-SGD style: N(0, σ²) on the batch-summed gradient, i.e. σ/|B| on the mean
+                grads = tuple(g + torch.randn(g.shape, generator=generator, dtype=g.dtype) * (step_sigma / size)
+                              for g in grads)
             for i, (name, p, g) in enumerate(zip(names, params, grads)):
                 d = g
                 if wd:
@@ -232,22 +236,32 @@ def _train_client(
                      final_loss=float(loss.detach()))
 
 
+DP_SCALES = ("update", "gradient", "step")
+
+
+def _dp_scale(protocol: Protocol) -> str:
+    scale = protocol.extra.get("dp_scale", "update")
+    if scale not in DP_SCALES:
+        raise ConfigError(f"protocol.extra.dp_scale={scale!r}; valid: {list(DP_SCALES)}")
+    return scale
+
+
 def _dp(update: State, protocol: Protocol, generator: torch.Generator | None) -> State:
     """DP defence on the shared update: clip its global L2 norm to ``dp_clip``, add N(0, σ²) noise.
 
-    ``extra["dp_scale"] = "gradient"`` puts σ on the gradient-like ``−Δθ/η`` (noise ``η·σ`` on Δθ), the
-    scale RLU Table 6 reports; the default ``"update"`` adds σ to Δθ itself.
+    Where σ applies is ``protocol.extra["dp_scale"]``: ``"update"`` (default) adds σ to Δθ itself;
+    ``"gradient"`` puts σ on the gradient-like ``−Δθ/η`` (noise ``η·σ`` on Δθ); ``"step"`` adds the noise
+    during local training instead, DP-SGD style (Abadi et al. 2016, as RLU §4.10 cites): N(0, σ²) on every
+    step's batch-summed gradient, so the update carries the noise of all m steps.
     """
     shared = {k: v.clone() for k, v in update.items()}
-    scale = protocol.extra.get("dp_scale", "update")
-    if scale not in ("update", "gradient"):
-        raise ConfigError(f"protocol.extra.dp_scale={scale!r}; valid: ['gradient', 'update']")
+    scale = _dp_scale(protocol)
     if protocol.dp_clip is not None:
         norm = float(torch.sqrt(sum((t.double() ** 2).sum() for t in shared.values())))
         factor = min(1.0, protocol.dp_clip / max(norm, 1e-12))
         for t in shared.values():
             t.mul_(factor)
-    if protocol.dp_sigma > 0:
+    if protocol.dp_sigma > 0 and scale != "step":
         sigma = protocol.dp_sigma * (protocol.lr if scale == "gradient" else 1.0)
         for t in shared.values():
             t.add_(torch.randn(t.shape, generator=generator, dtype=t.dtype) * sigma)
@@ -266,12 +280,14 @@ def _history_for(protocol: Protocol, history: State | None, params: State) -> St
 
 
 def _make_capture(model: torch.nn.Module, run: ClientRun, protocol: Protocol, history: State,
-                  generator: torch.Generator | None, meta: dict[str, Any]) -> Capture:
+                  generator: torch.Generator | None, meta: dict[str, Any], state: State | None = None) -> Capture:
+    """The capture of one client's round; ``state`` (θᵗ) may be shared by all clients of the round."""
     spec = getattr(model, "spec", None)
     if spec is None:
         raise CaptureError("model has no .spec; build it with gi.models.build so the capture can rebuild it")
     proto = dataclasses.replace(protocol, num_samples=run.num_samples, extra=dict(protocol.extra))
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if state is None:
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     meta = {"num_samples": run.num_samples, "num_steps": int(run.step_counts.shape[0]),
             "labelled_samples": int(run.step_counts.sum()), **meta}
     return Capture(model_spec=dict(spec), model_state=state, protocol=proto, update=_dp(run.update, proto, generator),
@@ -404,7 +420,8 @@ def run_federation(
     control variate by the mean of the client control changes. Captures (with DP noise, if the
     protocol asks for it) are taken at ``capture_rounds`` for ``capture_clients`` (default all); the
     server's own aggregation uses the noisy updates too, as a real server would. ``keep_states``:
-    ``"captured"`` keeps θᵗ of the captured rounds, ``"all"`` of every round (plus θ^{rounds+1}).
+    ``"captured"`` keeps θᵗ of the captured rounds, ``"all"`` of every round (plus θ^{rounds+1}). The
+    captures of one round share one ``model_state`` dict (θᵗ): treat it as read-only.
     """
     images, labels, num_classes = _as_arrays(dataset)
     if partition is None:
@@ -435,10 +452,11 @@ def run_federation(
             ev_images, ev_labels, _ = _as_arrays(eval_data)
             fed.accuracy[t] = _accuracy(glob, ev_images, ev_labels)
         shared: list[State] = []
+        round_state = {k: v.detach().clone() for k, v in glob.state_dict().items()}  # θᵗ, shared by the captures
         for c, idx in enumerate(partition):
             hist = states[c]
             run = _train_client(glob, images[idx], labels[idx], num_classes, protocol, rng, hist)
-            capture = _make_capture(glob, run, protocol, hist, rng, {"round": t, "client": c})
+            capture = _make_capture(glob, run, protocol, hist, rng, {"round": t, "client": c}, round_state)
             if t in capture_rounds and c in capture_clients:
                 truth = _make_truth(images[idx], labels[idx], num_classes, run, idx, keep_images)
                 fed.captures.append((t, c, capture, truth))

@@ -440,7 +440,7 @@ def recover_rlu(capture: Capture, aux=None, samples: int = 10000, seed: int = 0,
         z = simplex_least_squares(rho_sum * a_g, view.bias, solver)
         labelled = largest_remainder(z, view.labelled)
     else:
-        stats_l = aux_forward(_local_capture(capture), aux, dtype=dtype, method="rlu")
+        stats_l = aux_forward(_local_capture(capture), aux, dtype=dtype, method="rlu", cache=False)  # keep θᵗ cached
         lm_l = logit_model(stats_l.logits, stats_l.labels, c, samples, gen)
         a_bar = (a_g + coefficient_matrix(lm_l.confidence())) / 2
         z = simplex_least_squares(rho_sum * a_bar, view.bias, solver)

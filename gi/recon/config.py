@@ -28,9 +28,10 @@ class ReconConfig:
     ``optimizer``: :data:`gi.recon.optim.OPTIMIZERS` (``adam``, ``sgd``, ``lbfgs``: DLG's L-BFGS, per problem;
     ``signed`` applies to the first two). ``labels``: ``fixed`` (the given soft labels are the targets) or
     ``joint`` (DLG: per-image label logits are optimised with the images, initialised from the given labels or
-    at random; ``label_lr`` is their step, null = ``lr``). ``init``: a name of :data:`gi.recon.inits.INITS`
-    (``analytic`` inverts a fully-connected net with ``fcn_analytic.invert``; restarts after the first add
-    ``init_noise``). ``restarts`` R are optimised as one batched problem and ranked by the objective only.
+    at random; ``label_lr`` is their step, null = ``lr``). ``init``: a name of
+    :data:`gi.recon.inits.INITS` (``analytic`` inverts a fully-connected net with ``fcn_analytic.invert``;
+    restarts after the first add ``init_noise``). ``restarts`` R are optimised as one batched problem and
+    ranked by the objective only.
     ``threads``: torch CPU threads while reconstructing (null: ``$GI_THREADS`` if set, else 1 for models under
     2M parameters on CPU, else torch's default; oversubscribed CPUs run small-op loops 10–20× slower with more
     threads). ``bn_stats``: where the ``bn`` regulariser's targets come from (``shared``: batch statistics in

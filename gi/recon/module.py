@@ -17,6 +17,7 @@ import torch
 from torch.func import vmap
 from torch.utils.data import DataLoader, Dataset
 
+from gi.models import LAST_BIAS, LAST_WEIGHT
 from gi.protocol import Protocol
 from gi.recon.config import ReconConfig
 from gi.recon.inits import INITS
@@ -26,7 +27,7 @@ from gi.recon.regularizers import REGULARIZERS
 from gi.recon.simulate import SIMULATORS
 
 Tensor = torch.Tensor
-LAST_LAYER = ("fc.weight", "fc.bias")
+LAST_LAYER = (LAST_WEIGHT, LAST_BIAS)
 
 
 class StepDataset(Dataset):
@@ -151,21 +152,24 @@ class GradientInversion(L.LightningModule):
         return sum(parts.values()), parts
 
     # ----------------------------------------------------------------- Lightning hooks
+    def _schedule(self, opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+        n = self.cfg.iterations
+        if self.cfg.schedule == "multistep":  # Inverting Gradients: ×0.1 at 3/8, 5/8, 7/8
+            return torch.optim.lr_scheduler.MultiStepLR(opt, [int(n * 3 / 8), int(n * 5 / 8), int(n * 7 / 8)], 0.1)
+        if self.cfg.schedule == "cosine":
+            return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=n)
+        return torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)  # constant
+
     def configure_optimizers(self):
+        """One optimiser (``cfg.optimizer``) over the images and, for joint labels, the label logits as a second
+        parameter group with step ``label_lr`` (null: ``lr``). Keeping both in one L-BFGS keeps its curvature pairs
+        consistent: a separate label optimiser changes the objective under L-BFGS' feet and does worse."""
         cfg = self.cfg
         groups = [{"params": [self.images], "lr": cfg.lr}]
         if self.joint:
             groups.append({"params": [self.label_logits], "lr": cfg.label_lr or cfg.lr})
         opt = OPTIMIZERS[cfg.optimizer](groups, cfg)
-        n = cfg.iterations
-        if cfg.schedule == "multistep":
-            milestones = [int(n * 3 / 8), int(n * 5 / 8), int(n * 7 / 8)]
-            sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=milestones, gamma=0.1)
-        elif cfg.schedule == "cosine":
-            sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=n)
-        else:  # constant
-            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
-        return [opt], [sched]
+        return [opt], [self._schedule(opt)]
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(StepDataset(self.cfg.iterations), batch_size=None, shuffle=False)
@@ -182,17 +186,21 @@ class GradientInversion(L.LightningModule):
         self.best_soft[better] = self.current_soft().detach()[better]
 
     def training_step(self, batch: Any, batch_idx: int) -> None:
-        opt = self.optimizers()
-        sched = self.lr_schedulers()
-        opt.zero_grad(set_to_none=True)
+        opts = self.optimizers()
+        opts = opts if isinstance(opts, list) else [opts]
+        scheds = self.lr_schedulers()
+        scheds = scheds if isinstance(scheds, list) else [scheds]
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
         per_problem, _ = self.objective(self.images)
         self.manual_backward(per_problem.sum())
         with torch.no_grad():
             self._track(per_problem.detach())
             if self.cfg.signed and self.cfg.optimizer != "lbfgs" and self.images.grad is not None:
                 self.images.grad.sign_()
-        opt.step()
-        sched.step()
+        for opt, sched in zip(opts, scheds):
+            opt.step()
+            sched.step()
         if self.cfg.boxed:
             with torch.no_grad():
                 self.images.clamp_(0, 1)

@@ -343,3 +343,24 @@ def test_batched_lbfgs_problems_follow_their_separate_iterates():
     for p in range(3):
         alone = _quadratic_steps("lbfgs", x0[p:p + 1], scales[p:p + 1], 4)
         torch.testing.assert_close(together[p:p + 1], alone, rtol=1e-6, atol=1e-7)
+
+
+def test_analytic_init_starts_from_the_fcn_inversion():
+    """A bias-free FCN: ``fcn_analytic.invert`` of the recovered soft label is the restart-0 initial image."""
+    import labels
+    from gi.metrics import psnr
+
+    model = build("fcn4", C, in_shape=(3, 8, 8), widths=(64, 32), seed=0, norm="half")
+    x = _images(1)
+    soft = torch.tensor([[0.1, 0.6, 0.2, 0.1]])
+    capture, truth = capture_gradients(model, x, soft, Protocol(label_aug="smoothing"))
+    result = labels.recover(capture, "soft-lambda")
+    cfg = ReconConfig(init="analytic", restarts=2, objective="l2", regularizers={}, iterations=1, lr=1e-6,
+                      progress=False, threads=1)
+    rec = reconstruct(capture, result, config=cfg)
+    assert float(psnr(rec.all_images[0], x)) > 40  # restart 0 is the analytic image (one tiny step)
+    assert float(psnr(rec.all_images[1], x)) < float(psnr(rec.all_images[0], x))  # restart 1 is perturbed
+    bad = build("cnn", C, in_shape=(3, 8, 8), seed=0, channels=(4,), hidden=8)
+    cap2, t2 = capture_gradients(bad, x, soft, Protocol())
+    with pytest.raises(ConfigError, match="fully-connected"):
+        reconstruct(cap2, _oracle(t2), config=cfg)

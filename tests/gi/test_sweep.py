@@ -78,6 +78,7 @@ def test_killed_sweep_resumes_without_redoing_finished_jobs_and_aggregates(tmp_p
     assert json.loads((tmp_path / "sw" / "sweep.json").read_text())["jobs"][0] == "lr=1.0_seed=0"
 
 
+@pytest.mark.slow
 def test_two_cpu_processes_share_the_jobs_through_lightning(tmp_path):
     """Real `gi run` jobs on two Fabric worker processes (ddp_spawn on CPU), then aggregation by rank 0."""
     cfg = SweepConfig(name="two", base="configs/demo.yaml", grid={"labels.mode": ["truth", "recovered"]}, seeds=[0],

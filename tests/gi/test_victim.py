@@ -139,6 +139,16 @@ def test_dp_clip_and_noise():
                                torch.Generator().manual_seed(1))
     diff = noisy.update["fc.weight"] - clean.update["fc.weight"]
     assert 0.5 * 0.1 * base.lr < float(diff.std()) < 2 * 0.1 * base.lr  # σ on −Δθ/η means η·σ on Δθ
+    # DP-SGD style: σ on each step's batch-summed gradient; a linear model's Δθ then carries η σ √m / B
+    step = dataclasses.replace(base, dp_sigma=1.0, lr=1e-4, local_epochs=1, extra={"dp_scale": "step"})
+    clean, _ = simulate_client(_linear(), (images, labels), dataclasses.replace(step, dp_sigma=0.0),
+                               torch.Generator().manual_seed(1))
+    noisy, truth = simulate_client(_linear(), (images, labels), step, torch.Generator().manual_seed(1))
+    expected = step.lr * 1.0 * (truth.extra["step_counts"].shape[0] ** 0.5) / step.batch_size
+    diff = noisy.update["fc.weight"] - clean.update["fc.weight"]
+    assert 0.6 * expected < float(diff.std()) < 1.5 * expected
+    with pytest.raises(ConfigError, match="dp_scale"):
+        simulate_client(_linear(), (images, labels), dataclasses.replace(base, extra={"dp_scale": "x"}))
 
 
 def test_federation_fedavg_aggregation_and_captures():
@@ -240,3 +250,30 @@ def test_capture_roundtrip(tmp_path):
     assert loaded.protocol == capture.protocol and loaded.meta["num_steps"] == 2
     assert set(loaded.history) == set(capture.history)
     loaded.validate()
+
+
+def test_fedavg_client_scenario_smoke():
+    """The `gi labels` scenario: one cached federation, one trial per captured client, aux disjoint."""
+    pytest.importorskip("gi.data")
+    from gi.scenarios import get_scenario
+
+    scenario = get_scenario("fedavg-client")
+    setup = {"partition": "table", "num_clients": 2, "client_size": 20,
+             "compositions": [[1, 1, 0, 0, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0, 0, 1, 3]],
+             "model": {"name": "cnn", "options": {"channels": [4], "hidden": 8}},
+             "protocol": {"batch_size": 10, "lr": 0.05}, "round": 2, "federation_rounds": 2,
+             "aux_per_class": 3, "eval_samples": 50, "clients": [1]}
+    try:
+        trials = scenario(dict(setup), torch.Generator(), 0)
+    except gi.AssetError:
+        pytest.skip("Fashion-MNIST is not installed")
+    assert len(trials) == 1 and trials[0].group == "round 2"
+    trial = trials[0]
+    trial.capture.validate()
+    assert trial.capture.meta["round"] == 2 and trial.capture.meta["client"] == 1
+    assert trial.truth.counts.tolist() == [0, 0, 0, 0, 0, 0, 0, 0, 5, 15]
+    assert "global_acc" in trial.capture.meta and trial.aux.images.shape[0] == 30
+    again = scenario(dict(setup, round=1), torch.Generator(), 0)  # same federation, other round
+    assert torch.equal(again[0].truth.counts, trial.truth.counts)
+    with pytest.raises(ConfigError, match="unknown key"):
+        scenario({"rounds": 3}, torch.Generator(), 0)
