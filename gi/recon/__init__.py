@@ -4,12 +4,14 @@ from gi.recon.api import Reconstruction, labels_for_slots, reconstruct, reconstr
 from gi.recon.config import ReconConfig
 from gi.recon.inits import INITS, register_init
 from gi.recon.objectives import OBJECTIVES, register_objective
+from gi.recon.optim import OPTIMIZERS, register_optimizer
 from gi.recon.regularizers import REGULARIZERS, register_regularizer
 from gi.recon.simulate import SIMULATORS
 
 __all__ = [
     "INITS",
     "OBJECTIVES",
+    "OPTIMIZERS",
     "REGULARIZERS",
     "SIMULATORS",
     "ReconConfig",
@@ -19,5 +21,6 @@ __all__ = [
     "reconstruct_many",
     "register_init",
     "register_objective",
+    "register_optimizer",
     "register_regularizer",
 ]

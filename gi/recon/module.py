@@ -17,6 +17,7 @@ import torch
 from torch.func import vmap
 from torch.utils.data import DataLoader, Dataset
 
+from gi.errors import ConfigError
 from gi.models import LAST_BIAS, LAST_WEIGHT
 from gi.protocol import Protocol
 from gi.recon.config import ReconConfig
@@ -102,8 +103,6 @@ class GradientInversion(L.LightningModule):
         self.use_features = cfg.feature_weight > 0
         if self.use_features:
             if features is None:
-                from gi.errors import ConfigError
-
                 raise ConfigError("attack.feature_weight > 0 needs last-layer feature targets f* (eq. 8): recover them "
                                   "(labels.method=soft-lambda, or a last-layer bias) or set feature_weight=0")
             self.register_buffer("feature_target", self._per_problem(features.detach().float(), n, r))

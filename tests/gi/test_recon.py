@@ -364,3 +364,10 @@ def test_analytic_init_starts_from_the_fcn_inversion():
     cap2, t2 = capture_gradients(bad, x, soft, Protocol())
     with pytest.raises(ConfigError, match="fully-connected"):
         reconstruct(cap2, _oracle(t2), config=cfg)
+
+
+def test_batched_lbfgs_tests_are_relative_so_tiny_objectives_still_converge():
+    """A FedAvg update's cosine distance has pixel gradients below 1e-7; torch's absolute tolerances would stop."""
+    x0, scales = torch.zeros(1, 6), torch.linspace(0.5, 3.0, 6).expand(1, 6)
+    tiny = _quadratic_steps("lbfgs", x0, 1e-9 * scales, 40)
+    assert (tiny - 1).abs().max() < 1e-3
