@@ -2,10 +2,11 @@
 
 For every model × batch size × device: one fixed reconstruction (real CIFAR-10 samples, FedSGD, oracle labels,
 ``attack`` settings of the config) gives the median time per iteration, the final PSNR and the peak memory;
-for ``restart_batch_sizes`` the time per iteration with R restarts is measured too (short runs), with the ratio
-to R = 1. Every entry runs in a fresh process, so the peak resident memory (``ru_maxrss``) belongs to it alone:
-``peak_rss_mb`` is the process peak, ``attack_rss_mb`` what the reconstruction added to the peak after the
-model and capture were set up; on a GPU ``peak_cuda_mb`` is ``torch.cuda.max_memory_allocated``.
+for ``restart_batch_sizes`` the time per iteration with R restarts is measured too (short runs of every R,
+interleaved ``timing_repeats`` times in one process, medians), with the ratio to R = 1. Every entry runs in a
+fresh process, so the peak resident memory (``ru_maxrss``) belongs to it alone: ``peak_rss_mb`` is the process
+peak, ``attack_rss_mb`` what the reconstruction added to the peak after the model and capture were set up; on a
+GPU ``peak_cuda_mb`` is ``torch.cuda.max_memory_allocated``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ SCHEMA = 1
 @dataclass
 class BenchConfig:
     """``iterations``: iterations of the fixed reconstruction per model (its final PSNR is reported);
-    ``timing_iterations``: steps of the restart-timing runs; ``devices``: ``cpu``/``gpu`` (``auto``: cpu, plus gpu
+    ``timing_iterations``, ``timing_repeats``: steps and interleaved repeats of the restart-timing runs;
+    ``devices``: ``cpu``/``gpu`` (``auto``: cpu, plus gpu
     when one is available); ``threads``: torch CPU threads (1 on shared machines)."""
 
     name: str = "bench"
@@ -42,6 +44,7 @@ class BenchConfig:
     restarts: list[int] = field(default_factory=lambda: [8])
     restart_batch_sizes: list[int] = field(default_factory=lambda: [1])
     timing_iterations: int = 12
+    timing_repeats: int = 3
     devices: list[str] = field(default_factory=lambda: ["auto"])
     threads: int = 1
     seed: int = 0
@@ -94,7 +97,30 @@ def _maxrss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def measure(entry: dict[str, Any]) -> dict[str, Any]:
+def measure_restarts(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """Time per iteration for every R of ``entry['restarts']``: ``repeats`` short runs per R, interleaved in one
+    process (so load changes on a shared machine hit every R alike); medians over all steps after 3 warm-up ones."""
+    steps: dict[int, list[float]] = {r: [] for r in entry["restarts"]}
+    peaks: dict[int, float] = {}
+    for _ in range(entry["repeats"]):
+        for r in entry["restarts"]:
+            res = measure({**entry, "restarts": r, "timing_only": True}, keep_steps=True)
+            steps[r] += res["steps"]
+            peaks[r] = max(peaks.get(r, 0.0), res["attack_rss_mb"])
+    one = statistics.median(steps[1]) if 1 in steps else None
+    out = []
+    for r, times in steps.items():
+        sec = statistics.median(times)
+        row = {**{k: entry[k] for k in ("model", "batch", "device", "iterations", "threads")}, "restarts": r,
+               "sec_per_iteration": sec, "steps_timed": len(times), "repeats": entry["repeats"],
+               "peak_rss_mb": _maxrss_mb(), "attack_rss_mb": peaks[r], "timing_only": True}
+        if one is not None and r != 1:
+            row["ratio_to_one_restart"] = sec / one
+        out.append(row)
+    return out
+
+
+def measure(entry: dict[str, Any], keep_steps: bool = False) -> dict[str, Any]:
     """One benchmark entry, in the current process: model, batch, restarts, device, iterations, attack config."""
     import torch
 
@@ -130,6 +156,8 @@ def measure(entry: dict[str, Any]) -> dict[str, Any]:
     out = {**{k: entry[k] for k in ("model", "batch", "restarts", "device", "iterations", "threads")},
            "sec_per_iteration": statistics.median(steps), "sec_per_iteration_mean": statistics.fmean(steps),
            "wall_seconds": wall, "peak_rss_mb": _maxrss_mb(), "attack_rss_mb": max(_maxrss_mb() - before, 0.0)}
+    if keep_steps:
+        out["steps"] = steps
     if cuda:
         out["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
         out["gpu"] = torch.cuda.get_device_name()
@@ -141,13 +169,17 @@ def measure(entry: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _in_process(entry: dict[str, Any]) -> dict[str, Any]:
-    """Run :func:`measure` in a fresh interpreter, so its peak memory is its own."""
+def _run_entry(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    return measure_restarts(entry) if entry.get("kind") == "restarts" else [measure(entry)]
+
+
+def _in_process(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run an entry in a fresh interpreter, so its peak memory is its own."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     with ctx.Pool(1) as pool:
-        return pool.apply(measure, (entry,))
+        return pool.apply(_run_entry, (entry,))
 
 
 def entries(cfg: BenchConfig) -> list[dict[str, Any]]:
@@ -170,10 +202,10 @@ def entries(cfg: BenchConfig) -> list[dict[str, Any]]:
                 out.append(dict(model=model, batch=b, restarts=1, device=device, iterations=its, threads=cfg.threads,
                                 seed=cfg.seed, dataset=cfg.dataset, attack=attack))
             for b in cfg.restart_batch_sizes:
-                for r in [1] + [r for r in cfg.restarts if r != 1]:
-                    out.append(dict(model=model, batch=b, restarts=r, device=device, iterations=cfg.timing_iterations,
-                                    threads=cfg.threads, seed=cfg.seed, dataset=cfg.dataset, attack=attack,
-                                    timing_only=True))
+                rs = [1] + [r for r in cfg.restarts if r != 1]
+                out.append(dict(kind="restarts", model=model, batch=b, restarts=rs,
+                                repeats=cfg.timing_repeats, device=device, iterations=cfg.timing_iterations,
+                                threads=cfg.threads, seed=cfg.seed, dataset=cfg.dataset, attack=attack))
     return out
 
 
@@ -196,19 +228,15 @@ def run_bench(cfg: BenchConfig) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     results = []
     for entry in entries(cfg):
-        res = _in_process(entry)
-        res["timing_only"] = bool(entry.get("timing_only"))
-        results.append(res)
-        extra = f"  PSNR {res['psnr']:.2f} dB" if "psnr" in res and not res["timing_only"] else ""
-        print(f"{res['model']:>9s} B={res['batch']:<2d} R={res['restarts']:<2d} {res['device']:>3s}: "
-              f"{1000 * res['sec_per_iteration']:8.1f} ms/it  peak {res['peak_rss_mb']:.0f} MB "
-              f"(+{res['attack_rss_mb']:.0f}){extra}", flush=True)
-    for res in results:  # R restarts vs one restart, same model/batch/device
-        if res["timing_only"] and res["restarts"] > 1:
-            one = [r for r in results if r["timing_only"] and r["restarts"] == 1 and
-                   all(r[k] == res[k] for k in ("model", "batch", "device"))]
-            if one:
-                res["ratio_to_one_restart"] = res["sec_per_iteration"] / one[0]["sec_per_iteration"]
+        for res in _in_process(entry):
+            res["timing_only"] = bool(res.get("timing_only"))
+            results.append(res)
+            extra = f"  PSNR {res['psnr']:.2f} dB" if "psnr" in res else ""
+            if "ratio_to_one_restart" in res:
+                extra += f"  ({res['ratio_to_one_restart']:.2f}x one restart)"
+            print(f"{res['model']:>9s} B={res['batch']:<2d} R={res['restarts']:<2d} {res['device']:>3s}: "
+                  f"{1000 * res['sec_per_iteration']:8.1f} ms/it  peak {res['peak_rss_mb']:.0f} MB "
+                  f"(+{res['attack_rss_mb']:.0f}){extra}", flush=True)
     report = {"schema": SCHEMA, "name": cfg.name, "created": stamp, "git": _git_commit(),
               "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
               "cpus": os.cpu_count(), "load_average": list(os.getloadavg()),

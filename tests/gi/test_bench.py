@@ -7,7 +7,7 @@ import json
 import pytest
 
 import gi.bench as bench
-from gi.bench import BenchConfig, entries, format_report, load_bench_config, measure, run_bench
+from gi.bench import BenchConfig, entries, format_report, load_bench_config, measure, measure_restarts, run_bench
 from gi.errors import ConfigError
 from gi.recon.config import ReconConfig
 
@@ -15,11 +15,11 @@ from gi.recon.config import ReconConfig
 def test_entries_cover_models_batches_and_restart_timings():
     cfg = BenchConfig(devices=["cpu"])
     es = entries(cfg)
-    full = [(e["model"], e["batch"]) for e in es if not e.get("timing_only")]
+    full = [(e["model"], e["batch"]) for e in es if e.get("kind") != "restarts"]
     assert full == [("lenet", 1), ("lenet", 8), ("resnet18", 1), ("resnet18", 8)]
-    timing = [(e["model"], e["batch"], e["restarts"]) for e in es if e.get("timing_only")]
-    assert timing == [("lenet", 1, 1), ("lenet", 1, 8), ("resnet18", 1, 1), ("resnet18", 1, 8)]
-    assert {e["iterations"] for e in es if e["model"] == "lenet" and not e.get("timing_only")} == {1000}
+    timing = [(e["model"], e["batch"], e["restarts"], e["repeats"]) for e in es if e.get("kind") == "restarts"]
+    assert timing == [("lenet", 1, [1, 8], 3), ("resnet18", 1, [1, 8], 3)]
+    assert {e["iterations"] for e in es if e["model"] == "lenet" and e.get("kind") != "restarts"} == {1000}
 
 
 def test_one_measurement_reports_time_memory_and_psnr():
@@ -28,14 +28,22 @@ def test_one_measurement_reports_time_memory_and_psnr():
     out = measure(entry)
     assert 0 < out["sec_per_iteration"] < 5 and out["peak_rss_mb"] > 100 and out["attack_rss_mb"] >= 0
     assert 3 < out["psnr"] < 40
+    rows = measure_restarts({**entry, "restarts": [1, 2], "repeats": 2, "batch": 1})
+    assert [r["restarts"] for r in rows] == [1, 2] and rows[1]["steps_timed"] == 6
+    assert rows[1]["ratio_to_one_restart"] == pytest.approx(rows[1]["sec_per_iteration"] / rows[0]["sec_per_iteration"])
 
 
 def test_report_is_json_with_restart_ratios(tmp_path, monkeypatch):
     fake = {1: 0.01, 8: 0.02}
-    monkeypatch.setattr(bench, "_in_process", lambda e: {
-        **{k: e[k] for k in ("model", "batch", "restarts", "device", "iterations", "threads")},
-        "sec_per_iteration": fake[e["restarts"]], "peak_rss_mb": 500.0, "attack_rss_mb": 10.0,
-        **({} if e.get("timing_only") else {"psnr": 20.0})})
+    def fake_entry(e):
+        if e.get("kind") == "restarts":
+            return [{**{k: e[k] for k in ("model", "batch", "device", "iterations", "threads")}, "restarts": r,
+                     "sec_per_iteration": fake[r], "peak_rss_mb": 500.0, "attack_rss_mb": 10.0, "timing_only": True,
+                     **({"ratio_to_one_restart": fake[r] / fake[1]} if r != 1 else {})} for r in e["restarts"]]
+        return [{**{k: e[k] for k in ("model", "batch", "restarts", "device", "iterations", "threads")},
+                 "sec_per_iteration": 0.01, "peak_rss_mb": 500.0, "attack_rss_mb": 10.0, "psnr": 20.0}]
+
+    monkeypatch.setattr(bench, "_in_process", fake_entry)
     cfg = BenchConfig(models=["lenet"], batch_sizes=[1], devices=["cpu"], out=str(tmp_path / "b.json"),
                       attack=ReconConfig(progress=False))
     path = run_bench(cfg)
