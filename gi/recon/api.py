@@ -21,11 +21,10 @@ import torch
 
 from gi.capture import Capture
 from gi.errors import CaptureError, ConfigError, GIError
-from gi.recon.config import ReconConfig
+from gi.recon.config import SMALL_MODEL, ReconConfig
 from gi.recon.module import Context, GradientInversion
 
 Tensor = torch.Tensor
-SMALL_MODEL = 2_000_000  # parameters under which one CPU thread is the default (overhead-bound loops)
 log = logging.getLogger("gi.recon")
 
 

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 from gi.errors import ConfigError
 from gi.models import LAST_BIAS, LAST_WEIGHT
 from gi.protocol import Protocol
-from gi.recon.config import ReconConfig
+from gi.recon.config import SMALL_MODEL, ReconConfig
 from gi.recon.inits import INITS
 from gi.recon.objectives import OBJECTIVES
 from gi.recon.optim import OPTIMIZERS
@@ -91,6 +91,7 @@ class GradientInversion(L.LightningModule):
         r = cfg.restarts
         self.num_problems, self.batch, self.num_classes = n, b, ctx.model.num_classes
         self.net = ctx.model
+        self.num_params = sum(p.numel() for p in self.net.parameters())
         if ctx.protocol.model_mode == "train":
             torch.func.replace_all_batch_norm_modules_(self.net)
         for p in self.net.parameters():
@@ -131,6 +132,12 @@ class GradientInversion(L.LightningModule):
         return t if n == 1 else t.repeat_interleave(r, 0)
 
     # ----------------------------------------------------------------- the attack objective
+    def vectorised(self) -> bool:
+        """Whether the P problems are simulated in one ``vmap`` call (``cfg.batching``; see ReconConfig)."""
+        if self.cfg.batching != "auto":
+            return self.cfg.batching == "vmap"
+        return self.images.device.type == "cuda" or self.num_params < SMALL_MODEL
+
     def current_soft(self) -> Tensor:
         """Soft labels (P, B, C) the dummy data is trained with: fixed, or softmax of the joint logits."""
         return torch.softmax(self.label_logits, -1) if self.joint else self.soft
@@ -138,7 +145,12 @@ class GradientInversion(L.LightningModule):
     def objective(self, images: Tensor, soft: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         """Per-problem attack objective (P,) and its parts; the only basis for ranking restarts."""
         soft = self.current_soft() if soft is None else soft
-        dummy, feats = vmap(self.simulate, out_dims=(0, 0 if self.use_features else None))(images, soft)
+        if self.vectorised():
+            dummy, feats = vmap(self.simulate, out_dims=(0, 0 if self.use_features else None))(images, soft)
+        else:
+            outs = [self.simulate(images[p], soft[p if soft.shape[0] > 1 else 0]) for p in range(images.shape[0])]
+            dummy = {k: torch.stack([o[0][k] for o in outs]) for k in outs[0][0]}
+            feats = torch.stack([o[1] for o in outs]) if self.use_features else None
         distance = OBJECTIVES[self.cfg.objective]
         target = {k: getattr(self, f"target_{i}") for i, k in enumerate(self.names)}
         parts = {"match": distance(dummy, target, self.weights)} if self.names else {}

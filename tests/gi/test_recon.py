@@ -187,10 +187,11 @@ def test_fedavg_capture_objective_is_zero_at_the_truth_and_reconstruct_runs():
 
 
 # ------------------------------------------------------------------------------------------ batching
-def test_batched_problems_and_restarts_equal_separate_objectives():
+@pytest.mark.parametrize("batching", ["vmap", "loop"])
+def test_batched_problems_and_restarts_equal_separate_objectives(batching):
     model = _cnn()
     caps = [capture_gradients(model, _images(2, s), _labels(2, s), Protocol(batch_size=2)) for s in range(3)]
-    cfg = ReconConfig(restarts=2, objective="cosine", regularizers={"tv": 0.01}, **FAST)
+    cfg = ReconConfig(restarts=2, objective="cosine", regularizers={"tv": 0.01}, batching=batching, **FAST)
     target = {k: torch.stack([c.gradients[k] for c, _ in caps]) for k in caps[0][0].gradients}
     soft = torch.stack([t.targets for _, t in caps])
     batched = GradientInversion(Context(caps[0][0].model(), caps[0][0].protocol), target, soft, cfg, (3, 8, 8))
@@ -200,6 +201,27 @@ def test_batched_problems_and_restarts_equal_separate_objectives():
         single = GradientInversion(Context(c.model(), c.protocol), dict(c.gradients), t.targets, cfg, (3, 8, 8))
         torch.testing.assert_close(single.objective(x[2 * i:2 * i + 2])[0], both[2 * i:2 * i + 2], rtol=1e-5,
                                    atol=1e-6)
+
+
+def test_loop_and_vmap_batching_give_the_same_objective_and_image_gradient():
+    """``batching=loop`` (large nets on CPU) is the same computation as ``vmap``, problem by problem."""
+    model = _cnn()
+    c, t = capture_gradients(model, _images(2, 0), _labels(2, 0), Protocol(batch_size=2))
+    x = torch.rand(3, 2, 3, 8, 8, generator=torch.Generator().manual_seed(4))
+    out = {}
+    for batching in ("vmap", "loop"):
+        cfg = ReconConfig(restarts=3, objective="l2", regularizers={"tv": 0.01}, batching=batching, **FAST)
+        module = GradientInversion(Context(c.model(), c.protocol), dict(c.gradients), t.targets, cfg, (3, 8, 8))
+        assert module.vectorised() == (batching == "vmap")
+        xi = x.clone().requires_grad_(True)
+        loss = module.objective(xi)[0]
+        loss.sum().backward()
+        out[batching] = (loss.detach(), xi.grad)
+    torch.testing.assert_close(out["loop"][0], out["vmap"][0], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(out["loop"][1], out["vmap"][1], rtol=1e-4, atol=1e-7)
+    auto = GradientInversion(Context(c.model(), c.protocol), dict(c.gradients), t.targets,
+                             ReconConfig(restarts=2, **FAST), (3, 8, 8))
+    assert auto.vectorised()  # a small net on CPU: vmap
 
 
 def test_reconstruct_many_matches_shapes_and_ranks_restarts_by_objective():
@@ -287,7 +309,7 @@ def test_recon_config_errors_name_the_key():
     for kwargs, key in ((dict(objective="l3"), "objective"), (dict(init="zeros"), "init"),
                         (dict(labels="oracle"), "labels"), (dict(regularizers={"tvv": 1.0}), "regularizers"),
                         (dict(feature_weight=-1.0), "feature_weight"), (dict(threads=0), "threads"),
-                        (dict(bn_stats="exact"), "bn_stats")):
+                        (dict(bn_stats="exact"), "bn_stats"), (dict(batching="pmap"), "batching")):
         with pytest.raises(ConfigError, match=key):
             ReconConfig(**kwargs)
 
