@@ -11,18 +11,14 @@ from collections.abc import Callable
 import torch
 
 from gi.errors import ConfigError
+from gi.registry import registrar
 
 Tensor = torch.Tensor
 Init = Callable[[tuple[int, ...], torch.Generator, Tensor | None, float], Tensor]
 INITS: dict[str, Init] = {}
 
 
-def register_init(name: str) -> Callable[[Init], Init]:
-    def wrap(fn: Init) -> Init:
-        INITS[name] = fn
-        return fn
-
-    return wrap
+register_init = registrar(INITS, "init")
 
 
 @register_init("uniform")

@@ -15,18 +15,15 @@ from collections.abc import Callable
 
 import torch
 
+from gi.registry import registrar
+
 Tensor = torch.Tensor
 Grads = dict[str, Tensor]
 Objective = Callable[[Grads, Grads, dict[str, float]], Tensor]
 OBJECTIVES: dict[str, Objective] = {}
 
 
-def register_objective(name: str) -> Callable[[Objective], Objective]:
-    def wrap(fn: Objective) -> Objective:
-        OBJECTIVES[name] = fn
-        return fn
-
-    return wrap
+register_objective = registrar(OBJECTIVES, "objective")
 
 
 def _flat(d: Tensor) -> Tensor:

@@ -15,16 +15,13 @@ from typing import Any
 
 import torch
 
+from gi.registry import registrar
+
 Tensor = torch.Tensor
 OPTIMIZERS: dict[str, Callable[[list[dict[str, Any]], Any], torch.optim.Optimizer]] = {}
 
 
-def register_optimizer(name: str) -> Callable:
-    def wrap(fn: Callable) -> Callable:
-        OPTIMIZERS[name] = fn
-        return fn
-
-    return wrap
+register_optimizer = registrar(OPTIMIZERS, "optimizer")
 
 
 @register_optimizer("adam")

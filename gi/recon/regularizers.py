@@ -13,18 +13,14 @@ import kornia
 import torch
 
 from gi.errors import ConfigError
+from gi.registry import registrar
 
 Tensor = torch.Tensor
 Regularizer = Callable[[Tensor, Any], Tensor]
 REGULARIZERS: dict[str, Regularizer] = {}
 
 
-def register_regularizer(name: str) -> Callable[[Regularizer], Regularizer]:
-    def wrap(fn: Regularizer) -> Regularizer:
-        REGULARIZERS[name] = fn
-        return fn
-
-    return wrap
+register_regularizer = registrar(REGULARIZERS, "regularizer")
 
 
 def _merge(x: Tensor) -> tuple[Tensor, int]:

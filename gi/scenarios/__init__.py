@@ -18,6 +18,7 @@ import torch
 
 from gi.capture import Capture, Truth
 from gi.errors import ConfigError
+from gi.registry import registrar
 
 
 @dataclass
@@ -38,14 +39,7 @@ Scenario = Callable[[dict, torch.Generator, int], list[Trial]]
 SCENARIOS: dict[str, Scenario] = {}
 
 
-def register_scenario(name: str) -> Callable[[Scenario], Scenario]:
-    def wrap(fn: Scenario) -> Scenario:
-        if name in SCENARIOS:
-            raise ValueError(f"scenario {name!r} registered twice")
-        SCENARIOS[name] = fn
-        return fn
-
-    return wrap
+register_scenario = registrar(SCENARIOS, "scenario")
 
 
 def get_scenario(name: str) -> Scenario:
