@@ -9,6 +9,11 @@ A config holds one base experiment (``data``, ``model``, ``protocol``, ``labels`
 ``settings`` (named dotted overrides of the base that change the captures, e.g. mixup vs smoothing, trained vs
 untrained, L2 vs cosine), ``variants`` (named overrides of ``attack``, e.g. α/β) and ``modes``. Each
 (setting, variant, mode) row reconstructs all ``trials`` captures of its setting as one batched problem.
+
+Long ablations resume: every finished row is kept (atomically) in ``.<out>.cells/`` next to the output
+directory, keyed by a hash of everything that determines it (the setting's resolved config, the variant, the
+mode); re-running the same command after an interruption reloads those rows and computes only the missing ones.
+The cache is removed once the output directory is complete.
 """
 
 from __future__ import annotations
@@ -16,7 +21,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import datetime as _dt
+import hashlib
+import json
 import logging
+import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,6 +164,34 @@ class Row:
         return out
 
 
+def _cell_key(scfg: AblateConfig, setting: str, variant: str, mode: str, attack: ReconConfig) -> str:
+    """Hash of everything that determines one row (not the output paths, the paper values, the other rows)."""
+    keep = {k: v for k, v in to_dict(scfg).items()
+            if k not in ("out", "overwrite", "paper", "only", "modes", "variants", "settings", "mode_attack")}
+    text = json.dumps([keep, setting, variant, mode, to_dict(attack)], sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def _load_cell(cache: Path | None, key: str) -> Row | None:
+    path = None if cache is None else cache / f"{key}.json"
+    if path is None or not path.exists():
+        return None
+    return Row(**json.loads(path.read_text()))
+
+
+def _save_cell(cache: Path | None, key: str, row: Row, grid: Path) -> None:
+    """Atomically keep a finished row (JSON) and its grid (PNG) for a resumed run."""
+    if cache is None:
+        return
+    cache.mkdir(parents=True, exist_ok=True)
+    if grid.exists():
+        shutil.copyfile(grid, cache / f".{key}.png.tmp")
+        os.replace(cache / f".{key}.png.tmp", cache / f"{key}.png")
+    tmp = cache / f".{key}.json.tmp"
+    tmp.write_text(json.dumps(dataclasses.asdict(row)))
+    os.replace(tmp, cache / f"{key}.json")
+
+
 def _captures(cfg: AblateConfig) -> tuple[list, list, Any]:
     dataset, model = build_victim(cfg)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -163,8 +200,8 @@ def _captures(cfg: AblateConfig) -> tuple[list, list, Any]:
     return [p[0] for p in pairs], [p[1] for p in pairs], aux
 
 
-def run_setting(cfg: AblateConfig, setting: str, out: Path) -> list[Row]:
-    """All (variant, mode) rows of one setting on the same captures."""
+def run_setting(cfg: AblateConfig, setting: str, out: Path, cache: Path | None = None) -> list[Row]:
+    """All (variant, mode) rows of one setting on the same captures; rows found in ``cache`` are reused."""
     from gi.metrics import label_metrics, score
 
     scfg = setting_config(cfg, setting)
@@ -175,12 +212,21 @@ def run_setting(cfg: AblateConfig, setting: str, out: Path) -> list[Row]:
     for mode in cfg.modes:
         lcfg = dataclasses.replace(scfg.labels, mode=mode)
         source, kind = LABEL_MODES[mode].labels, LABEL_MODES[mode].kind
-        if source not in labels_cache:
-            labels_cache[source] = [source(lcfg, c, t, aux) for c, t in zip(captures, truths)]
-        results = labels_cache[source]
         for variant, over in variants.items():
             attack = dataclasses.replace(scfg.attack, **{**cfg.mode_attack.get(mode, {}), **over}, labels=kind,
                                          progress=False)
+            key = _cell_key(scfg, setting, variant, mode, attack)
+            grid = out / f"grid-{_slug(setting)}-{_slug(variant)}-{_slug(mode)}.png"
+            cached = _load_cell(cache, key)
+            if cached is not None:
+                if (cache / f"{key}.png").exists():
+                    shutil.copyfile(cache / f"{key}.png", grid)
+                rows.append(cached)
+                print(f"  {setting:>24s} {variant:>12s} {mode:>16s}  (finished earlier, reused)", flush=True)
+                continue
+            if source not in labels_cache:
+                labels_cache[source] = [source(lcfg, c, t, aux) for c, t in zip(captures, truths)]
+            results = labels_cache[source]
             features = [getattr(r, "features", None) for r in results]
             start = time.perf_counter()
             try:
@@ -188,6 +234,7 @@ def run_setting(cfg: AblateConfig, setting: str, out: Path) -> list[Row]:
             except GIError as exc:  # e.g. a feature term without a feature target: the row reports why
                 print(f"  {setting:>24s} {variant:>12s} {mode:>16s}  FAILED: {exc}", flush=True)
                 rows.append(Row(setting, variant, mode, [], 0.0, 0.0, error=str(exc)))
+                _save_cell(cache, key, rows[-1], grid)
                 continue
             seconds = time.perf_counter() - start
             per_image = []
@@ -208,7 +255,8 @@ def run_setting(cfg: AblateConfig, setting: str, out: Path) -> list[Row]:
                   f"LPIPS {s['lpips']:.3f}  L_r {s['L_r']:.2e}  ({seconds:.0f} s)", flush=True)
             truth_row = torch.cat([t.images for t in truths])
             rec_row = torch.cat([r.images[torch.as_tensor(r.history["perm"])] for r in recs])
-            save_grid(out / f"grid-{_slug(setting)}-{_slug(variant)}-{_slug(mode)}.png", [truth_row, rec_row], scale=2)
+            save_grid(grid, [truth_row, rec_row], scale=2)
+            _save_cell(cache, key, row, grid)
     return rows
 
 
@@ -243,12 +291,13 @@ def run_ablation(cfg: AblateConfig) -> Path:
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(cfg.out or f"runs/ablate-{cfg.name}-{stamp}")
     torch.manual_seed(cfg.seed)
+    cache = out.parent / f".{out.name}.cells"
     with staged_output(out, overwrite=cfg.overwrite) as tmp:
         t0 = time.perf_counter()
         write_yaml(tmp / "config.yaml", to_dict(cfg))
         rows: list[Row] = []
         for setting in cfg.only or cfg.settings or {"base": {}}:
-            rows += run_setting(cfg, setting, tmp)
+            rows += run_setting(cfg, setting, tmp, cache)
         table = []
         for row in rows:
             s = row.summary()
@@ -262,4 +311,5 @@ def run_ablation(cfg: AblateConfig) -> Path:
                                           "torch": torch.__version__})
         save_bar_plot(tmp / "psnr.png", table)
         print(md)
+    shutil.rmtree(cache, ignore_errors=True)
     return out

@@ -15,6 +15,7 @@ EPILOG = """examples:
   gi run configs/demo.yaml labels.mode=truth    the same with oracle labels
   gi labels configs/labels/<table>.yaml         label-recovery benchmark table
   gi ablate configs/ablate/<table>.yaml         label-knowledge ablation (soft-label paper Tables 3, 4)
+  gi ablate CONFIG out=runs/t3                  ... interrupted? the same command again reuses finished rows
   gi sweep configs/sweep/<grid>.yaml            grid of jobs over devices/machines; re-run resumes
   gi bench [configs/bench/<name>.yaml]          speed/quality benchmark as JSON (LeNet, ResNet-18; B = 1, 8)
   gi methods                                    list the registered label-recovery methods

@@ -30,3 +30,30 @@ def test_ablation_smoke_on_real_samples(tmp_path):
     for name in ("table.md", "table.csv", "config.yaml", "psnr.png", "log.txt",
                  "grid-mixup-L2-untrained-base-recovered.png", "grid-mixup-L2-untrained-a0-b2-joint.png"):
         assert (out / name).is_file(), name
+def test_interrupted_ablation_resumes_without_redoing_finished_rows(tmp_path, monkeypatch):
+    import pytest
+
+    import gi.ablate as ablate
+
+    over = [f"out={tmp_path / 'abl'}", "trials=1", "attack.iterations=3", "attack.restarts=1",
+            "only=[mixup/L2/untrained]", "modes=[truth,hard,recovered]"]
+    real, calls = ablate.reconstruct_many, []
+
+    def interrupted(*args, **kwargs):
+        calls.append(args[3].labels)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # killed during the second row
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ablate, "reconstruct_many", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_ablation(load_ablate_config("configs/ablate/table3.yaml", over))
+    assert not (tmp_path / "abl").exists() and len(list((tmp_path / ".abl.cells").glob("*.json"))) == 1
+    calls.clear()
+    monkeypatch.setattr(ablate, "reconstruct_many", lambda *a, **k: calls.append(1) or real(*a, **k))
+    out = run_ablation(load_ablate_config("configs/ablate/table3.yaml", over))
+    assert len(calls) == 2  # the finished truth row was reused, hard and recovered were computed
+    table = json.loads((out / "metrics.json").read_text())["table"]
+    assert [r["mode"] for r in table] == ["truth", "hard", "recovered"] and table[0]["L_r"] == 0.0
+    assert (out / "grid-mixup-L2-untrained-base-truth.png").is_file()
+    assert not (tmp_path / ".abl.cells").exists()
