@@ -11,7 +11,7 @@ import labels
 from gi import Capture, ConfigError, Protocol, capture_gradients
 from gi.models import build
 from labels.aux import AuxData
-from labels.ilrg import mean_embeddings
+from labels.ilrg import common_embedding, mean_embeddings, split_embeddings
 from labels.llg import greedy_fill
 from labels.rlg import separable_classes
 
@@ -94,6 +94,82 @@ def test_ilrg_uniform_variant_and_bad_option():
     assert labels.recover(capture, "ilrg", probs="uniform").ok
     with pytest.raises(ConfigError, match="probs"):
         labels.recover(capture, "ilrg", probs="bogus")
+
+
+def _common_posterior_grads(counts: torch.Tensor, p: torch.Tensor, emb: torch.Tensor):
+    """∇W, ∇b of the mean CE loss when every sample has the posterior ``p`` (per-sample features ``emb``)."""
+    y = torch.repeat_interleave(torch.arange(len(counts)), counts)
+    g = p.expand(len(y), -1) - torch.nn.functional.one_hot(y, len(counts)).double()
+    return g.T @ emb / len(y), g.mean(0), y
+
+
+def test_ilrg_common_embedding_and_split_are_exact_under_a_common_posterior():
+    """Steps (a)–(b) of labels.ilrg: ``μ`` is exact when ∇W_i = ∇b_i μ, and with the batch mean and true counts
+    step (b) gives every present class's exact mean embedding, even for a class whose
+    ∇b_i is (almost) 0, where the paper's ratio ∇W_i/∇b_i is off by orders of magnitude."""
+    gen = torch.Generator().manual_seed(0)
+    mu = torch.randn(7, generator=gen, dtype=torch.float64)
+    db = torch.randn(C, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(common_embedding(db[:, None] * mu, db), mu)
+    counts = torch.tensor([3, 1, 0, 4, 2, 2])
+    p = torch.tensor([0.2, 0.1, 0.1, 0.3, 0.15, 0.15], dtype=torch.float64)  # p_0 B = 2.4 ≈ n_0 = 3
+    p[0] = 3.0 / 12 + 1e-7
+    p[1:] *= (1 - p[0]) / p[1:].sum()
+    emb = torch.rand(12, 7, generator=gen, dtype=torch.float64)
+    dw, db, y = _common_posterior_grads(counts, p, emb)
+    assert abs(float(db[0])) < 1e-6
+    present = counts > 0
+    class_means = torch.stack([emb[y == i].mean(0) for i in range(C) if counts[i] > 0])
+    split = split_embeddings(dw, db, emb.mean(0), counts.double(), p, 12, 1.0, 1.0, fallback=torch.zeros_like(dw))
+    torch.testing.assert_close(split[present], class_means)
+    assert torch.equal(split[~present], torch.zeros_like(split[~present]))
+    paper_error = (mean_embeddings(dw, db)[0] - class_means[0]).norm() / class_means[0].norm()
+    assert paper_error > 100
+
+
+def _balanced_capture(robust_class: int = 0):
+    """Untrained linear softmax net, C=6, B=12, with the bias of one present class tuned so that its ∇b_i ≈ 0
+    (Σ_n p_ni ≈ n_i: the ill-conditioned row that makes the paper's ê_i = ∇W_i/∇b_i garbage)."""
+    gen = torch.Generator().manual_seed(5)
+    model = build("linear", C, in_shape=SHAPE, norm="none", seed=0).double()
+    with torch.no_grad():
+        model.fc.weight.copy_(0.05 * torch.randn(model.fc.weight.shape, generator=gen, dtype=torch.float64))
+        model.fc.bias.zero_()
+    y = torch.tensor([0, 0, 0, 1, 1, 2, 3, 3, 3, 3, 4, 5])
+    x = torch.rand((12, *SHAPE), generator=gen, dtype=torch.float64)
+    lo, hi = -5.0, 5.0  # bisection on b_i: Σ_n p_ni = n_i (1 + 1e-6)
+    target = float((y == robust_class).sum()) * (1 + 1e-6)
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        with torch.no_grad():
+            model.fc.bias[robust_class] = mid
+            mass = float(torch.softmax(model(x), 1)[:, robust_class].sum())
+        lo, hi = (mid, hi) if mass < target else (lo, mid)
+    return capture_gradients(model, x, y, Protocol(batch_size=12))
+
+
+def test_ilrg_robust_recovers_a_present_class_with_vanishing_bias_gradient():
+    """Regression for the table-2 misses (LeNet-5/ResNet-50 ReLU, B=32, C=10): a present class with ∇b_i ≈ 0.
+    The paper's step 1 (``ilrg``, ``robust=False``) miscounts; the conditioned estimator (``ilrg-robust``) is exact."""
+    capture, truth = _balanced_capture()
+    _, b = capture.last_layer()
+    assert 0 < abs(float(b[0])) < 1e-5
+    paper = labels.recover(capture, "ilrg")
+    assert paper.ok and not torch.equal(paper.counts, truth.counts) and paper.info["candidate"] == "paper"
+    assert torch.equal(labels.recover(capture, "ilrg", robust=False).counts, paper.counts)
+    result = labels.recover(capture, "ilrg-robust")
+    assert result.method == "ilrg-robust"
+    assert result.ok and torch.equal(result.counts, truth.counts), (result.counts, truth.counts, result.info)
+    assert result.info["candidate"] != "paper" and result.info["robust"]
+    assert result.info["rounded_residual"] < paper.info["rounded_residual"]
+
+
+def test_ilrg_bad_iterations():
+    model = build("mlp", C, in_shape=SHAPE, seed=0)
+    capture, _ = _capture(model, 12, seed=0)
+    with pytest.raises(ConfigError, match="iterations"):
+        labels.recover(capture, "ilrg", iterations=-1)
+    assert labels.recover(capture, "ilrg", iterations=0).info["candidate"] in ("paper", "common")
 
 
 # --------------------------------------------------------------------------- LLG+ / LLG* / ZLG
