@@ -143,6 +143,9 @@ def _table_partition(labels: Tensor, compositions: list[list[float]], size: int,
         idx = []
         for c in range(num_classes):
             k = int(counts[c])
+            if used[c] + k > len(pools[c]):
+                raise ConfigError(f"table partition: class {c} has too few samples ({len(pools[c])}) for the "
+                                  f"compositions at client_size={size}; lower client_size")
             idx.append(pools[c][used[c]:used[c] + k])
             used[c] += k
         parts.append(torch.sort(torch.cat(idx)).values)

@@ -102,3 +102,21 @@ def test_clear_errors():
     few = AuxData(aux.images[aux.labels != 2], aux.labels[aux.labels != 2], C)
     result = labels.recover(cap, "decaf", aux=few)
     assert not result.ok and "2" in result.info["reason"]
+
+
+def test_calibrator_does_not_change_the_nnls_fit_and_decaf_paper_is_the_literal_form():
+    """g_u lies in the cone of the g_c, so with exact NNLS every calibrator gives the same estimate;
+    ``decaf-paper`` is Algorithms 2–3 as written (union-mean g_u, projected GD from 0)."""
+    images, labels_ = _client([9, 3, 0, 14, 6], seed=3)
+    protocol = Protocol(scheme="fedavg", batch_size=8, lr=0.05, local_epochs=2, drop_last=False)
+    cap, _ = simulate_client(_cnn(), (images, labels_), protocol, torch.Generator().manual_seed(0))
+    aux = AuxData(*_data(200, 9), C)
+    ref = labels.recover(cap, "decaf", aux=aux).proportions
+    for calibrator in ("mean", "none"):
+        got = labels.recover(cap, "decaf", aux=aux, calibrator=calibrator).proportions
+        assert torch.allclose(got, ref, atol=1e-6), calibrator
+    paper = labels.recover(cap, "decaf-paper", aux=aux)
+    literal = labels.recover(cap, "decaf", aux=aux, solver="gd", calibrator="mean", epochs=1000)
+    assert paper.method == "decaf-paper" and paper.ok
+    assert torch.equal(paper.proportions, literal.proportions) and paper.info["null"] == [2]
+    assert float(paper.proportions.sum()) == pytest.approx(1.0)
