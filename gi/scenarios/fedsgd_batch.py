@@ -24,8 +24,14 @@ victim batch). Setup keys (defaults in :data:`DEFAULTS`):
   ``train_split`` (``samples`` caps the training set; the paper trains one epoch at lr 0.001).
 - ``protocol``: :class:`gi.Protocol` fields (loss, focal_alpha/gamma, temperature, label_aug, label_eps,
   model_mode); ``batch_size`` is filled in. Mixup has no fixed label embedding and is refused here.
-- ``aux``: ``{per_class}``; ``seed`` fixes models, training and the aux draw; the trial generator draws
-  the victim batches. ``group`` names the table row (default ``"<model>/<activation>"``).
+- ``synthetic_classes``: ``null`` (the dataset's labels) or C >= 2: every image of every split gets a
+  random label in [0, C) (a fixed, seeded relabelling per split and ``seed``: each image's label is uniform
+  over the C classes, the split balanced, ``randperm(N) mod C``, so ``aux.per_class`` up to N/C is met
+  without replacement) and the model has C outputs. For UNTRAINED models only (the network cannot tell
+  classes apart, so which image carries which label does not matter; e.g. the posterior paper's 100-class
+  CIFAR-100 cells with Fashion-MNIST images); any training (``train.epochs > 0``) is refused.
+- ``aux``: ``{per_class}``; ``seed`` fixes models, training, the aux draw and the synthetic labels; the
+  trial generator draws the victim batches. ``group`` names the table row (default ``"<model>/<activation>"``).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import copy
 import hashlib
 import json
 import os
+import zlib
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -66,6 +73,7 @@ DEFAULTS: dict[str, Any] = {
     "aux": {},
     "seed": 0,
     "group": None,
+    "synthetic_classes": None,
 }
 MODEL_DEFAULTS: dict[str, Any] = {"name": "lenet5", "activation": None, "init": None, "bias_last": True,
                                   "norm": None, "options": {}}
@@ -85,12 +93,30 @@ def _remember(cache: OrderedDict, key: Any, value: Any) -> Any:
     return value
 
 
-def _dataset(setup: dict, split: str) -> Any:
-    from gi.data import load
+def synthetic_labels(n: int, num_classes: int, seed: int, split: str) -> Tensor:
+    """The fixed random relabelling of a split of ``n`` images into ``num_classes`` classes.
 
-    key = (setup["dataset"], split, setup["root"], json.dumps(setup["size"]))
+    ``randperm(n) mod C`` from a generator seeded by ``seed`` and the split name: each image's label is
+    uniform over [0, C), the split is balanced (class sizes differ by at most one), and the same
+    ``(seed, split)`` always gives the same labels.
+    """
+    gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + zlib.crc32(split.encode()) + 15485863)
+    return torch.randperm(int(n), generator=gen) % int(num_classes)
+
+
+def _dataset(setup: dict, split: str) -> Any:
+    from gi.data import ImageDataset, load
+
+    synthetic = setup.get("synthetic_classes")
+    key = (setup["dataset"], split, setup["root"], json.dumps(setup["size"]), synthetic,
+           setup["seed"] if synthetic is not None else None)
     if key not in _DATA:
-        _remember(_DATA, key, load(setup["dataset"], split=split, root=setup["root"], size=setup["size"]))
+        data = load(setup["dataset"], split=split, root=setup["root"], size=setup["size"])
+        if synthetic is not None:
+            labels = synthetic_labels(len(data), int(synthetic), int(setup["seed"]), split)
+            data = ImageDataset(data.images, labels, int(synthetic), f"{data.name}/synthetic-{synthetic}",
+                                [f"synthetic-{c}" for c in range(int(synthetic))], data.split)
+        _remember(_DATA, key, data)
     return _DATA[key]
 
 
@@ -116,7 +142,7 @@ def _aux(setup: dict) -> tuple[Any, Tensor]:
 
     per_class = int(setup["aux"]["per_class"])
     key = _key(setup["dataset"], setup["root"], setup["size"], setup["channels"], setup["aux_split"], per_class,
-               setup["seed"])
+               setup["seed"], setup["synthetic_classes"])
     if key not in _AUX:
         data = _dataset(setup, setup["aux_split"])
         gen = torch.Generator().manual_seed(int(setup["seed"]) + 7919)
@@ -186,7 +212,7 @@ def _victim_pool(setup: dict, aux_idx: Tensor) -> Any:
     if setup["victim_split"] != setup["aux_split"]:
         return data
     key = ("pool", setup["dataset"], setup["victim_split"], setup["root"], json.dumps(setup["size"]),
-           _key(aux_idx.tolist()))
+           setup["synthetic_classes"], setup["seed"], _key(aux_idx.tolist()))
     if key not in _DATA:
         keep = torch.ones(len(data), dtype=torch.bool)
         keep[aux_idx] = False
@@ -211,6 +237,13 @@ def resolve(setup: dict) -> dict[str, Any]:
     if s["protocol"].label_aug == "mixup":
         raise ConfigError("setup.protocol.label_aug='mixup' is not a batch-count scenario; valid: onehot, "
                           "smoothing, smoothing-alt")
+    synthetic = s["synthetic_classes"]
+    if synthetic is not None:
+        if isinstance(synthetic, bool) or not isinstance(synthetic, int) or synthetic < 2:
+            raise ConfigError(f"setup.synthetic_classes must be null or an integer >= 2, got {synthetic!r}")
+        if float(s["train"]["epochs"]) > 0:
+            raise ConfigError("setup.synthetic_classes relabels images at random and is for untrained models only; "
+                              "set train.epochs: 0 or synthetic_classes: null")
     if float(s["train"]["epochs"]) > 0 or s["reinit"] is None:  # a trained model is trained once
         s["reinit"] = float(s["train"]["epochs"]) == 0
     if not isinstance(s["reinit"], bool) and int(s["reinit"]) < 1:
