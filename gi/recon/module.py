@@ -142,9 +142,17 @@ class GradientInversion(L.LightningModule):
         """Soft labels (P, B, C) the dummy data is trained with: fixed, or softmax of the joint logits."""
         return torch.softmax(self.label_logits, -1) if self.joint else self.soft
 
-    def objective(self, images: Tensor, soft: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
-        """Per-problem attack objective (P,) and its parts; the only basis for ranking restarts."""
+    def objective(self, images: Tensor, soft: Tensor | None = None,
+                  rows: slice | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        """Per-problem attack objective (P,) and its parts; the only basis for ranking restarts. ``rows``: the
+        problems ``images`` holds (default all P), e.g. ``slice(p, p + 1)`` for one problem at a time."""
         soft = self.current_soft() if soft is None else soft
+        if rows is not None:
+            soft = soft[rows] if soft.shape[0] > 1 else soft
+
+        def pick(t: Tensor) -> Tensor:
+            return t[rows] if rows is not None and t.shape[0] > 1 else t
+
         if self.vectorised():
             dummy, feats = vmap(self.simulate, out_dims=(0, 0 if self.use_features else None))(images, soft)
         else:
@@ -152,15 +160,29 @@ class GradientInversion(L.LightningModule):
             dummy = {k: torch.stack([o[0][k] for o in outs]) for k in outs[0][0]}
             feats = torch.stack([o[1] for o in outs]) if self.use_features else None
         distance = OBJECTIVES[self.cfg.objective]
-        target = {k: getattr(self, f"target_{i}") for i, k in enumerate(self.names)}
+        target = {k: pick(getattr(self, f"target_{i}")) for i, k in enumerate(self.names)}
         parts = {"match": distance(dummy, target, self.weights)} if self.names else {}
         if self.use_features:
-            parts["features"] = self.cfg.feature_weight * distance({"f": feats}, {"f": self.feature_target},
+            parts["features"] = self.cfg.feature_weight * distance({"f": feats}, {"f": pick(self.feature_target)},
                                                                    {"f": 1.0})
         for name, weight in self.cfg.regularizers.items():
             if weight:
                 parts[name] = weight * REGULARIZERS[name](images, self.ctx)
         return sum(parts.values()), parts
+
+    def objective_and_backward(self) -> Tensor:
+        """The objective of all P problems (P,), its gradient accumulated into the parameters: one vmap call and
+        one backward, or (``batching=loop``) one problem at a time, so only one problem's graph is alive."""
+        if self.vectorised():
+            per_problem, _ = self.objective(self.images)
+            self.manual_backward(per_problem.sum())
+            return per_problem.detach()
+        losses = []
+        for p in range(self.images.shape[0]):
+            loss, _ = self.objective(self.images[p:p + 1], rows=slice(p, p + 1))
+            self.manual_backward(loss.sum())
+            losses.append(loss.detach())
+        return torch.cat(losses)
 
     # ----------------------------------------------------------------- Lightning hooks
     def _schedule(self, opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
@@ -203,10 +225,9 @@ class GradientInversion(L.LightningModule):
         scheds = scheds if isinstance(scheds, list) else [scheds]
         for opt in opts:
             opt.zero_grad(set_to_none=True)
-        per_problem, _ = self.objective(self.images)
-        self.manual_backward(per_problem.sum())
+        per_problem = self.objective_and_backward()
         with torch.no_grad():
-            self._track(per_problem.detach())
+            self._track(per_problem)
             if self.cfg.signed and self.cfg.optimizer != "lbfgs" and self.images.grad is not None:
                 self.images.grad.sign_()
         for opt, sched in zip(opts, scheds):

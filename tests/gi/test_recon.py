@@ -217,8 +217,14 @@ def test_loop_and_vmap_batching_give_the_same_objective_and_image_gradient():
         loss = module.objective(xi)[0]
         loss.sum().backward()
         out[batching] = (loss.detach(), xi.grad)
+        module.images = torch.nn.Parameter(x.clone())  # the training step's path: per-problem backward for loop
+        module.manual_backward = lambda loss: loss.backward()
+        out[batching] += (module.objective_and_backward(), module.images.grad)
     torch.testing.assert_close(out["loop"][0], out["vmap"][0], rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(out["loop"][1], out["vmap"][1], rtol=1e-4, atol=1e-7)
+    for name in ("vmap", "loop"):
+        for i in (0, 1):
+            torch.testing.assert_close(out[name][2 + i], out["vmap"][i], rtol=1e-4, atol=1e-7)
     auto = GradientInversion(Context(c.model(), c.protocol), dict(c.gradients), t.targets,
                              ReconConfig(restarts=2, **FAST), (3, 8, 8))
     assert auto.vectorised()  # a small net on CPU: vmap
