@@ -239,7 +239,8 @@ class GradientInversion(L.LightningModule):
         if batch_idx % self.cfg.log_every == 0 or batch_idx == self.cfg.iterations - 1:
             self.history["step"].append(batch_idx)
             self.history["objective"].append(per_problem.detach().cpu().tolist())
-        self.log("objective", per_problem.detach().min(), prog_bar=True, on_step=True, logger=False)
+        if self.cfg.progress and batch_idx % 10 == 0:  # self.log costs ~0.5 ms: a small net's whole step is ~7 ms
+            self.log("objective", per_problem.detach().min(), prog_bar=True, on_step=True, logger=False)
 
     def on_train_end(self) -> None:
         with torch.no_grad():

@@ -1,0 +1,101 @@
+"""Side-by-side speed of one gradient-inversion iteration: this toolkit vs breaching (Geiping et al.).
+
+Same machine, same process, same torch threads, same model weights and capture (one CIFAR-10 sample, FedSGD,
+oracle labels), same attack (cosine distance + TV, signed Adam, boxed); the two loops alternate in
+``--rounds`` rounds so that load changes on a shared machine hit both alike; medians of the per-iteration
+wall times are reported. breaching is not a dependency of this project: install its wheel (and hydra-core) into
+a separate folder and put it on PYTHONPATH, e.g.
+
+    pip download --no-deps breaching==0.1.2 -d /tmp/w && pip install --no-deps --target /tmp/br /tmp/w/*.whl
+    pip install --target /tmp/br hydra-core
+    PYTHONPATH=/tmp/br GI_THREADS=1 python scripts/compare_breaching.py --model lenet --iterations 200
+
+Ours runs through ``gi.reconstruct`` (Lightning loop included); R restarts are one batched problem for us and
+R sequential trials for breaching (its only mode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from types import SimpleNamespace
+
+import torch
+
+
+def breaching_seconds(model: torch.nn.Module, capture, labels: torch.Tensor, iterations: int, restarts: int) -> float:
+    """Wall seconds per iteration of breaching's invertinggradients attack (its defaults except iterations)."""
+    import breaching
+    from omegaconf import OmegaConf
+
+    cfg = breaching.get_attack_config("invertinggradients")
+    OmegaConf.set_struct(cfg, False)
+    cfg.optim.max_iterations = iterations
+    cfg.optim.callback = 10**9
+    cfg.restarts.num_trials = restarts
+    cfg.regularization.total_variation.scale = 2e-3
+    attacker = breaching.attacks.prepare_attack(model, torch.nn.CrossEntropyLoss(), cfg,
+                                                dict(dtype=torch.float, device=torch.device("cpu")))
+    meta = SimpleNamespace(shape=tuple(capture.model_spec["in_shape"]), modality="vision", mean=[0.0] * 3,
+                           std=[1.0] * 3)  # our model normalises inside: breaching works in [0, 1] pixels
+    payload = [dict(parameters=[p.detach() for p in model.parameters()], buffers=[b for b in model.buffers()],
+                    metadata=meta)]
+    shared = [dict(gradients=[capture.gradients[n] for n, _ in model.named_parameters()], buffers=None,
+                   metadata=dict(num_data_points=1, labels=labels, local_hyperparams=None))]
+    start = time.perf_counter()
+    attacker.reconstruct(payload, shared, {}, dryrun=False)
+    return (time.perf_counter() - start) / iterations
+
+
+def ours_seconds(capture, truth, iterations: int, restarts: int) -> float:
+    import labels as label_methods
+    from gi.recon import ReconConfig, reconstruct
+
+    cfg = ReconConfig(iterations=iterations, restarts=restarts, objective="cosine", optimizer="adam", lr=0.1,
+                      signed=True, regularizers={"tv": 2e-3}, progress=False, log_every=10**9, threads=None)
+    result = label_methods.recover(capture, "idlg")
+    start = time.perf_counter()
+    reconstruct(capture, result, config=cfg)
+    return (time.perf_counter() - start) / iterations
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="lenet", help="gi.models name (lenet, resnet18, ...)")
+    ap.add_argument("--iterations", type=int, default=200)
+    ap.add_argument("--restarts", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=None, help="JSON file for the results")
+    args = ap.parse_args()
+    torch.set_num_threads(int(os.environ.get("GI_THREADS", "1")))
+
+    import gi
+    from gi.data import load
+    from gi.models import build
+
+    data = load("cifar10-samples")
+    x, y = data.images[:1], data.labels[:1]
+    model = build(args.model, 10, seed=0, **({"init": "uniform"} if args.model == "lenet" else {})).eval()
+    capture, truth = gi.capture_gradients(model, x, torch.nn.functional.one_hot(y, 10).float(), gi.Protocol())
+    times: dict[str, list[float]] = {}
+    for _ in range(args.rounds):
+        for r in args.restarts:
+            times.setdefault(f"ours R={r}", []).append(ours_seconds(capture, truth, args.iterations, r))
+            times.setdefault(f"breaching R={r}", []).append(
+                breaching_seconds(capture.model(), capture, y, args.iterations, r))
+    rows = {k: statistics.median(v) for k, v in times.items()}
+    report = {"model": args.model, "iterations": args.iterations, "threads": torch.get_num_threads(),
+              "load_average": os.getloadavg(), "torch": torch.__version__, "ms_per_iteration":
+              {k: 1000 * v for k, v in rows.items()}, "all_ms": {k: [1000 * t for t in v] for k, v in times.items()}}
+    for k, v in rows.items():
+        print(f"{args.model:>9s} {k:>14s}: {1000 * v:8.2f} ms/iteration")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
