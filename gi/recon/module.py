@@ -9,6 +9,7 @@ Ground truth never enters this module; callbacks may look at :meth:`current_imag
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,13 +23,14 @@ from gi.models import LAST_BIAS, LAST_WEIGHT
 from gi.protocol import Protocol
 from gi.recon.config import SMALL_MODEL, ReconConfig
 from gi.recon.inits import INITS
-from gi.recon.objectives import OBJECTIVES
+from gi.recon.objectives import FLAT_OBJECTIVES, OBJECTIVES
 from gi.recon.optim import OPTIMIZERS
 from gi.recon.regularizers import REGULARIZERS
 from gi.recon.simulate import SIMULATORS
 
 Tensor = torch.Tensor
 LAST_LAYER = (LAST_WEIGHT, LAST_BIAS)
+FLAT_MAX = 4_000_000  # shared entries per problem up to which the one-at-a-time path concatenates the layers
 
 
 class StepDataset(Dataset):
@@ -124,6 +126,18 @@ class GradientInversion(L.LightningModule):
         self.register_buffer("best_soft", self.current_soft().detach().clone())
         self.simulate = SIMULATORS[ctx.kind](self.net, ctx.protocol, self.names, num_samples=b,
                                              history=ctx.history, trained=ctx.trained, features=self.use_features)
+        # one problem at a time (batching=loop): FedSGD gradients by plain autograd on the model's parameters, and
+        # for l2/cosine on small nets one concatenated √w-scaled vector per problem (a few dot products per step)
+        self.simulate_one, self.flat = self.simulate, False
+        if ctx.kind == "gradient":
+            self.simulate_one = SIMULATORS["gradient"](self.net, ctx.protocol, self.names, features=self.use_features,
+                                                       autograd=True)
+            numel = sum(getattr(self, f"target_{i}")[0].numel() for i in range(len(self.names)))
+            if cfg.objective in FLAT_OBJECTIVES and self.names and numel <= FLAT_MAX:
+                self.flat = True
+                self.sqrt_w = [math.sqrt(self.weights[k]) for k in self.names]
+                self.register_buffer("target_flat", torch.cat(
+                    [getattr(self, f"target_{i}").flatten(1) * w for i, w in enumerate(self.sqrt_w)], 1))
         self.history: dict[str, list] = {"step": [], "objective": []}
 
     @staticmethod
@@ -136,7 +150,8 @@ class GradientInversion(L.LightningModule):
         """Whether the P problems are simulated in one ``vmap`` call (``cfg.batching``; see ReconConfig)."""
         if self.cfg.batching != "auto":
             return self.cfg.batching == "vmap"
-        return self.images.device.type == "cuda" or self.num_params < SMALL_MODEL
+        many = self.images.shape[0] > 1  # one problem: plain autograd has the least overhead
+        return many and (self.images.device.type == "cuda" or self.num_params < SMALL_MODEL)
 
     def current_soft(self) -> Tensor:
         """Soft labels (P, B, C) the dummy data is trained with: fixed, or softmax of the joint logits."""
@@ -156,12 +171,22 @@ class GradientInversion(L.LightningModule):
         if self.vectorised():
             dummy, feats = vmap(self.simulate, out_dims=(0, 0 if self.use_features else None))(images, soft)
         else:
-            outs = [self.simulate(images[p], soft[p if soft.shape[0] > 1 else 0]) for p in range(images.shape[0])]
-            dummy = {k: torch.stack([o[0][k] for o in outs]) for k in outs[0][0]}
+            outs = [self.simulate_one(images[p], soft[p if soft.shape[0] > 1 else 0])
+                    for p in range(images.shape[0])]
             feats = torch.stack([o[1] for o in outs]) if self.use_features else None
+            if self.flat:
+                flat = torch.stack([torch.cat([o[0][k].reshape(-1) * w if w != 1.0 else o[0][k].reshape(-1)
+                                               for k, w in zip(self.names, self.sqrt_w)]) for o in outs])
+            else:
+                dummy = {k: torch.stack([o[0][k] for o in outs]) for k in outs[0][0]}
         distance = OBJECTIVES[self.cfg.objective]
-        target = {k: pick(getattr(self, f"target_{i}")) for i, k in enumerate(self.names)}
-        parts = {"match": distance(dummy, target, self.weights)} if self.names else {}
+        if not self.names:
+            parts = {}
+        elif self.flat and not self.vectorised():
+            parts = {"match": distance({"all": flat}, {"all": pick(self.target_flat)}, {"all": 1.0})}
+        else:
+            target = {k: pick(getattr(self, f"target_{i}")) for i, k in enumerate(self.names)}
+            parts = {"match": distance(dummy, target, self.weights)}
         if self.use_features:
             parts["features"] = self.cfg.feature_weight * distance({"f": feats}, {"f": pick(self.feature_target)},
                                                                    {"f": 1.0})
@@ -173,14 +198,15 @@ class GradientInversion(L.LightningModule):
     def objective_and_backward(self) -> Tensor:
         """The objective of all P problems (P,), its gradient accumulated into the parameters: one vmap call and
         one backward, or (``batching=loop``) one problem at a time, so only one problem's graph is alive."""
+        inputs = [self.images] + ([self.label_logits] if self.joint else [])  # never the model's parameters
         if self.vectorised():
             per_problem, _ = self.objective(self.images)
-            self.manual_backward(per_problem.sum())
+            self.manual_backward(per_problem.sum(), inputs=inputs)
             return per_problem.detach()
         losses = []
         for p in range(self.images.shape[0]):
             loss, _ = self.objective(self.images[p:p + 1], rows=slice(p, p + 1))
-            self.manual_backward(loss.sum())
+            self.manual_backward(loss.sum(), inputs=inputs)
             losses.append(loss.detach())
         return torch.cat(losses)
 

@@ -21,6 +21,9 @@ Tensor = torch.Tensor
 Grads = dict[str, Tensor]
 Objective = Callable[[Grads, Grads, dict[str, float]], Tensor]
 OBJECTIVES: dict[str, Objective] = {}
+# distances that depend on the layers only through weighted inner products Σ_l w_l ⟨a_l, b_l⟩: the same value on
+# one concatenated vector of √w_l-scaled layers (one dot product instead of one per layer; small nets)
+FLAT_OBJECTIVES = ("l2", "cosine")
 
 
 register_objective = registrar(OBJECTIVES, "objective")

@@ -49,11 +49,28 @@ def _caller(model: nn.Module) -> Callable[[State, Tensor], tuple[Tensor | None, 
 
 
 def gradient_simulator(model: nn.Module, protocol: Protocol, names: list[str], features: bool = False,
-                       **_: Any) -> Simulator:
+                       autograd: bool = False, **_: Any) -> Simulator:
     """FedSGD: ``∇θ L(f_θ(x), y)`` of the mean loss over the batch (DESIGN.md §2), only for ``names``;
-    ``features``: also return ``f_{N−1}(x)`` (free: the same forward pass)."""
+    ``features``: also return ``f_{N−1}(x)`` (free: the same forward pass).
+
+    ``autograd=True``: one problem per call with ``torch.autograd.grad(create_graph=True)`` on the model's own
+    parameters, which this sets to ``requires_grad`` (so callers must back-propagate with ``inputs=``); no
+    ``functional_call``/``torch.func`` overhead, but it cannot be vmapped (the one-problem-at-a-time path).
+    """
     params = {n: p for n, p in model.named_parameters()}
     call, loss_fn = _caller(model), loss_for(protocol)
+    if autograd:
+        forward, chosen = FeaturesAndLogits(model), [params[n] for n in names]
+        for p in chosen:
+            p.requires_grad_(True)
+
+        def simulate_autograd(x: Tensor, y: Tensor) -> tuple[State, Tensor | None]:
+            with torch.enable_grad():  # also under no_grad (final scoring): the gradient is the output
+                f, z = forward(x)
+                g = torch.autograd.grad(loss_fn(z, y), chosen, create_graph=True)
+            return dict(zip(names, g)), (f if features else None)
+
+        return simulate_autograd
 
     def simulate(x: Tensor, y: Tensor) -> tuple[State, Tensor | None]:
         def loss(sub: State) -> tuple[Tensor, Tensor | None]:

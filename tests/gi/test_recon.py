@@ -203,22 +203,28 @@ def test_batched_problems_and_restarts_equal_separate_objectives(batching):
                                    atol=1e-6)
 
 
-def test_loop_and_vmap_batching_give_the_same_objective_and_image_gradient():
-    """``batching=loop`` (large nets on CPU) is the same computation as ``vmap``, problem by problem."""
+@pytest.mark.parametrize("objective,weights", [
+    ("l2", {}), ("cosine", {"last_layer_weight": 0.3, "layer_weights": {"fc.weight": 2.0}}),
+    ("cosine-layerwise", {"last_layer_weight": 0.5}), ("l1", {})])
+def test_loop_and_vmap_batching_give_the_same_objective_and_image_gradient(objective, weights):
+    """``batching=loop`` (one problem at a time: plain autograd, and for l2/cosine one concatenated √w-scaled
+    vector) is the same computation as ``vmap``, problem by problem, with any layer weights."""
     model = _cnn()
     c, t = capture_gradients(model, _images(2, 0), _labels(2, 0), Protocol(batch_size=2))
     x = torch.rand(3, 2, 3, 8, 8, generator=torch.Generator().manual_seed(4))
     out = {}
     for batching in ("vmap", "loop"):
-        cfg = ReconConfig(restarts=3, objective="l2", regularizers={"tv": 0.01}, batching=batching, **FAST)
+        cfg = ReconConfig(restarts=3, objective=objective, regularizers={"tv": 0.01}, batching=batching, **weights,
+                          **FAST)
         module = GradientInversion(Context(c.model(), c.protocol), dict(c.gradients), t.targets, cfg, (3, 8, 8))
         assert module.vectorised() == (batching == "vmap")
+        assert module.flat == (objective in ("l2", "cosine"))
         xi = x.clone().requires_grad_(True)
         loss = module.objective(xi)[0]
         loss.sum().backward()
         out[batching] = (loss.detach(), xi.grad)
         module.images = torch.nn.Parameter(x.clone())  # the training step's path: per-problem backward for loop
-        module.manual_backward = lambda loss: loss.backward()
+        module.manual_backward = lambda loss, **kw: loss.backward(**kw)
         out[batching] += (module.objective_and_backward(), module.images.grad)
     torch.testing.assert_close(out["loop"][0], out["vmap"][0], rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(out["loop"][1], out["vmap"][1], rtol=1e-4, atol=1e-7)
@@ -227,7 +233,10 @@ def test_loop_and_vmap_batching_give_the_same_objective_and_image_gradient():
             torch.testing.assert_close(out[name][2 + i], out["vmap"][i], rtol=1e-4, atol=1e-7)
     auto = GradientInversion(Context(c.model(), c.protocol), dict(c.gradients), t.targets,
                              ReconConfig(restarts=2, **FAST), (3, 8, 8))
-    assert auto.vectorised()  # a small net on CPU: vmap
+    assert auto.vectorised()  # several problems of a small net on CPU: vmap
+    one = GradientInversion(Context(c.model(), c.protocol), dict(c.gradients), t.targets, ReconConfig(**FAST),
+                            (3, 8, 8))
+    assert not one.vectorised()  # one problem: plain autograd
 
 
 def test_reconstruct_many_matches_shapes_and_ranks_restarts_by_objective():
