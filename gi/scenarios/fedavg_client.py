@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 import json
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -99,30 +100,41 @@ def _dataset(setup: dict[str, Any], split: str, dtype: torch.dtype) -> Any:
     return _remember(_DATA, key, data)
 
 
+class _ClassPools:
+    """Per-class index pools in a seeded random order, drawn from without replacement (clients are disjoint)."""
+
+    def __init__(self, labels: Tensor, num_classes: int, gen: torch.Generator) -> None:
+        pools = [torch.nonzero(labels == c).flatten() for c in range(num_classes)]
+        self.pools = [p[torch.randperm(len(p), generator=gen)] for p in pools]
+        self.used = [0] * num_classes
+
+    def take(self, counts: Tensor, too_few: Callable[[int], str]) -> Tensor:
+        """The next ``counts[c]`` indices of every class c, sorted; ``too_few(c)`` is the error when c runs out."""
+        idx = []
+        for c, pool in enumerate(self.pools):
+            k = int(counts[c])
+            if self.used[c] + k > len(pool):
+                raise ConfigError(too_few(c))
+            idx.append(pool[self.used[c]:self.used[c] + k])
+            self.used[c] += k
+        return torch.sort(torch.cat(idx)).values
+
+
 def _simplex_partition(labels: Tensor, num_clients: int, sizes: tuple[int, int], num_classes: int,
                        gen: torch.Generator) -> list[Tensor]:
     """Ramakrishna & Dán §6: N_k ~ U[lo, hi], p_k uniform on the simplex (sorted uniform breakpoints),
     counts by largest remainder, samples drawn without replacement (clients disjoint)."""
     from labels.counts import largest_remainder
 
-    pools = [torch.nonzero(labels == c).flatten() for c in range(num_classes)]
-    pools = [p[torch.randperm(len(p), generator=gen)] for p in pools]
-    used = [0] * num_classes
+    draw = _ClassPools(labels, num_classes, gen)
     parts = []
     for _ in range(num_clients):
         n = int(torch.randint(int(sizes[0]), int(sizes[1]) + 1, (1,), generator=gen))
         cuts = torch.sort(torch.rand(num_classes - 1, generator=gen, dtype=torch.float64)).values
         p = torch.diff(torch.cat([torch.zeros(1, dtype=torch.float64), cuts, torch.ones(1, dtype=torch.float64)]))
-        counts = largest_remainder(p, n)
-        idx = []
-        for c in range(num_classes):
-            k = int(counts[c])
-            if used[c] + k > len(pools[c]):
-                raise ConfigError(f"simplex partition: class {c} has too few samples for {num_clients} clients of "
-                                  f"size {sizes}; lower client_size or num_clients")
-            idx.append(pools[c][used[c]:used[c] + k])
-            used[c] += k
-        parts.append(torch.sort(torch.cat(idx)).values)
+        parts.append(draw.take(largest_remainder(p, n), lambda c: (
+            f"simplex partition: class {c} has too few samples for {num_clients} clients of size {sizes}; lower "
+            f"client_size or num_clients")))
     return parts
 
 
@@ -131,24 +143,15 @@ def _table_partition(labels: Tensor, compositions: list[list[float]], size: int,
     """Decaf: fixed per-client class compositions (fractions or percentages) of ``size`` samples each."""
     from labels.counts import largest_remainder
 
-    pools = [torch.nonzero(labels == c).flatten() for c in range(num_classes)]
-    pools = [p[torch.randperm(len(p), generator=gen)] for p in pools]
-    used = [0] * num_classes
+    draw = _ClassPools(labels, num_classes, gen)
     parts = []
     for row in compositions:
         p = torch.tensor([float(v) for v in row], dtype=torch.float64)
         if p.numel() != num_classes or (p < 0).any() or p.sum() <= 0:
             raise ConfigError(f"compositions rows need {num_classes} non-negative values, got {row}")
-        counts = largest_remainder(p / p.sum(), size)
-        idx = []
-        for c in range(num_classes):
-            k = int(counts[c])
-            if used[c] + k > len(pools[c]):
-                raise ConfigError(f"table partition: class {c} has too few samples ({len(pools[c])}) for the "
-                                  f"compositions at client_size={size}; lower client_size")
-            idx.append(pools[c][used[c]:used[c] + k])
-            used[c] += k
-        parts.append(torch.sort(torch.cat(idx)).values)
+        parts.append(draw.take(largest_remainder(p / p.sum(), size), lambda c: (
+            f"table partition: class {c} has too few samples ({len(draw.pools[c])}) for the compositions at "
+            f"client_size={size}; lower client_size")))
     return parts
 
 
