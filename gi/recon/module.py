@@ -161,28 +161,24 @@ class GradientInversion(L.LightningModule):
                   rows: slice | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         """Per-problem attack objective (P,) and its parts; the only basis for ranking restarts. ``rows``: the
         problems ``images`` holds (default all P), e.g. ``slice(p, p + 1)`` for one problem at a time."""
-        soft = self.current_soft() if soft is None else soft
-        if rows is not None:
-            soft = soft[rows] if soft.shape[0] > 1 else soft
-
         def pick(t: Tensor) -> Tensor:
             return t[rows] if rows is not None and t.shape[0] > 1 else t
 
-        if self.vectorised():
+        soft = pick(self.current_soft() if soft is None else soft)
+        vectorised = self.vectorised()
+        if vectorised:
             dummy, feats = vmap(self.simulate, out_dims=(0, 0 if self.use_features else None))(images, soft)
         else:
             outs = [self.simulate_one(images[p], soft[p if soft.shape[0] > 1 else 0])
                     for p in range(images.shape[0])]
+            dummy = {k: torch.stack([o[0][k] for o in outs]) for k in self.names}
             feats = torch.stack([o[1] for o in outs]) if self.use_features else None
-            if self.flat:
-                flat = torch.stack([torch.cat([o[0][k].reshape(-1) * w if w != 1.0 else o[0][k].reshape(-1)
-                                               for k, w in zip(self.names, self.sqrt_w)]) for o in outs])
-            else:
-                dummy = {k: torch.stack([o[0][k] for o in outs]) for k in outs[0][0]}
         distance = OBJECTIVES[self.cfg.objective]
         if not self.names:
             parts = {}
-        elif self.flat and not self.vectorised():
+        elif self.flat and not vectorised:  # one √w-scaled vector per problem: one inner product, same value
+            flat = torch.cat([dummy[k].flatten(1) * w if w != 1.0 else dummy[k].flatten(1)
+                              for k, w in zip(self.names, self.sqrt_w)], 1)
             parts = {"match": distance({"all": flat}, {"all": pick(self.target_flat)}, {"all": 1.0})}
         else:
             target = {k: pick(getattr(self, f"target_{i}")) for i, k in enumerate(self.names)}
