@@ -16,7 +16,7 @@ from gi.errors import ConfigError
 SCHEMES = ("fedsgd", "fedavg", "fedprox", "scaffold", "feddyn", "feddc")
 LOSS_NAMES = ("ce", "focal", "bce")
 LABEL_AUGS = ("onehot", "smoothing", "smoothing-alt", "mixup")
-OPTIMIZERS = ("sgd", "sgdm", "nesterov")
+OPTIMIZERS = ("sgd", "sgdm", "nesterov", "adadelta")
 MODEL_MODES = ("eval", "train")
 
 
@@ -43,6 +43,8 @@ class Protocol:
     optimizer: str = "sgd"
     lr: float = 0.01
     momentum: float = 0.0
+    adadelta_rho: float = 0.9
+    adadelta_eps: float = 1e-6
     weight_decay: float = 0.0
     prox_mu: float = 0.0
     feddyn_alpha: float = 0.0
@@ -71,6 +73,9 @@ class Protocol:
             raise ConfigError(f"protocol.temperature must be > 0, got {self.temperature!r}")
         if self.lr <= 0:
             raise ConfigError(f"protocol.lr must be > 0, got {self.lr!r}")
+        if not 0.0 <= self.adadelta_rho < 1.0 or self.adadelta_eps <= 0:
+            raise ConfigError(f"protocol.adadelta_rho must be in [0, 1) and adadelta_eps > 0, got "
+                              f"{self.adadelta_rho!r}, {self.adadelta_eps!r}")
         if self.label_eps is not None and not 0.0 <= self.label_eps < 1.0:
             raise ConfigError(f"protocol.label_eps must be in [0, 1), got {self.label_eps!r}")
 

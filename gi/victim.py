@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from gi.capture import Capture, Truth
 from gi.errors import CaptureError, ConfigError
+from gi.local_optim import LocalOptimizer
 from gi.losses import loss_for
 from gi.protocol import Protocol
 
@@ -187,9 +188,8 @@ def _train_client(
     ctx = _Ctx(protocol, theta0, history, len(schedule))
     term = SCHEME_TERMS[protocol.scheme]
     loss_fn = loss_for(protocol)
-    lr, gamma, wd = protocol.lr, protocol.momentum, protocol.weight_decay
-    use_momentum = protocol.optimizer in ("sgdm", "nesterov") and gamma > 0
-    bufs: list[Tensor | None] = [None] * len(params)
+    wd = protocol.weight_decay
+    optimizer = LocalOptimizer(protocol)
     bias_idx = names.index("fc.bias") if "fc.bias" in names else None
     step_sigma = protocol.dp_sigma if _dp_scale(protocol) == "step" else 0.0
 
@@ -224,10 +224,7 @@ def _train_client(
                     extra = term(ctx, name, p)
                     if extra is not None:
                         d = d + extra
-                if use_momentum:
-                    bufs[i] = d.clone() if bufs[i] is None else bufs[i].mul_(gamma).add_(d)
-                    d = d + gamma * bufs[i] if protocol.optimizer == "nesterov" else bufs[i]
-                p.sub_(lr * d)
+                p.sub_(optimizer.displacement(i, d))
         if not math.isfinite(float(loss.detach())):
             raise CaptureError("client loss became NaN/Inf during local training; lower protocol.lr")
     update = {k: p.detach() - theta0[k] for k, p in zip(names, params)}

@@ -106,7 +106,7 @@ def recover_decaf(capture: Capture, aux=None, threshold: float = 0.0, solver: st
         raise ConfigError(f"decaf solver={solver!r} is not allowed; valid: {list(SOLVERS)}")
     c = capture.num_classes
     start = time.perf_counter()
-    view = update_view(capture)
+    view = update_view(capture, linear=False)  # Decaf reads directions: any optimiser (Adadelta in the paper)
     target = view.weight  # (ΔW + h)/η = −Σ_τ ρ_τ ∇W_τ: the "gradient change" of eq. 4
     null = null_classes(target, threshold)
     remaining = torch.nonzero(~null).flatten().tolist()

@@ -41,6 +41,7 @@ from scipy.optimize import minimize, nnls
 
 from gi.capture import Capture
 from gi.errors import CaptureError, ConfigError
+from gi.local_optim import LINEAR
 from gi.models import LAST_BIAS, LAST_WEIGHT
 from gi.victim import local_schedule
 from labels.aux_stats import aux_forward
@@ -112,6 +113,9 @@ def impulse_rho(protocol, num_steps: int) -> Tensor:
     """
     if protocol.scheme not in _PULL:
         raise ConfigError(f"RLU has no scheme factors for scheme={protocol.scheme!r}; valid: {sorted(_PULL)}")
+    if protocol.optimizer not in LINEAR:
+        raise ConfigError(f"ρ (RLU Table 1) exists only for optimisers linear in the gradients {list(LINEAR)}, "
+                          f"not {protocol.optimizer!r}")
     m, lr, gamma = num_steps, protocol.lr, protocol.momentum
     pull = _PULL[protocol.scheme](protocol) + protocol.weight_decay
     d = torch.zeros(m, dtype=torch.float64)
@@ -280,11 +284,25 @@ class UpdateView:
     bias_const: Tensor | None = None
 
 
-def update_view(capture: Capture) -> UpdateView:
-    """Read an update capture for the update-based attacks; :class:`CaptureError` when it is not one."""
+def update_view(capture: Capture, linear: bool = True) -> UpdateView:
+    """Read an update capture for the update-based attacks; :class:`CaptureError` when it is not one.
+
+    ``linear=True`` (RLU, the distribution estimators) needs an optimiser whose update is linear in the
+    gradients (:data:`gi.local_optim.LINEAR`) and refuses others with a :class:`ConfigError`.
+    ``linear=False`` (Decaf, which reads only the update's direction) accepts any optimiser under FedAvg
+    and then reads ``Δθ/η`` with ``ρ ≡ 1`` (Decaf's eq. 4).
+    """
     if not capture.is_update:
         raise CaptureError("RLU reads model updates (FedAvg-style captures); this capture holds FedSGD gradients")
     p = capture.protocol
+    if p.optimizer not in LINEAR:
+        if linear:
+            raise ConfigError(f"this method models every local step as linear in the gradients (optimizer "
+                              f"{' / '.join(LINEAR)}); the client used {p.optimizer!r}, which rescales each "
+                              "coordinate by its own history. Use decaf, which reads only the update's direction")
+        if p.scheme != "fedavg" or p.weight_decay:
+            raise ConfigError(f"optimizer {p.optimizer!r} updates are read only under FedAvg without weight decay "
+                              f"(got scheme {p.scheme!r}, weight_decay {p.weight_decay})")
     shared = capture.shared
     if LAST_WEIGHT not in shared:
         raise CaptureError(f"capture update has no {LAST_WEIGHT!r}; label recovery needs the last layer")
@@ -297,7 +315,7 @@ def update_view(capture: Capture) -> UpdateView:
                 raise CaptureError(f"update tensor {name!r} contains NaN or Inf; drop this capture or re-capture it")
     num_samples = int(capture.meta.get("num_samples") or p.num_samples or 0)
     sizes = local_schedule(p, num_samples if num_samples > 0 else None)
-    rho = scheme_rho(p, len(sizes))
+    rho = scheme_rho(p, len(sizes)) if p.optimizer in LINEAR else torch.ones(len(sizes), dtype=torch.float64)
     out, offsets = {}, {}
     for name in (LAST_WEIGHT, LAST_BIAS):
         if name in shared:
