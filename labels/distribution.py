@@ -9,6 +9,8 @@ second term; each result is projected onto the probability simplex (eq. 43, :fun
   server's class-c aux data along a simulated local run on that class (eq. 27–31);
 - ``dist-aux-bias-grad`` (eq. 37): ``B_aux p = Δb``, B_aux's column c the bias update of that run (eq. 35–38);
 - ``dist-aux-weight-grad`` (eq. 41): the same with the last-layer weight update, ``vec(ΔW)``;
+- ``dist-soft-label-path`` (ours, not in the paper): eq. 34 with Σ_aux read along the client's own path
+  θᵗ + s·Δθ instead of along per-class aux runs (:func:`path_softmax`);
 - ``dist-exact`` (Proposition 2, eq. 18): eq. 25 under its conditions W⁰ = 0, one full-batch SGD step;
   then (Corollary 2, eq. 39) init-bias, soft-label and aux-bias-grad are exact too.
 
@@ -39,6 +41,7 @@ from scipy.optimize import nnls
 
 from gi.capture import Capture
 from gi.errors import ConfigError
+from gi.local_optim import LocalOptimizer
 from gi.losses import loss_for
 from gi.models import LAST_BIAS, LAST_WEIGHT
 from gi.protocol import Protocol
@@ -138,16 +141,15 @@ def aux_runs(capture: Capture, aux: Any, steps: int) -> AuxRuns:
     softmax = torch.zeros(c, c, dtype=torch.float64)
     bias = torch.zeros(c, c, dtype=torch.float64)
     weight = torch.zeros(w0.numel(), c, dtype=torch.float64)
-    rho = scheme_rho(Protocol(scheme="fedavg", optimizer=protocol.optimizer, momentum=protocol.momentum,
-                                    lr=protocol.lr), steps)
-    momentum = protocol.optimizer in ("sgdm", "nesterov") and protocol.momentum > 0
+    run_protocol = Protocol(scheme="fedavg", optimizer=protocol.optimizer, momentum=protocol.momentum, lr=protocol.lr)
+    rho = scheme_rho(run_protocol, steps)
     for cls in range(c):
         x = images[labels == cls]
         if x.shape[0] == 0:
             raise ConfigError(f"the aux set has no samples of class {cls}; the estimators need every class")
         model = copy.deepcopy(base)
         params = [p for p in model.parameters() if p.requires_grad]
-        bufs: list[Tensor | None] = [None] * len(params)
+        optimizer = LocalOptimizer(run_protocol)
         target = torch.nn.functional.one_hot(torch.full((x.shape[0],), cls), c).to(x.dtype)
         for _ in range(steps):
             logits = model(x)
@@ -155,11 +157,7 @@ def aux_runs(capture: Capture, aux: Any, steps: int) -> AuxRuns:
             grads = torch.autograd.grad(loss_fn(logits, target), params)
             with torch.no_grad():
                 for i, (p, g) in enumerate(zip(params, grads)):
-                    d = g
-                    if momentum:
-                        bufs[i] = d.clone() if bufs[i] is None else bufs[i].mul_(protocol.momentum).add_(d)
-                        d = d + protocol.momentum * bufs[i] if protocol.optimizer == "nesterov" else bufs[i]
-                    p.sub_(protocol.lr * d)
+                    p.sub_(optimizer.displacement(i, g))
         scale = protocol.lr * float(rho.sum())
         state = model.state_dict()
         weight[:, cls] = (state[LAST_WEIGHT].double() - w0).flatten() / scale
@@ -173,6 +171,42 @@ def aux_runs(capture: Capture, aux: Any, steps: int) -> AuxRuns:
     except TypeError:
         pass
     return runs
+
+
+def path_points(num_steps: int, points: int) -> list[float]:
+    """Where the client's steps sit on the straight path θᵗ + s·Δθ: step τ of m starts at ``s = τ/m``;
+    when ``m > points`` the ``points`` steps ``τ_k = ⌊(k + ½)·m/points⌋`` stand for all of them."""
+    if points < 1:
+        raise ConfigError(f"points must be >= 1, got {points}")
+    m = max(int(num_steps), 1)
+    taus = range(m) if m <= points else [int((k + 0.5) * m / points) for k in range(points)]
+    return [t / m for t in taus]
+
+
+def path_softmax(capture: Capture, aux: Any, points: list[float], chunk: int = 512) -> Tensor:
+    """Σ_path (C, C): column c the mean softmax of the class-c aux samples, averaged over the models
+    θᵗ + s·Δθ at the given path points ``s`` (the whole update Δθ, every layer; softmax in float64)."""
+    images, labels = getattr(aux, "images", None), getattr(aux, "labels", None)
+    if not isinstance(images, Tensor) or not isinstance(labels, Tensor):
+        raise ConfigError("dist-soft-label-path needs aux=labels.aux.AuxData(images, labels, num_classes) "
+                          f"(a few labelled samples per class); got {type(aux).__name__}")
+    c = capture.num_classes
+    present = torch.bincount(labels.long(), minlength=c)[:c]
+    if bool((present == 0).any()) or int(labels.max()) >= c:
+        raise ConfigError(f"the aux set must hold samples of every class in [0, {c}); counts {present.tolist()}")
+    dtype = capture.model_state[LAST_WEIGHT].dtype
+    model = capture.model().to(dtype)
+    images = images.to(dtype)
+    onehot = torch.nn.functional.one_hot(labels.long(), c).double()
+    total = torch.zeros(c, c, dtype=torch.float64)
+    shared = capture.shared
+    for s in points:
+        state = {k: (v + s * shared[k].to(v.dtype)) if k in shared else v for k, v in capture.model_state.items()}
+        model.load_state_dict(state, strict=False)
+        with torch.no_grad():
+            probs = torch.cat([torch.softmax(model(part).double(), 1) for part in images.split(chunk)])
+        total += probs.T @ onehot  # (C out, C class): summed softmax per aux class
+    return total / (present.double() * len(points))
 
 
 # --------------------------------------------------------------------------- solvers and results
@@ -245,6 +279,31 @@ def recover_soft_label(capture: Capture, aux=None, aux_steps: str | int = "epoch
     raw = _solve_with_sum_row(a, u, solver)
     return _result("dist-soft-label", raw, view, {"steps": steps, "aux_steps": runs.steps,
                                                    "aux_seconds": runs.seconds})
+
+
+@register("dist-soft-label-path", "ours: eq. 34 with Σ_aux along the client's path θᵗ + s·Δθ (no aux runs)")
+def recover_soft_label_path(capture: Capture, aux=None, points: int = 8, solver: str = "nnls",
+                            normalize: str = "steps") -> LabelResult:
+    """Soft-label estimator (eq. 34) with a path-matched Σ_aux; ours, not in the paper.
+
+    Eq. 23 needs the client's mean softmax along *its* local steps. The paper's Σ_aux (eq. 28–31) follows a
+    server run on one aux class, which drifts towards that class and ignores the direction the client
+    actually moved. Here column c is the mean softmax of the class-c aux samples at the models
+    θᵗ + s·Δθ, step τ of the client's m steps placed at ``s = τ/m`` (:func:`path_points`, ``points``
+    of them at most): the update itself tells the server where the client went. One full-batch step
+    (m = 1) gives s = 0, i.e. Σ_aux at θᵗ, so Corollary 2's exact case stays exact. Cost: ``points``
+    forward passes of the aux set, no training.
+    """
+    got = _prepare(capture, "dist-soft-label-path", normalize)
+    if isinstance(got, LabelResult):
+        return got
+    view, u, _, steps = got
+    start = time.perf_counter()
+    svals = path_points(len(view.batch_sizes), points)
+    a = torch.eye(capture.num_classes, dtype=torch.float64) - path_softmax(capture, aux, svals)
+    raw = _solve_with_sum_row(a, u, solver)
+    return _result("dist-soft-label-path", raw, view, {"steps": steps, "path_points": svals,
+                                                        "aux_seconds": time.perf_counter() - start})
 
 
 @register("dist-aux-bias-grad", "Ramakrishna & Dán eq. 37: Δb = B_aux p, B_aux the bias updates of per-class aux runs")
@@ -331,11 +390,14 @@ __all__ = [
     "aux_runs",
     "exact_conditions",
     "init_bias_over_rounds",
+    "path_points",
+    "path_softmax",
     "project_simplex",
     "recover_aux_bias_grad",
     "recover_aux_weight_grad",
     "recover_exact",
     "recover_init_bias",
     "recover_soft_label",
+    "recover_soft_label_path",
     "recover_uniform_guess",
 ]

@@ -16,7 +16,7 @@ from gi.models import build
 from gi.protocol import Protocol
 from gi.victim import simulate_client
 from labels.aux import AuxData
-from labels.distribution import init_bias_over_rounds, project_simplex
+from labels.distribution import init_bias_over_rounds, path_points, path_softmax, project_simplex
 
 C = 5
 
@@ -38,7 +38,7 @@ def _model(init: str | None = None, dtype=torch.float64):
     return build("cnn", C, in_shape=(1, 6, 6), seed=0, init=init, options={"channels": (4,), "hidden": 8}).to(dtype)
 
 
-EXACT = ["dist-exact", "dist-init-bias", "dist-soft-label", "dist-aux-bias-grad"]
+EXACT = ["dist-exact", "dist-init-bias", "dist-soft-label", "dist-aux-bias-grad", "dist-soft-label-path"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -67,6 +67,47 @@ def test_aux_weight_grad_is_not_exact_but_valid():
     assert float(result.proportions.sum()) == pytest.approx(1.0) and (result.proportions >= 0).all()
     with_bias = labels.recover(capture, "dist-aux-weight-grad", aux=_aux(), include_bias=True)
     assert not torch.equal(with_bias.proportions, result.proportions)
+
+
+@pytest.mark.parametrize("method,options", [("dist-soft-label-path", {}), ("dist-soft-label", {"aux_steps": 1})])
+def test_one_step_with_the_clients_own_data_as_aux_is_exact(method, options):
+    """One full-batch step from a trained W⁰ ≠ 0: eq. 23 reads Δb/η = p − Σ_c p_c σ̄_c(θᵗ), so when the aux set
+    is the client's own data both Σ_aux (at θᵗ) are the client's class means and eq. 34 is exact."""
+    images, labels_ = _data(45, 8)
+    capture, truth = simulate_client(_model(), (images, labels_), Protocol(scheme="fedavg", batch_size=10_000),
+                                     torch.Generator().manual_seed(0))
+    result = labels.recover(capture, method, aux=AuxData(images, labels_, C), **options)
+    assert result.ok
+    assert float(((result.proportions - truth.proportions) ** 2).mean()) < 1e-24
+    other = labels.recover(capture, method, aux=_aux(), **options)  # someone else's samples: no longer exact
+    assert float(((other.proportions - truth.proportions) ** 2).mean()) > 1e-12
+
+
+def test_path_points_place_the_clients_steps_on_the_straight_path():
+    assert path_points(1, 8) == [0.0]
+    assert path_points(4, 8) == [0.0, 0.25, 0.5, 0.75]
+    assert path_points(100, 4) == [0.12, 0.37, 0.62, 0.87]
+    with pytest.raises(ConfigError, match="points"):
+        path_points(10, 0)
+
+
+def test_path_softmax_averages_the_interpolated_models():
+    images, labels_ = _data(30, 2)
+    capture, _ = simulate_client(_model(), (images, labels_), Protocol(scheme="fedavg", batch_size=8),
+                                 torch.Generator().manual_seed(0))
+    aux = _aux()
+    got = path_softmax(capture, aux, [0.0, 0.5, 1.0])
+    expected = torch.zeros(C, C, dtype=torch.float64)
+    for s in (0.0, 0.5, 1.0):
+        model = _model()
+        model.load_state_dict({k: v + s * capture.update[k] if k in capture.update else v
+                               for k, v in capture.model_state.items()})
+        probs = torch.softmax(model(aux.images), 1)
+        for c in range(C):
+            expected[:, c] += probs[aux.labels == c].mean(0) / 3
+    assert torch.allclose(got, expected, atol=1e-12)
+    assert torch.allclose(got.sum(0), torch.ones(C, dtype=torch.float64))
+    assert not torch.allclose(path_softmax(capture, aux, [0.0]), got)  # the update moves the softmax
 
 
 def test_exact_conditions_are_checked():
@@ -126,6 +167,12 @@ def test_clear_errors():
         labels.recover(update, "dist-aux-bias-grad", aux=_aux(), solver="magic")
     with pytest.raises(ConfigError, match="normalize"):
         labels.recover(update, "dist-init-bias", normalize="rounds")
+    with pytest.raises(ConfigError, match="aux"):
+        labels.recover(update, "dist-soft-label-path", aux=None)
+    with pytest.raises(ConfigError, match="every class"):
+        labels.recover(update, "dist-soft-label-path", aux=AuxData(images[labels_ != 0], labels_[labels_ != 0], C))
+    with pytest.raises(ConfigError, match="points"):
+        labels.recover(update, "dist-soft-label-path", aux=_aux(), points=0)
     nan = dataclasses.replace(update, update={**update.update, "fc.bias": update.update["fc.bias"] * float("nan")})
     with pytest.raises(CaptureError, match="NaN"):
         labels.recover(nan, "dist-init-bias")
