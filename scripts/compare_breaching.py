@@ -26,7 +26,13 @@ from types import SimpleNamespace
 import torch
 
 
-def breaching_seconds(model: torch.nn.Module, capture, labels: torch.Tensor, iterations: int, restarts: int) -> float:
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def breaching_seconds(model: torch.nn.Module, capture, labels: torch.Tensor, iterations: int, restarts: int,
+                      device: str = "cpu") -> float:
     """Wall seconds per iteration of breaching's invertinggradients attack (its defaults except iterations)."""
     import breaching
     from omegaconf import OmegaConf
@@ -38,27 +44,32 @@ def breaching_seconds(model: torch.nn.Module, capture, labels: torch.Tensor, ite
     cfg.restarts.num_trials = restarts
     cfg.regularization.total_variation.scale = 2e-3
     attacker = breaching.attacks.prepare_attack(model, torch.nn.CrossEntropyLoss(), cfg,
-                                                dict(dtype=torch.float, device=torch.device("cpu")))
+                                                dict(dtype=torch.float, device=torch.device(device)))
     meta = SimpleNamespace(shape=tuple(capture.model_spec["in_shape"]), modality="vision", mean=[0.0] * 3,
                            std=[1.0] * 3)  # our model normalises inside: breaching works in [0, 1] pixels
     payload = [dict(parameters=[p.detach() for p in model.parameters()], buffers=[b for b in model.buffers()],
                     metadata=meta)]
     shared = [dict(gradients=[capture.gradients[n] for n, _ in model.named_parameters()], buffers=None,
-                   metadata=dict(num_data_points=1, labels=labels, local_hyperparams=None))]
+                   metadata=dict(num_data_points=1, labels=labels.to(device), local_hyperparams=None))]
+    _sync(device)
     start = time.perf_counter()
     attacker.reconstruct(payload, shared, {}, dryrun=False)
+    _sync(device)
     return (time.perf_counter() - start) / iterations
 
 
-def ours_seconds(capture, truth, iterations: int, restarts: int) -> float:
+def ours_seconds(capture, truth, iterations: int, restarts: int, device: str = "cpu") -> float:
     import labels as label_methods
     from gi.recon import ReconConfig, reconstruct
 
     cfg = ReconConfig(iterations=iterations, restarts=restarts, objective="cosine", optimizer="adam", lr=0.1,
-                      signed=True, regularizers={"tv": 2e-3}, progress=False, log_every=10**9, threads=None)
+                      signed=True, regularizers={"tv": 2e-3}, progress=False, log_every=10**9, threads=None,
+                      device=device)
     result = label_methods.recover(capture, "idlg")
+    _sync(device)
     start = time.perf_counter()
     reconstruct(capture, result, config=cfg)
+    _sync(device)
     return (time.perf_counter() - start) / iterations
 
 
@@ -69,6 +80,7 @@ def main() -> None:
     ap.add_argument("--restarts", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None, help="JSON file for the results")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (both attacks run there; timings synchronise)")
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("GI_THREADS", "1")))
 
@@ -83,13 +95,15 @@ def main() -> None:
     times: dict[str, list[float]] = {}
     for _ in range(args.rounds):
         for r in args.restarts:
-            times.setdefault(f"ours R={r}", []).append(ours_seconds(capture, truth, args.iterations, r))
+            times.setdefault(f"ours R={r}", []).append(ours_seconds(capture, truth, args.iterations, r, args.device))
             times.setdefault(f"breaching R={r}", []).append(
-                breaching_seconds(capture.model(), capture, y, args.iterations, r))
+                breaching_seconds(capture.model(), capture, y, args.iterations, r, args.device))
     rows = {k: statistics.median(v) for k, v in times.items()}
     report = {"model": args.model, "iterations": args.iterations, "threads": torch.get_num_threads(),
-              "load_average": os.getloadavg(), "torch": torch.__version__, "ms_per_iteration":
-              {k: 1000 * v for k, v in rows.items()}, "all_ms": {k: [1000 * t for t in v] for k, v in times.items()}}
+              "load_average": os.getloadavg(), "torch": torch.__version__, "device": args.device,
+              "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+              "ms_per_iteration": {k: 1000 * v for k, v in rows.items()},
+              "all_ms": {k: [1000 * t for t in v] for k, v in times.items()}}
     for k, v in rows.items():
         print(f"{args.model:>9s} {k:>14s}: {1000 * v:8.2f} ms/iteration")
     if args.out:
