@@ -2,9 +2,11 @@
 
 Each rule maps a parameter's step direction ``d`` (gradient plus weight decay plus the FL scheme's term) and
 that parameter's state to the displacement the step subtracts, ``θ ← θ − rule(d)``. They follow
-``torch.optim`` exactly (the tests compare trajectories): ``sgd`` ``η d``; ``sgdm`` heavy ball
-``buf ← γ buf + d`` (``buf = d`` at the first step), ``η buf``; ``nesterov`` ``η (d + γ buf)``; ``adadelta``
-(Zeiler 2012, the optimiser of Decaf's clients) ``E[d²] ← ρE[d²] + (1−ρ)d²``,
+``torch.optim`` (the tests compare trajectories) and are written out of place, so the reconstruction's
+unrolled client (:func:`gi.recon.simulate.update_simulator`) differentiates and vmaps through them:
+``sgd`` ``η d``; ``sgdm`` heavy ball ``buf ← γ buf + d`` (``buf = d`` at the first step), ``η buf``;
+``nesterov`` ``η (d + γ buf)``; ``adadelta`` (Zeiler 2012, the optimiser of Decaf's clients)
+``E[d²] ← ρE[d²] + (1−ρ)d²``,
 ``δ = √(E[δ²] + ε)/√(E[d²] + ε)·d``, ``E[δ²] ← ρE[δ²] + (1−ρ)δ²``, ``η δ``.
 
 ``sgd``, ``sgdm`` and ``nesterov`` are linear in the gradients, which is what RLU's ρ (Table 1) and the
@@ -35,7 +37,7 @@ def _sgd(protocol: Any, state: dict[str, Tensor], d: Tensor) -> Tensor:
 
 def _buffer(protocol: Any, state: dict[str, Tensor], d: Tensor) -> Tensor:
     buf = state.get("buf")
-    state["buf"] = d.clone() if buf is None else buf.mul_(protocol.momentum).add_(d)
+    state["buf"] = d if buf is None else protocol.momentum * buf + d
     return state["buf"]
 
 
@@ -56,11 +58,11 @@ def _nesterov(protocol: Any, state: dict[str, Tensor], d: Tensor) -> Tensor:
 @register_rule("adadelta")
 def _adadelta(protocol: Any, state: dict[str, Tensor], d: Tensor) -> Tensor:
     rho, eps = protocol.adadelta_rho, protocol.adadelta_eps
-    sq = state.setdefault("square_avg", torch.zeros_like(d))
-    acc = state.setdefault("acc_delta", torch.zeros_like(d))
-    sq.mul_(rho).addcmul_(d, d, value=1 - rho)
-    delta = acc.add(eps).sqrt_().div_(sq.add(eps).sqrt_()).mul_(d)
-    acc.mul_(rho).addcmul_(delta, delta, value=1 - rho)
+    sq = rho * state["square_avg"] + (1 - rho) * d * d if "square_avg" in state else (1 - rho) * d * d
+    acc = state.get("acc_delta")
+    delta = torch.sqrt((eps if acc is None else acc + eps) / (sq + eps)) * d
+    state["square_avg"] = sq
+    state["acc_delta"] = (1 - rho) * delta * delta if acc is None else rho * acc + (1 - rho) * delta * delta
     return protocol.lr * delta
 
 

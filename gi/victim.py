@@ -104,7 +104,8 @@ class _Ctx:
 
     def hist(self, term: str, name: str) -> Tensor:
         t = self.history.get(f"{term}/{name}")
-        return torch.zeros_like(self.theta0[name]) if t is None else t.to(self.theta0[name].dtype)
+        # dtype and device of θ⁰ (the reconstruction's module may have moved to a GPU after this was built)
+        return torch.zeros_like(self.theta0[name]) if t is None else t.to(self.theta0[name])
 
 
 SchemeTerm = Callable[[_Ctx, str, Tensor], Tensor | None]

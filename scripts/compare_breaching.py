@@ -47,9 +47,10 @@ def breaching_seconds(model: torch.nn.Module, capture, labels: torch.Tensor, ite
                                                 dict(dtype=torch.float, device=torch.device(device)))
     meta = SimpleNamespace(shape=tuple(capture.model_spec["in_shape"]), modality="vision", mean=[0.0] * 3,
                            std=[1.0] * 3)  # our model normalises inside: breaching works in [0, 1] pixels
-    payload = [dict(parameters=[p.detach() for p in model.parameters()], buffers=[b for b in model.buffers()],
+    payload = [dict(parameters=[p.detach().to(device) for p in model.parameters()],
+                    buffers=[b.to(device) for b in model.buffers()],
                     metadata=meta)]
-    shared = [dict(gradients=[capture.gradients[n] for n, _ in model.named_parameters()], buffers=None,
+    shared = [dict(gradients=[capture.gradients[n].to(device) for n, _ in model.named_parameters()], buffers=None,
                    metadata=dict(num_data_points=1, labels=labels.to(device), local_hyperparams=None))]
     _sync(device)
     start = time.perf_counter()

@@ -16,6 +16,7 @@ from torch import nn
 from torch.func import functional_call, grad
 
 from gi.errors import ConfigError
+from gi.local_optim import LocalOptimizer
 from gi.losses import loss_for
 from gi.protocol import Protocol
 
@@ -40,9 +41,10 @@ class FeaturesAndLogits(nn.Module):
 
 def _caller(model: nn.Module) -> Callable[[State, Tensor], tuple[Tensor | None, Tensor]]:
     wrapper = FeaturesAndLogits(model)
-    buffers = {f"model.{k}": v for k, v in model.named_buffers()}
 
     def call(params: State, x: Tensor) -> tuple[Tensor | None, Tensor]:
+        # buffers read at call time: Lightning moves the module to its device after the simulator is built
+        buffers = {f"model.{k}": v for k, v in model.named_buffers()}
         return functional_call(wrapper, ({f"model.{k}": v for k, v in params.items()}, buffers), (x,))
 
     return call
@@ -57,27 +59,30 @@ def gradient_simulator(model: nn.Module, protocol: Protocol, names: list[str], f
     parameters, which this sets to ``requires_grad`` (so callers must back-propagate with ``inputs=``); no
     ``functional_call``/``torch.func`` overhead, but it cannot be vmapped (the one-problem-at-a-time path).
     """
-    params = {n: p for n, p in model.named_parameters()}
+    # Parameters and buffers are looked up at call time: Lightning moves the module to its device after this.
     call, loss_fn = _caller(model), loss_for(protocol)
     if autograd:
-        forward, chosen = FeaturesAndLogits(model), [params[n] for n in names]
-        for p in chosen:
-            p.requires_grad_(True)
+        forward = FeaturesAndLogits(model)
+        params = dict(model.named_parameters())
+        for n in names:
+            params[n].requires_grad_(True)
 
         def simulate_autograd(x: Tensor, y: Tensor) -> tuple[State, Tensor | None]:
+            live = dict(model.named_parameters())
             with torch.enable_grad():  # also under no_grad (final scoring): the gradient is the output
                 f, z = forward(x)
-                g = torch.autograd.grad(loss_fn(z, y), chosen, create_graph=True)
+                g = torch.autograd.grad(loss_fn(z, y), [live[n] for n in names], create_graph=True)
             return dict(zip(names, g)), (f if features else None)
 
         return simulate_autograd
 
     def simulate(x: Tensor, y: Tensor) -> tuple[State, Tensor | None]:
         def loss(sub: State) -> tuple[Tensor, Tensor | None]:
-            f, z = call({**params, **sub}, x)
+            f, z = call(sub, x)  # the other parameters: the module's own
             return loss_fn(z, y), f
 
-        g, f = grad(loss, has_aux=True)({n: params[n] for n in names})
+        live = dict(model.named_parameters())
+        g, f = grad(loss, has_aux=True)({n: live[n] for n in names})
         return g, (f if features else None)
 
     return simulate
@@ -106,7 +111,7 @@ def update_simulator(model: nn.Module, protocol: Protocol, names: list[str], num
                      **_: Any) -> Simulator:
     """FedAvg-style schemes: the client's local training unrolled functionally, ``Δθ = θ_m − θ⁰``.
 
-    m steps of the protocol's optimiser (``sgd``; ``sgdm`` v ← γv + d, θ ← θ − ηv; ``nesterov`` θ ← θ − η(d + γv)),
+    m steps of the protocol's optimiser (:mod:`gi.local_optim`: ``sgd``, ``sgdm``, ``nesterov``, ``adadelta``),
     with weight decay and the scheme's gradient term (FedProx, Scaffold, FedDyn, FedDC; the same closed forms
     as :mod:`gi.victim`, RLU App. A.4–A.9) added to every step's mean-loss gradient ``d``. ``trained``: the
     parameters the client trains (default: ``names``); ``features``: also return ``f_{N−1}(x)`` at θ⁰.
@@ -115,21 +120,24 @@ def update_simulator(model: nn.Module, protocol: Protocol, names: list[str], num
 
     if protocol.scheme not in SCHEME_TERMS:
         raise ConfigError(f"cannot unroll protocol.scheme={protocol.scheme!r}; valid: {sorted(SCHEME_TERMS)}")
-    every = dict(model.named_parameters())
     trained = list(trained or names)
-    params = {n: every[n] for n in trained}
+    unknown = sorted(set(trained) - dict(model.named_parameters()).keys())
+    if unknown:
+        raise ConfigError(f"update_simulator: the model has no parameter(s) {unknown[:3]}")
     call, loss_fn = _caller(model), loss_for(protocol)
     steps = slot_schedule(protocol, num_samples)
     term = SCHEME_TERMS[protocol.scheme]
-    ctx = _Ctx(protocol, dict(params), dict(history or {}), len(steps))
-    lr, gamma, wd = protocol.lr, protocol.momentum, protocol.weight_decay
-    momentum = protocol.optimizer in ("sgdm", "nesterov") and gamma > 0
+    history = dict(history or {})
+    wd = protocol.weight_decay
 
     def step_loss(theta: State, x: Tensor, y: Tensor) -> Tensor:
         return loss_fn(call(theta, x)[1], y)
 
     def simulate(x: Tensor, y: Tensor) -> tuple[State, Tensor | None]:
-        theta, bufs = dict(params), {}
+        every = dict(model.named_parameters())  # at call time: the module may have moved to a GPU
+        params = {n: every[n] for n in trained}
+        ctx = _Ctx(protocol, params, history, len(steps))
+        theta, optimizer = dict(params), LocalOptimizer(protocol)
         for start, size in steps:
             g = grad(step_loss)(theta, x[start:start + size], y[start:start + size])
             new = {}
@@ -141,10 +149,7 @@ def update_simulator(model: nn.Module, protocol: Protocol, names: list[str], num
                     extra = term(ctx, n, theta[n])
                     if extra is not None:
                         d = d + extra
-                if momentum:
-                    bufs[n] = d if n not in bufs else gamma * bufs[n] + d
-                    d = d + gamma * bufs[n] if protocol.optimizer == "nesterov" else bufs[n]
-                new[n] = theta[n] - lr * d
+                new[n] = theta[n] - optimizer.displacement(n, d)
             theta = new
         f = call(params, x)[0] if features else None
         return {n: theta[n] - params[n] for n in names}, f

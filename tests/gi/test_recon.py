@@ -408,3 +408,23 @@ def test_batched_lbfgs_tests_are_relative_so_tiny_objectives_still_converge():
     x0, scales = torch.zeros(1, 6), torch.linspace(0.5, 3.0, 6).expand(1, 6)
     tiny = _quadratic_steps("lbfgs", x0, 1e-9 * scales, 40)
     assert (tiny - 1).abs().max() < 1e-3
+
+
+@pytest.mark.parametrize("kind,options", [
+    ("gradient", {"features": True}),
+    ("gradient", {"autograd": True}),
+    ("update", {"num_samples": 2}),
+])
+def test_simulators_follow_the_module_to_another_device(kind, options):
+    """Lightning moves the module after the simulator is built (to a GPU in real runs); parameters, buffers
+    (the input normalisation) and Scaffold's history must be read where the module now is. The meta device
+    stands in for CUDA here: mixing it with CPU tensors fails the same way."""
+    model = build("lenet", 10, seed=0)
+    names = [n for n, _ in model.named_parameters()]
+    protocol = Protocol(scheme="scaffold", batch_size=1, optimizer="sgdm", momentum=0.5) if kind == "update" \
+        else Protocol()
+    history = {f"scaffold.c/{n}": torch.ones_like(p) for n, p in model.named_parameters()}
+    simulate = SIMULATORS[kind](model, protocol, names, history=history, **options)
+    model.to("meta")
+    shared, _ = simulate(torch.zeros(2, 3, 32, 32, device="meta"), torch.zeros(2, 10, device="meta"))
+    assert set(shared) == set(names) and all(v.device.type == "meta" for v in shared.values())
