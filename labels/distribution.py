@@ -30,6 +30,7 @@ momentum (B_aux carries ρ, Σ_aux does not) and with the paper's unequal scalin
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 import weakref
 from collections import OrderedDict
@@ -125,7 +126,9 @@ def aux_runs(capture: Capture, aux: Any, steps: int) -> AuxRuns:
         raise ConfigError("the distribution estimators need aux=labels.aux.AuxData(images, labels, num_classes) "
                           f"(a few labelled samples per class); got {type(aux).__name__}")
     c = capture.num_classes
-    key = (id(aux), steps, repr(sorted(capture.model_spec.items())), repr(capture.protocol))
+    # the runs depend on the protocol's rules, not on the client's own sample count: one key per round
+    rules = dataclasses.replace(capture.protocol, num_samples=None)
+    key = (id(aux), steps, repr(sorted(capture.model_spec.items())), repr(rules))
     hit = _RUNS.get(key)
     if hit is not None and hit[0]() is aux and all(torch.equal(hit[1][k], v) for k, v in capture.model_state.items()):
         return hit[2]

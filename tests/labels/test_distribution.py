@@ -220,3 +220,16 @@ def test_projection_batches_and_bad_values():
     assert torch.allclose(out[0], rows[0].double())
     assert torch.allclose(out[1], torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64))
     assert torch.allclose(out.sum(1), torch.ones(3, dtype=torch.float64))
+
+
+def test_aux_runs_are_shared_by_clients_of_one_round():
+    """The per-class aux runs depend on θᵗ and the protocol's rules, not on a client's sample count."""
+    from labels.distribution import aux_runs
+
+    model, aux = _model(), _aux()
+    protocol = Protocol(scheme="fedavg", batch_size=8, local_epochs=2)
+    caps = [simulate_client(model, _data(n, n), protocol, torch.Generator().manual_seed(0))[0] for n in (20, 33)]
+    assert caps[0].protocol.num_samples != caps[1].protocol.num_samples
+    assert aux_runs(caps[0], aux, 2) is aux_runs(caps[1], aux, 2)
+    other = dataclasses.replace(caps[1], protocol=dataclasses.replace(caps[1].protocol, lr=0.5))
+    assert aux_runs(other, aux, 2) is not aux_runs(caps[0], aux, 2)
