@@ -237,8 +237,10 @@ class GradientInversion(L.LightningModule):
         """Keep each problem's best iterate, paired with the objective it produced (no off-by-one)."""
         better = loss < self.best_loss
         self.best_loss = torch.where(better, loss, self.best_loss)
-        self.best_images[better] = self.images.detach()[better]
-        self.best_soft[better] = self.current_soft().detach()[better]
+        # torch.where, not boolean-mask assignment: a mask needs its nonzero count on the host, i.e. a GPU sync
+        # on every step
+        for best, now in ((self.best_images, self.images.detach()), (self.best_soft, self.current_soft().detach())):
+            best.copy_(torch.where(better.view(-1, *[1] * (now.dim() - 1)), now, best))
 
     def training_step(self, batch: Any, batch_idx: int) -> None:
         opts = self.optimizers()
