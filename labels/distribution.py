@@ -46,7 +46,7 @@ from gi.local_optim import LocalOptimizer
 from gi.losses import loss_for
 from gi.models import LAST_BIAS, LAST_WEIGHT
 from gi.protocol import Protocol
-from labels.aux_stats import model_last_layer
+from labels.aux_stats import _as_images_labels, class_means, model_last_layer
 from labels.base import LabelResult, register
 from labels.counts import largest_remainder
 from labels.rlu import UpdateView, scheme_rho, update_view
@@ -121,10 +121,7 @@ def aux_runs(capture: Capture, aux: Any, steps: int) -> AuxRuns:
 
     Cached per (aux object, global state, steps), so all clients of one round share the runs.
     """
-    images, labels = getattr(aux, "images", None), getattr(aux, "labels", None)
-    if not isinstance(images, Tensor) or not isinstance(labels, Tensor):
-        raise ConfigError("the distribution estimators need aux=labels.aux.AuxData(images, labels, num_classes) "
-                          f"(a few labelled samples per class); got {type(aux).__name__}")
+    images, labels = _as_images_labels(aux, "the distribution estimators")
     c = capture.num_classes
     # the runs depend on the protocol's rules, not on the client's own sample count: one key per round
     rules = dataclasses.replace(capture.protocol, num_samples=None)
@@ -189,18 +186,14 @@ def path_points(num_steps: int, points: int) -> list[float]:
 def path_softmax(capture: Capture, aux: Any, points: list[float], chunk: int = 512) -> Tensor:
     """Σ_path (C, C): column c the mean softmax of the class-c aux samples, averaged over the models
     θᵗ + s·Δθ at the given path points ``s`` (the whole update Δθ, every layer; softmax in float64)."""
-    images, labels = getattr(aux, "images", None), getattr(aux, "labels", None)
-    if not isinstance(images, Tensor) or not isinstance(labels, Tensor):
-        raise ConfigError("dist-soft-label-path needs aux=labels.aux.AuxData(images, labels, num_classes) "
-                          f"(a few labelled samples per class); got {type(aux).__name__}")
+    images, labels = _as_images_labels(aux, "dist-soft-label-path")
     c = capture.num_classes
-    present = torch.bincount(labels.long(), minlength=c)[:c]
-    if bool((present == 0).any()) or int(labels.max()) >= c:
+    present = torch.bincount(labels, minlength=c)
+    if present.numel() > c or bool((present == 0).any()):
         raise ConfigError(f"the aux set must hold samples of every class in [0, {c}); counts {present.tolist()}")
     dtype = capture.model_state[LAST_WEIGHT].dtype
     model = capture.model().to(dtype)
     images = images.to(dtype)
-    onehot = torch.nn.functional.one_hot(labels.long(), c).double()
     total = torch.zeros(c, c, dtype=torch.float64)
     shared = capture.shared
     for s in points:
@@ -208,8 +201,8 @@ def path_softmax(capture: Capture, aux: Any, points: list[float], chunk: int = 5
         model.load_state_dict(state, strict=False)
         with torch.no_grad():
             probs = torch.cat([torch.softmax(model(part).double(), 1) for part in images.split(chunk)])
-        total += probs.T @ onehot  # (C out, C class): summed softmax per aux class
-    return total / (present.double() * len(points))
+        total += class_means(probs, labels, c).T  # (C out, C class): mean softmax per aux class
+    return total / len(points)
 
 
 # --------------------------------------------------------------------------- solvers and results
