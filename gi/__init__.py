@@ -9,7 +9,7 @@ from typing import Any
 
 from gi.capture import Capture, Truth, capture_gradients
 from gi.errors import AssetError, CaptureError, ConfigError, GIError
-from gi.protocol import Protocol
+from gi.fl.protocol import Protocol
 
 __all__ = [
     "AssetError",
@@ -24,7 +24,7 @@ __all__ = [
     "simulate_client",
 ]
 
-_LAZY = {"reconstruct": ("gi.recon", "reconstruct"), "simulate_client": ("gi.victim", "simulate_client")}
+_LAZY = {"reconstruct": ("gi.recon", "reconstruct"), "simulate_client": ("gi.fl.victim", "simulate_client")}
 
 
 def __getattr__(name: str) -> Any:

@@ -35,6 +35,7 @@ import torch
 
 from gi.config import apply_overrides, from_dict, load_yaml, to_dict
 from gi.errors import ConfigError, GIError
+from gi.fl.protocol import Protocol
 from gi.pipeline import (
     LABEL_MODES,
     DataConfig,
@@ -46,7 +47,6 @@ from gi.pipeline import (
     make_aux,
     used_labels,
 )
-from gi.protocol import Protocol
 from gi.recon import ReconConfig, reconstruct_many
 from gi.report import save_grid, staged_output, write_csv, write_json, write_markdown_table, write_yaml
 

@@ -126,9 +126,9 @@ def measure(entry: dict[str, Any], keep_steps: bool = False) -> dict[str, Any]:
 
     from gi import data as gdata
     from gi.capture import capture_gradients
+    from gi.fl.protocol import Protocol
     from gi.metrics import psnr
     from gi.models import build
-    from gi.protocol import Protocol
     from gi.recon import reconstruct
 
     torch.set_num_threads(entry["threads"])

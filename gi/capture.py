@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gi.errors import CaptureError
-from gi.protocol import Protocol
+from gi.fl.protocol import Protocol
 
 Tensor = torch.Tensor
 _KINDS = ("state", "gradients", "update", "history")
@@ -230,18 +230,6 @@ class Truth:
                    meta.get("meta", {}))
 
 
-def _dp_noise(shared: dict[str, Tensor], protocol: Protocol, generator: torch.Generator | None) -> None:
-    """Optional DP defence on the shared message: clip the global norm to ``dp_clip``, add N(0, σ²)."""
-    if protocol.dp_clip is not None:
-        norm = torch.sqrt(sum((t.double() ** 2).sum() for t in shared.values()))
-        factor = min(1.0, protocol.dp_clip / max(float(norm), 1e-12))
-        for t in shared.values():
-            t.mul_(factor)
-    if protocol.dp_sigma > 0:
-        for t in shared.values():
-            t.add_(torch.randn(t.shape, generator=generator, dtype=t.dtype) * protocol.dp_sigma)
-
-
 def capture_gradients(
     model: torch.nn.Module,
     images: Tensor,
@@ -274,8 +262,9 @@ def capture_gradients(
     names, params = zip(*[(n, p) for n, p in model.named_parameters() if p.requires_grad])
     loss = loss_for(protocol)(model(images), soft.to(images.dtype))
     grads = torch.autograd.grad(loss, params)
-    shared = {n: g.detach().clone() for n, g in zip(names, grads)}
-    _dp_noise(shared, protocol, generator)
+    from gi.fl.dp import privatize
+
+    shared = privatize({n: g.detach() for n, g in zip(names, grads)}, protocol, generator)
     if not math.isfinite(float(loss.detach())):
         raise CaptureError("client loss is not finite; check the model's initialisation and the inputs")
     capture = Capture(model_spec=dict(spec), model_state=state, protocol=protocol, gradients=shared,

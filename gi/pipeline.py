@@ -22,8 +22,8 @@ from gi import data as gdata
 from gi.capture import Capture, Truth, capture_gradients
 from gi.config import apply_overrides, from_dict, load_yaml, to_dict
 from gi.errors import ConfigError
+from gi.fl.protocol import Protocol
 from gi.models import build
-from gi.protocol import Protocol
 from gi.recon import ReconConfig, Reconstruction, reconstruct
 from gi.report import save_grid, save_line_plot, staged_output, write_csv, write_json, write_yaml
 
@@ -103,7 +103,7 @@ class RunConfig:
         if self.labels.mode not in LABEL_MODES:
             raise ConfigError(f"labels.mode={self.labels.mode!r} is not allowed; valid: {list(LABEL_MODES)}")
         if self.protocol.is_update and self.protocol.label_aug == "mixup":
-            raise ConfigError("protocol.label_aug=mixup is FedSGD-only here (gi.victim trains with one-hot or "
+            raise ConfigError("protocol.label_aug=mixup is FedSGD-only here (gi.fl.victim trains with one-hot or "
                               "smoothed labels); use protocol.scheme=fedsgd or another label_aug")
 
 
@@ -164,7 +164,7 @@ def build_victim(cfg: Any) -> tuple[Any, torch.nn.Module]:
 
 
 def share_bn_statistics(model: torch.nn.Module, images: torch.Tensor, capture: Capture) -> None:
-    """Victim side, when the threat model grants it (``protocol.extra.share_bn_stats``): put the client's
+    """Victim side, when the threat model grants it (``protocol.share_bn_stats``): put the client's
     per-channel batch mean and biased variance at every BatchNorm input into ``capture.history`` as
     ``bn_stats/<module>.mean|.var`` (what FedAvg's shared running buffers reveal), for the ``bn`` regulariser."""
     seen: dict[str, torch.Tensor] = {}
@@ -187,15 +187,15 @@ def share_bn_statistics(model: torch.nn.Module, images: torch.Tensor, capture: C
 
 def capture_client(cfg: Any, dataset: Any, model: torch.nn.Module, gen: torch.Generator) -> tuple[Capture, Truth]:
     """Victim side: the client's batch (per ``protocol.label_aug``) and what it shares: a FedSGD gradient, or a
-    FedAvg-style update of local training on that batch (``gi.victim.simulate_client``)."""
+    FedAvg-style update of local training on that batch (``gi.fl.victim.simulate_client``)."""
     images, targets = client_batch(cfg, dataset, gen)
     if cfg.protocol.is_update:
-        from gi.victim import simulate_client
+        from gi.fl.victim import simulate_client
 
         capture, truth = simulate_client(model, (images, targets.argmax(1)), cfg.protocol, rng=gen)
     else:
         capture, truth = capture_gradients(model, images, targets, cfg.protocol, generator=gen)
-    if cfg.protocol.extra.get("share_bn_stats"):
+    if cfg.protocol.share_bn_stats:
         share_bn_statistics(model, images, capture)
     return capture, truth
 

@@ -20,8 +20,8 @@ import torch
 
 from gi.capture import Capture
 from gi.errors import CaptureError, ConfigError
+from gi.fl.protocol import Protocol
 from gi.losses import loss_for, posterior
-from gi.protocol import Protocol
 
 Tensor = torch.Tensor
 

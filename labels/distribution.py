@@ -29,7 +29,6 @@ momentum (B_aux carries ρ, Σ_aux does not) and with the paper's unequal scalin
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import time
 import weakref
@@ -39,13 +38,13 @@ from typing import Any
 
 import torch
 from scipy.optimize import nnls
+from torch.func import functional_call
 
 from gi.capture import Capture
 from gi.errors import ConfigError
-from gi.local_optim import LocalOptimizer
+from gi.fl import Protocol, local_train
 from gi.losses import loss_for
 from gi.models import LAST_BIAS, LAST_WEIGHT
-from gi.protocol import Protocol
 from labels.aux_stats import _as_images_labels, class_means, model_last_layer
 from labels.base import LabelResult, register
 from labels.counts import largest_remainder
@@ -108,7 +107,7 @@ def _aux_steps(capture: Capture, view: UpdateView, aux_steps: str | int) -> int:
             raise ConfigError(f"aux_steps must be >= 1, got {aux_steps}")
         return aux_steps
     if aux_steps == "epochs":
-        return int(capture.protocol.local_epochs) if "local_steps" not in capture.protocol.extra \
+        return int(capture.protocol.local_epochs) if capture.protocol.local_steps is None \
             else len(view.batch_sizes)
     if aux_steps == "steps":
         return len(view.batch_sizes)
@@ -116,8 +115,9 @@ def _aux_steps(capture: Capture, view: UpdateView, aux_steps: str | int) -> int:
 
 
 def aux_runs(capture: Capture, aux: Any, steps: int) -> AuxRuns:
-    """Train a copy of θᵗ for ``steps`` full-batch steps on the aux samples of each class (the protocol's loss,
-    lr and optimiser, FedAvg), recording the mean softmax before every step and the last-layer change.
+    """Train θᵗ for ``steps`` full-batch steps on the aux samples of each class (:func:`gi.fl.local.local_train`
+    with the protocol's loss, lr and optimiser, FedAvg), recording the mean softmax before every step and the
+    last-layer change.
 
     Cached per (aux object, global state, steps), so all clients of one round share the runs.
     """
@@ -143,26 +143,28 @@ def aux_runs(capture: Capture, aux: Any, steps: int) -> AuxRuns:
     weight = torch.zeros(w0.numel(), c, dtype=torch.float64)
     run_protocol = Protocol(scheme="fedavg", optimizer=protocol.optimizer, momentum=protocol.momentum, lr=protocol.lr)
     rho = scheme_rho(run_protocol, steps)
+    theta0 = {k: p.detach() for k, p in base.named_parameters() if p.requires_grad}
     for cls in range(c):
         x = images[labels == cls]
         if x.shape[0] == 0:
             raise ConfigError(f"the aux set has no samples of class {cls}; the estimators need every class")
-        model = copy.deepcopy(base)
-        params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = LocalOptimizer(run_protocol)
         target = torch.nn.functional.one_hot(torch.full((x.shape[0],), cls), c).to(x.dtype)
-        for _ in range(steps):
-            logits = model(x)
+
+        def gradient(theta: dict[str, Tensor], tau: int, x: Tensor = x, target: Tensor = target,
+                     cls: int = cls) -> dict[str, Tensor]:
+            live = {k: t.detach().requires_grad_() for k, t in theta.items()}
+            with torch.enable_grad():
+                logits = functional_call(base, live, (x,))
+                grads = torch.autograd.grad(loss_fn(logits, target), list(live.values()))
             softmax[:, cls] += torch.softmax(logits.detach().double(), 1).mean(0) / steps
-            grads = torch.autograd.grad(loss_fn(logits, target), params)
-            with torch.no_grad():
-                for i, (p, g) in enumerate(zip(params, grads)):
-                    p.sub_(optimizer.displacement(i, g))
+            return dict(zip(live, grads))
+
+        with torch.no_grad():
+            theta = local_train(theta0, run_protocol, steps, gradient)
         scale = protocol.lr * float(rho.sum())
-        state = model.state_dict()
-        weight[:, cls] = (state[LAST_WEIGHT].double() - w0).flatten() / scale
+        weight[:, cls] = (theta[LAST_WEIGHT].double() - w0).flatten() / scale
         if b0 is not None:
-            bias[:, cls] = (state[LAST_BIAS].double() - b0) / scale
+            bias[:, cls] = (theta[LAST_BIAS].double() - b0) / scale
     runs = AuxRuns(softmax=softmax, bias=bias, weight=weight, steps=steps, seconds=time.perf_counter() - start)
     try:
         _RUNS[key] = (weakref.ref(aux), capture.model_state, runs)

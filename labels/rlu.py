@@ -41,9 +41,9 @@ from scipy.optimize import minimize, nnls
 
 from gi.capture import Capture
 from gi.errors import CaptureError, ConfigError
-from gi.local_optim import LINEAR
+from gi.fl import LINEAR, LocalOptimizer, get_scheme, local_schedule, local_train
+from gi.fl.local import scheme_constants
 from gi.models import LAST_BIAS, LAST_WEIGHT
-from gi.victim import local_schedule
 from labels.aux_stats import aux_forward
 from labels.base import LabelResult, register
 from labels.counts import largest_remainder
@@ -90,16 +90,6 @@ RHO_TABLE1: dict[tuple[str, str], Callable[[Any, int], Tensor]] = {
     ("feddc", "sgd"): _rho_prox_like("feddc_alpha"),
 }
 
-# The linear pull of each scheme's gradient term on θ − θᵗ (eq. 65, 74, 84); Scaffold's term is constant.
-_PULL: dict[str, Callable[[Any], float]] = {
-    "fedavg": lambda p: 0.0,
-    "scaffold": lambda p: 0.0,
-    "fedprox": lambda p: p.prox_mu,
-    "feddyn": lambda p: p.feddyn_alpha,
-    "feddc": lambda p: p.feddc_alpha,
-}
-
-
 def _uses_momentum(protocol) -> bool:
     return protocol.optimizer in ("sgdm", "nesterov") and protocol.momentum > 0
 
@@ -107,28 +97,18 @@ def _uses_momentum(protocol) -> bool:
 def impulse_rho(protocol, num_steps: int) -> Tensor:
     """ρ^(τ) as the exact impulse response of the client's bias dynamics, for any scheme × optimiser.
 
-    The bias offset ``d = b − bᵗ`` follows ``d ← d − η·dir`` with ``dir`` the optimiser's direction of
-    ``g_τ + (pull + wd)·d + const``; this is linear, so ``d_m = −η Σ_τ ρ^(τ) (g_τ + const)`` and ρ is read
-    off by feeding all m unit impulses at once (one vector per impulse).
+    The bias offset ``d = b − bᵗ`` follows the client's own loop (:func:`gi.fl.local.local_train`) with the
+    scheme's pull and weight decay acting on ``d``; this is linear, so ``d_m = −η Σ_τ ρ^(τ) g_τ`` and ρ is read
+    off by feeding all m unit impulses at once (one coordinate of ``d`` per impulse, no history terms).
     """
-    if protocol.scheme not in _PULL:
-        raise ConfigError(f"RLU has no scheme factors for scheme={protocol.scheme!r}; valid: {sorted(_PULL)}")
+    get_scheme(protocol.scheme, shares="update")
     if protocol.optimizer not in LINEAR:
         raise ConfigError(f"ρ (RLU Table 1) exists only for optimisers linear in the gradients {list(LINEAR)}, "
                           f"not {protocol.optimizer!r}")
-    m, lr, gamma = num_steps, protocol.lr, protocol.momentum
-    pull = _PULL[protocol.scheme](protocol) + protocol.weight_decay
-    d = torch.zeros(m, dtype=torch.float64)
-    buf = torch.zeros(m, dtype=torch.float64)
-    eye = torch.eye(m, dtype=torch.float64)
-    momentum = _uses_momentum(protocol)
-    for tau in range(m):
-        direction = eye[:, tau] + pull * d  # impulse k enters at step k
-        if momentum:
-            buf = direction if tau == 0 else gamma * buf + direction
-            direction = direction + gamma * buf if protocol.optimizer == "nesterov" else buf
-        d = d - lr * direction
-    return -d / lr
+    eye = torch.eye(num_steps, dtype=torch.float64)
+    d = local_train({"d": torch.zeros(num_steps, dtype=torch.float64)}, protocol, num_steps,
+                    lambda theta, tau: {"d": eye[:, tau]})  # impulse k enters at step k
+    return -d["d"] / protocol.lr
 
 
 def scheme_rho(protocol, num_steps: int, closed_form: bool = True) -> Tensor:
@@ -140,38 +120,17 @@ def scheme_rho(protocol, num_steps: int, closed_form: bool = True) -> Tensor:
     return impulse_rho(protocol, num_steps)
 
 
-def _hist(capture: Capture, term: str, name: str, like: Tensor) -> Tensor:
-    t = capture.history.get(f"{term}/{name}")
-    if t is None:
-        return torch.zeros_like(like)
-    if t.shape != like.shape:
-        raise CaptureError(f"history tensor {term}/{name} has shape {tuple(t.shape)}, expected {tuple(like.shape)}")
-    return t.double()
-
-
-def _const_scaffold(c: Capture, name: str, like: Tensor, steps: int) -> Tensor:
-    return _hist(c, "scaffold.c", name, like) - _hist(c, "scaffold.c_k", name, like)
-
-
-def _const_feddyn(c: Capture, name: str, like: Tensor, steps: int) -> Tensor:
-    return c.protocol.feddyn_alpha * _hist(c, "feddyn.sum_updates", name, like)
-
-
-def _const_feddc(c: Capture, name: str, like: Tensor, steps: int) -> Tensor:
-    p = c.protocol
-    drift = _hist(c, "feddc.drift", name, like)
-    correction = _hist(c, "feddc.prev_local", name, like) - _hist(c, "feddc.prev_global", name, like)
-    return p.feddc_alpha * drift + correction / (p.lr * steps)
-
-
-# Constant part of each scheme's per-step gradient term (what makes h ≠ 0), from capture.history.
-SCHEME_CONSTANTS: dict[str, Callable[[Capture, str, Tensor, int], Tensor] | None] = {
-    "fedavg": None,
-    "fedprox": None,
-    "scaffold": _const_scaffold,
-    "feddyn": _const_feddyn,
-    "feddc": _const_feddc,
-}
+def _checked_history(capture: Capture, name: str, like: Tensor) -> dict[str, Tensor]:
+    """The capture's history terms of parameter ``name`` in float64, shapes checked against the parameter."""
+    out = {}
+    for term in get_scheme(capture.protocol.scheme).history:
+        t = capture.history.get(f"{term}/{name}")
+        if t is None:
+            continue
+        if t.shape != like.shape:
+            raise CaptureError(f"history tensor {term}/{name} has shape {tuple(t.shape)}, expected {tuple(like.shape)}")
+        out[f"{term}/{name}"] = t.double()
+    return out
 
 
 def history_offset(capture: Capture, name: str, rho: Tensor) -> Tensor:
@@ -185,9 +144,9 @@ def history_offset(capture: Capture, name: str, rho: Tensor) -> Tensor:
     p = capture.protocol
     like = capture.shared[name].double()
     const = torch.zeros_like(like)
-    fn = SCHEME_CONSTANTS.get(p.scheme)
-    if fn is not None:
-        const = const + fn(capture, name, like, len(rho))
+    constants = scheme_constants(p, {name: like}, _checked_history(capture, name, like), len(rho))
+    if name in constants:
+        const = const + constants[name]
     if p.weight_decay:
         const = const + p.weight_decay * capture.model_state[name].double()
     return p.lr * float(rho.sum()) * const
@@ -288,7 +247,7 @@ def update_view(capture: Capture, linear: bool = True) -> UpdateView:
     """Read an update capture for the update-based attacks; :class:`CaptureError` when it is not one.
 
     ``linear=True`` (RLU, the distribution estimators) needs an optimiser whose update is linear in the
-    gradients (:data:`gi.local_optim.LINEAR`) and refuses others with a :class:`ConfigError`.
+    gradients (:data:`gi.fl.optim.LINEAR`) and refuses others with a :class:`ConfigError`.
     ``linear=False`` (Decaf, which reads only the update's direction) accepts any optimiser under FedAvg
     and then reads ``Δθ/η`` with ``ρ ≡ 1`` (Decaf's eq. 4).
     """
@@ -352,10 +311,9 @@ def _simulate_means(start_mu: Tensor, lm: LogitModel, per_step: Tensor, view: Up
     mean moves by ``Δb_j (‖ē‖² + 1)`` (eq. 13, with the bias's own +1).
     """
     mu = start_mu.clone()
-    pull = _PULL[protocol.scheme](protocol) + protocol.weight_decay
-    momentum = _uses_momentum(protocol)
+    pull = get_scheme(protocol.scheme).pull(protocol) + protocol.weight_decay
+    optimizer = LocalOptimizer(protocol)
     d = torch.zeros(mu.shape[1], dtype=torch.float64)
-    buf = torch.zeros_like(d)
     confidences = []
     for tau, size in enumerate(view.batch_sizes):
         s = lm.confidence(mu)
@@ -363,10 +321,7 @@ def _simulate_means(start_mu: Tensor, lm: LogitModel, per_step: Tensor, view: Up
         grad = -(coefficient_matrix(s) @ per_step[tau]) / size + pull * d
         if view.bias_const is not None:
             grad = grad + view.bias_const
-        if momentum:
-            buf = grad if tau == 0 else protocol.momentum * buf + grad
-            grad = grad + protocol.momentum * buf if protocol.optimizer == "nesterov" else buf
-        step = -protocol.lr * grad
+        step = -optimizer.displacement("b", grad)
         d = d + step
         mu = mu + gain * step.unsqueeze(0)
     return mu, confidences
@@ -503,8 +458,7 @@ def as_gradient_capture(capture: Capture, scheme_aware: bool = False) -> Capture
             if name in capture.shared:
                 grads[name] = capture.shared[name].double() * scale
     protocol = dataclasses.replace(capture.protocol, scheme="fedsgd", num_samples=view.labelled, optimizer="sgd",
-                                   local_epochs=1, extra=dict(capture.protocol.extra))
-    protocol.extra.pop("local_steps", None)
+                                   local_epochs=1, local_steps=None)
     meta = {**capture.meta, "num_samples": view.labelled}
     return Capture(model_spec=capture.model_spec, model_state=capture.model_state, protocol=protocol,
                    gradients=grads, history={}, meta=meta)

@@ -21,8 +21,8 @@ import fcn_analytic
 import labels
 from gi import data, metrics
 from gi.capture import capture_gradients
+from gi.fl.protocol import Protocol
 from gi.models import build
-from gi.protocol import Protocol
 
 
 def main() -> None:

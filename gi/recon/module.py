@@ -19,8 +19,8 @@ from torch.func import vmap
 from torch.utils.data import DataLoader, Dataset
 
 from gi.errors import ConfigError
+from gi.fl.protocol import Protocol
 from gi.models import LAST_BIAS, LAST_WEIGHT
-from gi.protocol import Protocol
 from gi.recon.config import SMALL_MODEL, ReconConfig
 from gi.recon.inits import INITS
 from gi.recon.objectives import FLAT_OBJECTIVES, OBJECTIVES

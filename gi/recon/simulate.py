@@ -16,9 +16,9 @@ from torch import nn
 from torch.func import functional_call, grad
 
 from gi.errors import ConfigError
-from gi.local_optim import LocalOptimizer
+from gi.fl.local import local_train, slot_schedule
+from gi.fl.protocol import Protocol
 from gi.losses import loss_for
-from gi.protocol import Protocol
 
 Tensor = torch.Tensor
 State = dict[str, Tensor]
@@ -88,47 +88,25 @@ def gradient_simulator(model: nn.Module, protocol: Protocol, names: list[str], f
     return simulate
 
 
-def slot_schedule(protocol: Protocol, num_samples: int) -> list[tuple[int, int]]:
-    """``(start, size)`` of every local step over the B dummy slots, from the protocol alone.
-
-    The client reshuffles every epoch and the server cannot know its order, so every epoch walks the slots in
-    the same order (as inversefed's ``FedAvgReconstructor`` does); within one epoch this is exact up to a
-    permutation of the slots, which the batch metric undoes.
-    """
-    from gi.victim import local_schedule
-
-    out, pos = [], 0
-    for size in local_schedule(protocol, num_samples):
-        if pos + size > num_samples:
-            pos = 0
-        out.append((pos, size))
-        pos += size
-    return out
-
-
 def update_simulator(model: nn.Module, protocol: Protocol, names: list[str], num_samples: int = 1,
                      history: State | None = None, trained: list[str] | None = None, features: bool = False,
                      **_: Any) -> Simulator:
-    """FedAvg-style schemes: the client's local training unrolled functionally, ``Δθ = θ_m − θ⁰``.
+    """Update-sharing schemes: the client's local training unrolled functionally, ``Δθ = θ_m − θ⁰``.
 
-    m steps of the protocol's optimiser (:mod:`gi.local_optim`: ``sgd``, ``sgdm``, ``nesterov``, ``adadelta``),
-    with weight decay and the scheme's gradient term (FedProx, Scaffold, FedDyn, FedDC; the same closed forms
-    as :mod:`gi.victim`, RLU App. A.4–A.9) added to every step's mean-loss gradient ``d``. ``trained``: the
-    parameters the client trains (default: ``names``); ``features``: also return ``f_{N−1}(x)`` at θ⁰.
+    :func:`gi.fl.local.local_train` (the victim's own loop: the protocol's optimiser, weight decay and the scheme's
+    term, RLU App. A.4–A.9) with every step's gradient ``torch.func.grad`` of the mean loss on the step's dummy
+    slots (:func:`gi.fl.local.slot_schedule`). ``trained``: the parameters the client trains (default:
+    ``names``); ``features``: also return ``f_{N−1}(x)`` at θ⁰.
     """
-    from gi.victim import SCHEME_TERMS, _Ctx
-
-    if protocol.scheme not in SCHEME_TERMS:
-        raise ConfigError(f"cannot unroll protocol.scheme={protocol.scheme!r}; valid: {sorted(SCHEME_TERMS)}")
+    if not protocol.is_update:
+        raise ConfigError(f"cannot unroll protocol.scheme={protocol.scheme!r}: it shares a gradient, not an update")
     trained = list(trained or names)
     unknown = sorted(set(trained) - dict(model.named_parameters()).keys())
     if unknown:
         raise ConfigError(f"update_simulator: the model has no parameter(s) {unknown[:3]}")
     call, loss_fn = _caller(model), loss_for(protocol)
     steps = slot_schedule(protocol, num_samples)
-    term = SCHEME_TERMS[protocol.scheme]
     history = dict(history or {})
-    wd = protocol.weight_decay
 
     def step_loss(theta: State, x: Tensor, y: Tensor) -> Tensor:
         return loss_fn(call(theta, x)[1], y)
@@ -136,21 +114,12 @@ def update_simulator(model: nn.Module, protocol: Protocol, names: list[str], num
     def simulate(x: Tensor, y: Tensor) -> tuple[State, Tensor | None]:
         every = dict(model.named_parameters())  # at call time: the module may have moved to a GPU
         params = {n: every[n] for n in trained}
-        ctx = _Ctx(protocol, params, history, len(steps))
-        theta, optimizer = dict(params), LocalOptimizer(protocol)
-        for start, size in steps:
-            g = grad(step_loss)(theta, x[start:start + size], y[start:start + size])
-            new = {}
-            for n in trained:
-                d = g[n]
-                if wd:
-                    d = d + wd * theta[n]
-                if term is not None:
-                    extra = term(ctx, n, theta[n])
-                    if extra is not None:
-                        d = d + extra
-                new[n] = theta[n] - optimizer.displacement(n, d)
-            theta = new
+
+        def gradient(theta: State, tau: int) -> State:
+            start, size = steps[tau]
+            return grad(step_loss)(theta, x[start:start + size], y[start:start + size])
+
+        theta = local_train(params, protocol, len(steps), gradient, history)
         f = call(params, x)[0] if features else None
         return {n: theta[n] - params[n] for n in names}, f
 

@@ -1,6 +1,6 @@
 """FedAvg client updates for the update-based label benchmarks (RLU, Ramakrishna & Dán, Decaf).
 
-One trial = one simulated federation (:func:`gi.victim.run_federation`): ``num_clients`` clients split a
+One trial = one simulated federation (:func:`gi.fl.victim.run_federation`): ``num_clients`` clients split a
 real dataset, train ``round − 1`` rounds from the initial model, and every client's update of round
 ``round`` is captured (one :class:`Trial` per client). All randomness of a trial (partition, model
 initialisation, batch order, DP noise) comes from ``seed`` and the trial index, so grid points that only
@@ -18,7 +18,7 @@ change ``round`` (or the attack) see the *same* federation: it is simulated once
 - ``model``: ``{name, activation, init, bias_last, norm, options}`` for :func:`gi.models.build`;
   ``dtype``: ``float32`` or ``float64`` (model and images).
 - ``protocol``: :class:`gi.Protocol` fields of the clients (scheme defaults to ``fedavg``);
-  ``local_steps`` sets ``protocol.extra["local_steps"]`` (RLU's "epochs": that many steps on fresh batches).
+  ``local_steps`` sets ``protocol.local_steps`` (RLU's "epochs": that many steps on fresh batches).
 - ``round`` (captured round, 1 = the untrained initial model), ``federation_rounds`` (how far the cached
   federation is simulated; default ``round``), ``clients`` (captured clients; default all).
 - ``eval_samples``: test images for the global accuracy stored in ``capture.meta['global_acc']`` (0: skip).
@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from gi.errors import ConfigError
-from gi.protocol import Protocol
+from gi.fl.protocol import Protocol
 from gi.scenarios import Trial, check_keys, register_scenario
 
 Tensor = torch.Tensor
@@ -157,10 +157,9 @@ def _table_partition(labels: Tensor, compositions: list[list[float]], size: int,
 
 def _protocol(setup: dict[str, Any]) -> Protocol:
     fields = {"scheme": "fedavg", **setup["protocol"]}
-    extra = dict(fields.pop("extra", {}) or {})
     if setup["local_steps"] is not None:
-        extra["local_steps"] = int(setup["local_steps"])
-    protocol = Protocol.from_dict({**fields, "extra": extra})
+        fields["local_steps"] = int(setup["local_steps"])
+    protocol = Protocol.from_dict(fields)
     if not protocol.is_update:
         raise ConfigError(f"fedavg-client needs an update scheme; protocol.scheme={protocol.scheme!r}")
     return protocol
@@ -175,7 +174,7 @@ def _partition(setup: dict[str, Any], data: Any, protocol: Protocol, gen: torch.
 
         min_size = setup["min_size"]
         if min_size is None:
-            min_size = protocol.batch_size * int(protocol.extra.get("local_steps") or 1)
+            min_size = protocol.batch_size * int(protocol.local_steps or 1)
         return dirichlet_partition(data.labels, k, float(setup["alpha"]), gen, min_size=int(min_size),
                                    balance=bool(setup["balance"]))
     if kind == "simplex":
@@ -209,8 +208,8 @@ def _aux(setup: dict[str, Any], dtype: torch.dtype, exclude: Tensor | None) -> A
 
 def _federation(setup: dict[str, Any], trial: int) -> tuple[Any, Any, Any]:
     """The (cached) federation of this setup and trial: ``(Federation, dataset, model)``."""
+    from gi.fl.victim import run_federation
     from gi.models import build
-    from gi.victim import run_federation
 
     rounds = int(setup["federation_rounds"] or setup["round"])
     if int(setup["round"]) > rounds:

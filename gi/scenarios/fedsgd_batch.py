@@ -49,7 +49,7 @@ import torch
 
 from gi.capture import capture_gradients
 from gi.errors import ConfigError
-from gi.protocol import Protocol
+from gi.fl.protocol import Protocol
 from gi.scenarios import Trial, check_keys, register_scenario
 
 Tensor = torch.Tensor

@@ -23,8 +23,8 @@ import torch
 
 from gi.capture import capture_gradients
 from gi.errors import ConfigError
+from gi.fl.protocol import Protocol
 from gi.models import LAST_BIAS, LAST_WEIGHT, build
-from gi.protocol import Protocol
 from gi.scenarios import Trial, check_keys, register_scenario
 
 Tensor = torch.Tensor

@@ -4,8 +4,8 @@ import torch
 import gi
 from gi.capture import Capture, Truth, capture_gradients
 from gi.errors import CaptureError
+from gi.fl.protocol import Protocol
 from gi.models import build
-from gi.protocol import Protocol
 
 
 def _capture(bias=True, protocol=None, b=2):

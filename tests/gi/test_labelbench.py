@@ -5,9 +5,9 @@ import torch
 
 from gi.capture import capture_gradients
 from gi.errors import ConfigError
+from gi.fl.protocol import Protocol
 from gi.labelbench import BenchConfig, grid_points, run_bench
 from gi.models import build
-from gi.protocol import Protocol
 from gi.scenarios import SCENARIOS, Trial, register_scenario
 
 if "test-single-onehot" not in SCENARIOS:

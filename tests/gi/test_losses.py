@@ -4,8 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gi.errors import ConfigError
+from gi.fl.protocol import Protocol
 from gi.losses import as_soft_targets, binary_cross_entropy, focal_loss, loss_for, soft_cross_entropy
-from gi.protocol import Protocol
 
 
 def _logits(seed=0, b=4, c=5):

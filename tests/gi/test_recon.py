@@ -11,12 +11,13 @@ import torch
 
 from gi.capture import Capture, capture_gradients
 from gi.errors import ConfigError
+from gi.fl import SCHEMES
+from gi.fl.protocol import Protocol
+from gi.fl.victim import simulate_client
 from gi.models import build
-from gi.protocol import Protocol
 from gi.recon import INITS, OBJECTIVES, REGULARIZERS, SIMULATORS, ReconConfig, reconstruct, reconstruct_many
 from gi.recon.api import bn_targets, cpu_threads, feature_targets, labels_for_slots
 from gi.recon.module import Context, GradientInversion, match_weights
-from gi.victim import HISTORY_TERMS, simulate_client
 from labels import LabelResult
 
 C = 4
@@ -146,23 +147,25 @@ def test_gradient_simulator_reproduces_the_capture_exactly():
     torch.testing.assert_close(f, model.features(x))
 
 
-UPDATE_CASES = [
-    dict(scheme="fedavg", local_epochs=3),
+# every registered update scheme (with its coefficient switched on) plus the optimiser rules
+SCHEME_COEFFICIENTS = {"fedprox": {"prox_mu": 2.0}, "feddyn": {"feddyn_alpha": 0.5}, "feddc": {"feddc_alpha": 0.5}}
+UPDATE_CASES = [dict(scheme=name, local_epochs=3, **SCHEME_COEFFICIENTS.get(name, {}))
+                for name, scheme in SCHEMES.items() if scheme.shares == "update"] + [
     dict(scheme="fedavg", optimizer="sgdm", momentum=0.9, local_epochs=3, weight_decay=1e-2),
     dict(scheme="fedavg", optimizer="nesterov", momentum=0.5, local_epochs=2),
-    dict(scheme="fedprox", prox_mu=2.0, local_epochs=3),
-    dict(scheme="scaffold", local_epochs=2),
+    dict(scheme="feddyn", optimizer="sgdm", momentum=0.9, feddyn_alpha=0.5, local_epochs=2),
+    dict(scheme="fedavg", optimizer="adadelta", lr=1.0, local_epochs=2),
 ]
 
 
 @pytest.mark.parametrize("case", UPDATE_CASES, ids=lambda c: "-".join(str(v) for v in c.values()))
 def test_update_simulator_unrolls_the_client_exactly(case):
-    """One step per epoch (B = N): the unrolled update equals gi.victim's, whatever the shuffle."""
+    """One step per epoch (B = N): the unrolled update equals gi.fl.victim's, whatever the shuffle."""
     model = _cnn()
     x, y = _images(4), _labels(4)
-    protocol = Protocol(batch_size=4, lr=0.1, **case)
+    protocol = Protocol(**{"batch_size": 4, "lr": 0.1, **case})
     g = torch.Generator().manual_seed(1)
-    history = {f"{t}/{n}": 0.05 * torch.randn(p.shape, generator=g) for t in HISTORY_TERMS[protocol.scheme]
+    history = {f"{t}/{n}": 0.05 * torch.randn(p.shape, generator=g) for t in SCHEMES[protocol.scheme].history
                for n, p in model.named_parameters()}
     capture, truth = simulate_client(model, (x, y), protocol, torch.Generator().manual_seed(2), history=history)
     names = list(capture.update)

@@ -4,8 +4,8 @@ from hypothesis import strategies as st
 
 import labels
 from gi.capture import capture_gradients
+from gi.fl.protocol import Protocol
 from gi.models import build
-from gi.protocol import Protocol
 from labels.counts import largest_remainder, round_counts
 
 estimates = st.lists(st.floats(-5, 50, allow_nan=False), min_size=2, max_size=20)

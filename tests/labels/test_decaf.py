@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 import labels
 from gi.errors import ConfigError
+from gi.fl.protocol import Protocol
+from gi.fl.victim import simulate_client
 from gi.models import build
-from gi.protocol import Protocol
-from gi.victim import simulate_client
 from labels.aux import AuxData
 from labels.decaf import decompose, null_classes
 

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 import labels
 from gi.errors import ConfigError
+from gi.fl.protocol import Protocol
+from gi.fl.victim import simulate_client
 from gi.models import build
-from gi.protocol import Protocol
-from gi.victim import simulate_client
 from labels.aux import AuxData
 from labels.distribution import init_bias_over_rounds, path_points, path_softmax, project_simplex
 

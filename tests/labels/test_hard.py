@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 import labels
 from gi.capture import capture_gradients
+from gi.fl.protocol import Protocol
 from gi.models import build
-from gi.protocol import Protocol
 
 C = 10
 

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 import labels
 from gi.capture import capture_gradients
 from gi.errors import CaptureError, ConfigError
+from gi.fl.protocol import Protocol
+from gi.fl.victim import simulate_client
 from gi.models import build
-from gi.protocol import Protocol
-from gi.victim import simulate_client
 from labels.aux import AuxData
 from labels.rlu import (
     as_gradient_capture,
@@ -53,7 +53,7 @@ def _ins_acc(result, counts) -> float:
 def test_single_step_zero_weights_is_exact():
     """W = 0: every logit is b, so S_{n,j} = softmax(b)_j exactly and eq. 9 holds without error."""
     images, labels_ = _data(64, 0)
-    protocol = Protocol(scheme="fedavg", batch_size=32, lr=0.05, extra={"local_steps": 1})
+    protocol = Protocol(scheme="fedavg", batch_size=32, lr=0.05, local_steps=1)
     for seed in range(3):
         cap, truth = simulate_client(_cnn("zero-last"), (images, labels_), protocol,
                                      torch.Generator().manual_seed(seed))
@@ -67,7 +67,7 @@ def test_single_step_zero_weights_is_exact():
 @pytest.mark.parametrize("steps", [1, 10])
 def test_untrained_cnn_recovers_counts(steps):
     images, labels_ = _data(400, 1)
-    protocol = Protocol(scheme="fedavg", batch_size=16, lr=0.01, extra={"local_steps": steps})
+    protocol = Protocol(scheme="fedavg", batch_size=16, lr=0.01, local_steps=steps)
     accs = []
     for seed in range(4):
         idx = torch.randperm(400, generator=torch.Generator().manual_seed(seed))[:200]
@@ -94,7 +94,7 @@ SCHEMES = [
 def test_schemes_with_history(case):
     """ρ and h of Table 1 make RLU work on every scheme, including non-zero history terms."""
     images, labels_ = _data(400, 2)
-    protocol = Protocol(batch_size=16, lr=0.01, extra={"local_steps": 5}, **case)
+    protocol = Protocol(batch_size=16, lr=0.01, local_steps=5, **case)
     model = _cnn()
     g = torch.Generator().manual_seed(9)
     history = {f"{t}/{n}": 0.05 * torch.randn(p.shape, generator=g) for t in
@@ -114,7 +114,7 @@ def test_schemes_with_history(case):
 @pytest.mark.parametrize("search", ["paper", "refit"])
 def test_posterior_searches_run_and_keep_the_total(search):
     images, labels_ = _data(300, 3)
-    protocol = Protocol(scheme="fedavg", batch_size=16, lr=0.01, extra={"local_steps": 4})
+    protocol = Protocol(scheme="fedavg", batch_size=16, lr=0.01, local_steps=4)
     cap, truth = simulate_client(_cnn(), (images, labels_), protocol, torch.Generator().manual_seed(0))
     result = labels.recover(cap, "rlu", aux=_aux(), samples=500, search=search, iterations=3)
     assert result.ok and sum(result.info["labelled_counts"]) == 64
@@ -124,7 +124,7 @@ def test_posterior_searches_run_and_keep_the_total(search):
 def test_seeded_monte_carlo_is_reproducible():
     images, labels_ = _data(100, 4)
     cap, _ = simulate_client(_cnn(), (images, labels_), Protocol(scheme="fedavg", batch_size=32,
-                                                                  extra={"local_steps": 2}),
+                                                                  local_steps=2),
                              torch.Generator().manual_seed(0))
     a = labels.recover(cap, "rlu", aux=_aux(), samples=300, seed=1)
     b = labels.recover(cap, "rlu", aux=_aux(), samples=300, seed=1)
@@ -174,7 +174,7 @@ def test_update_read_as_gradient_equals_fedsgd_for_one_step():
 def test_baselines_on_updates(method):
     images, labels_ = _data(200, 6)
     cap, truth = simulate_client(_cnn(), (images, labels_), Protocol(scheme="fedavg", batch_size=16, lr=0.01,
-                                                                      extra={"local_steps": 3}),
+                                                                      local_steps=3),
                                  torch.Generator().manual_seed(0))
     result = labels.recover(cap, method, aux=_aux())
     assert result.ok and result.method == method
@@ -207,12 +207,12 @@ def test_baseline_view_naive_or_scheme_aware():
     """Baselines read −Δθ/(η m) like the paper's (plain SGD assumed); scheme_aware divides by Σρ instead."""
     images, labels_ = _data(100, 8)
     plain, _ = simulate_client(_cnn(), (images, labels_), Protocol(scheme="fedavg", batch_size=16,
-                                                                    extra={"local_steps": 3}),
+                                                                    local_steps=3),
                                torch.Generator().manual_seed(0))
     a, b = as_gradient_capture(plain), as_gradient_capture(plain, scheme_aware=True)
     assert torch.allclose(a.gradients["fc.bias"], b.gradients["fc.bias"])
     mom, _ = simulate_client(_cnn(), (images, labels_), Protocol(scheme="fedavg", optimizer="sgdm", momentum=0.9,
-                                                                  batch_size=16, extra={"local_steps": 3}),
+                                                                  batch_size=16, local_steps=3),
                              torch.Generator().manual_seed(0))
     rho = update_view(mom).rho
     a, b = as_gradient_capture(mom), as_gradient_capture(mom, scheme_aware=True)

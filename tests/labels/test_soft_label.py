@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 import labels
 from gi.capture import Capture, capture_gradients
 from gi.errors import CaptureError, ConfigError
+from gi.fl.protocol import Protocol
 from gi.models import build
-from gi.protocol import Protocol
 from labels import soft_label as sl
 
 C = 10

@@ -11,9 +11,9 @@ import torch
 import labels
 from gi.capture import capture_gradients
 from gi.errors import CaptureError
+from gi.fl.protocol import Protocol
+from gi.fl.victim import simulate_client
 from gi.models import build
-from gi.protocol import Protocol
-from gi.victim import simulate_client
 from labels.aux import AuxData
 
 C = 4

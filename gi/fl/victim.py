@@ -1,25 +1,16 @@
-"""The FL victim: one client's local training (:func:`simulate_client`) and a server loop (:func:`run_federation`).
+"""The FL victim: one client's local round (:func:`simulate_client`) and a server loop (:func:`run_federation`).
 
-Local training follows RLU (Chen & Vikalo 2024) Appendix A.4–A.9 step by step, so the closed forms of
-RLU Table 1 hold exactly for the bias of the last layer:
+Local training is :func:`gi.fl.local.local_train` on the client's real data, so the closed forms of RLU Table 1
+hold exactly for the bias of the last layer: the optimiser rules of :mod:`gi.fl.optim` (RLU A.4, A.5) and the
+scheme terms of :mod:`gi.fl.schemes` (A.6–A.9). RLU's "local epochs" are local *steps* on fresh batches (its
+eq. 5 and its public code): ``protocol.local_steps`` caps training at that many steps, otherwise the client runs
+``local_epochs`` full passes (:func:`gi.fl.local.local_schedule`, which the attack side derives too).
 
-- optimisers (A.4, A.5): ``sgd``; ``sgdm`` ``v ← γv + g, θ ← θ − ηv`` (eq. 34–35, PyTorch's convention);
-  ``nesterov`` ``θ ← θ − η(g + γv)`` with ``v ← γv + g``, which equals RLU eq. 46–47 term by term;
-- schemes (A.6–A.9), each adding its term to the cross-entropy gradient ``g`` of every step:
-  ``fedavg`` nothing; ``fedprox`` ``μ(θ − θᵗ)`` (eq. 64–65); ``scaffold`` ``c − c_k`` (eq. 57) with
-  Karimireddy's option-II control update (eq. 58); ``feddyn`` ``−∇L_k^{prev} + α(θ − θᵗ)`` (eq. 71) with
-  the client state ``∇L_k^{prev} = −α Σ_{r<t} Δθ_k^{(r)}`` (eq. 73); ``feddc``
-  ``α(θ − θᵗ + d_k) + (Δθ_k^{(t−1)} − Δθ^{(t−1)})/(ηm)`` (eq. 81–82).
-
-RLU's "local epochs" are local *steps* on fresh batches (its eq. 5 and its public code); the protocol
-key ``extra["local_steps"]`` caps training at that many steps (epochs continue, reshuffled, until the cap),
-otherwise the client runs ``local_epochs`` full passes over its data. :func:`local_schedule` gives the
-batch size of every step from the protocol alone, so the attack side derives the same schedule.
-
-The capture carries the global model θᵗ, the update ``Δθ = θ_local − θᵗ``, the protocol with
-``num_samples = N_k`` and the scheme's history terms (``capture.history``, keys ``"<term>/<param>"``, see
-:data:`HISTORY_TERMS`). The truth carries the label counts of the distinct samples used, and in
-``truth.extra`` the per-step and per-epoch counts and the per-step cross-entropy bias gradient.
+The capture carries the global model θᵗ, the update ``Δθ = θ_local − θᵗ`` (after the DP defence of
+:mod:`gi.fl.dp`, when the protocol asks for it), the protocol with ``num_samples = N_k`` and the scheme's history
+terms (``capture.history``, keys ``"<term>/<param>"``, see :attr:`gi.fl.schemes.Scheme.history`). The truth
+carries the label counts of the distinct samples used, and in ``truth.extra`` the per-step and per-epoch counts
+and the per-step cross-entropy bias gradient.
 """
 
 from __future__ import annotations
@@ -27,31 +18,24 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.func import functional_call
 
 from gi.capture import Capture, Truth
 from gi.errors import CaptureError, ConfigError
-from gi.local_optim import LocalOptimizer
+from gi.fl.dp import privatize, step_noise
+from gi.fl.local import local_schedule, local_train
+from gi.fl.protocol import Protocol
+from gi.fl.schemes import SCHEMES, get_scheme
 from gi.losses import loss_for
-from gi.protocol import Protocol
 
 Tensor = torch.Tensor
 State = dict[str, Tensor]
-
-# History terms the server legitimately knows at the start of round t, per scheme (RLU Table 1).
-HISTORY_TERMS: dict[str, tuple[str, ...]] = {
-    "fedsgd": (),
-    "fedavg": (),
-    "fedprox": (),
-    "scaffold": ("scaffold.c", "scaffold.c_k"),  # server control c^(t), client control c_k^(t)
-    "feddyn": ("feddyn.sum_updates",),  # Σ_{r<t} Δθ_k^(r) (client state ∇L_k = −α · this)
-    "feddc": ("feddc.drift", "feddc.prev_local", "feddc.prev_global"),  # d_k^(t), Δθ_k^(t−1), Δθ^(t−1)
-}
 
 
 # --------------------------------------------------------------------------- data access
@@ -66,78 +50,6 @@ def _as_arrays(dataset: Any) -> tuple[Tensor, Tensor, int]:
                           f"{type(dataset).__name__}")
     num_classes = int(getattr(dataset, "num_classes", int(labels.max()) + 1))
     return images, labels.long(), num_classes
-
-
-def local_schedule(protocol: Protocol, num_samples: int | None = None) -> list[int]:
-    """Batch size of every local step, from what the server knows (N_k, B, drop_last, E, local_steps).
-
-    A client with fewer samples than ``B`` trains on all of them in one step per epoch (a drop-last
-    loader would otherwise never step). ``extra["local_steps"]`` overrides ``local_epochs``: epochs
-    continue until that many steps are done (RLU's multi-"epoch" setting).
-    """
-    n = num_samples if num_samples is not None else protocol.num_samples
-    if n is None or int(n) < 1:
-        raise CaptureError("protocol.num_samples (the client's N_k) is needed to derive the local schedule; "
-                           "captures from gi.victim set it")
-    n, b = int(n), min(int(protocol.batch_size), int(n))
-    per_epoch = [b] * (n // b)
-    if not protocol.drop_last and n % b:
-        per_epoch.append(n % b)
-    steps = protocol.extra.get("local_steps")
-    if steps is None:
-        return per_epoch * int(protocol.local_epochs)
-    steps = int(steps)
-    if steps < 1:
-        raise ConfigError(f"protocol.extra.local_steps must be >= 1, got {steps}")
-    return (per_epoch * math.ceil(steps / len(per_epoch)))[:steps]
-
-
-# --------------------------------------------------------------------------- schemes
-@dataclass
-class _Ctx:
-    """What a scheme term needs at one step."""
-
-    protocol: Protocol
-    theta0: State
-    history: State
-    num_steps: int
-
-    def hist(self, term: str, name: str) -> Tensor:
-        t = self.history.get(f"{term}/{name}")
-        # dtype and device of θ⁰ (the reconstruction's module may have moved to a GPU after this was built)
-        return torch.zeros_like(self.theta0[name]) if t is None else t.to(self.theta0[name])
-
-
-SchemeTerm = Callable[[_Ctx, str, Tensor], Tensor | None]
-
-
-def _term_fedprox(ctx: _Ctx, name: str, theta: Tensor) -> Tensor | None:
-    mu = ctx.protocol.prox_mu
-    return mu * (theta - ctx.theta0[name]) if mu else None
-
-
-def _term_scaffold(ctx: _Ctx, name: str, theta: Tensor) -> Tensor:
-    return ctx.hist("scaffold.c", name) - ctx.hist("scaffold.c_k", name)
-
-
-def _term_feddyn(ctx: _Ctx, name: str, theta: Tensor) -> Tensor:
-    a = ctx.protocol.feddyn_alpha
-    return a * ctx.hist("feddyn.sum_updates", name) + a * (theta - ctx.theta0[name])
-
-
-def _term_feddc(ctx: _Ctx, name: str, theta: Tensor) -> Tensor:
-    a, lr = ctx.protocol.feddc_alpha, ctx.protocol.lr
-    correction = (ctx.hist("feddc.prev_local", name) - ctx.hist("feddc.prev_global", name)) / (lr * ctx.num_steps)
-    return a * (theta - ctx.theta0[name] + ctx.hist("feddc.drift", name)) + correction
-
-
-SCHEME_TERMS: dict[str, SchemeTerm | None] = {
-    "fedavg": None,
-    "fedprox": _term_fedprox,
-    "scaffold": _term_scaffold,
-    "feddyn": _term_feddyn,
-    "feddc": _term_feddc,
-}
 
 
 # --------------------------------------------------------------------------- one client
@@ -177,100 +89,62 @@ def _train_client(
     history: State,
 ) -> ClientRun:
     """Local training of one client from the model's current weights (θᵗ); the model is not modified."""
-    if protocol.scheme not in SCHEME_TERMS:
-        raise ConfigError(f"gi.victim trains FedAvg-style schemes; protocol.scheme={protocol.scheme!r} is not one "
-                          f"of {sorted(SCHEME_TERMS)} (FedSGD captures come from gi.capture_gradients)")
+    if not protocol.is_update:
+        raise ConfigError(f"gi.fl.victim trains update-sharing schemes; protocol.scheme={protocol.scheme!r} is not "
+                          f"one of {sorted(n for n, s in SCHEMES.items() if s.shares == 'update')} (FedSGD "
+                          "captures come from gi.capture_gradients)")
     n = int(labels.shape[0])
     schedule = local_schedule(protocol, n)
     local = copy.deepcopy(model)
     local.train(protocol.model_mode == "train")
-    names, params = zip(*[(k, p) for k, p in local.named_parameters() if p.requires_grad])
-    theta0 = {k: p.detach().clone() for k, p in zip(names, params)}
-    ctx = _Ctx(protocol, theta0, history, len(schedule))
-    term = SCHEME_TERMS[protocol.scheme]
+    names = [k for k, p in local.named_parameters() if p.requires_grad]
+    every = dict(local.named_parameters())
+    theta0 = {k: every[k].detach().clone() for k in names}
     loss_fn = loss_for(protocol)
-    wd = protocol.weight_decay
-    optimizer = LocalOptimizer(protocol)
     bias_idx = names.index("fc.bias") if "fc.bias" in names else None
-    step_sigma = protocol.dp_sigma if _dp_scale(protocol) == "step" else 0.0
 
     step_counts = torch.zeros(len(schedule), num_classes, dtype=torch.long)
     bias_grads = torch.zeros(len(schedule), num_classes, dtype=torch.float64) if bias_idx is not None else None
     epoch_of_step = torch.zeros(len(schedule), dtype=torch.long)
     used = torch.zeros(n, dtype=torch.bool)
-    perm, pos, epoch = torch.randperm(n, generator=generator), 0, 0
-    loss = torch.zeros(())
-    for step, size in enumerate(schedule):
-        if pos + size > n:  # next epoch: reshuffle
-            perm, pos, epoch = torch.randperm(n, generator=generator), 0, epoch + 1
-        idx = perm[pos:pos + size]
-        pos += size
+    order = {"perm": torch.randperm(n, generator=generator), "pos": 0, "epoch": 0}
+    last_loss = [torch.zeros(())]
+
+    def gradient(theta: State, step: int) -> State:
+        size = schedule[step]
+        if order["pos"] + size > n:  # next epoch: reshuffle
+            order.update(perm=torch.randperm(n, generator=generator), pos=0, epoch=order["epoch"] + 1)
+        idx = order["perm"][order["pos"]:order["pos"] + size]
+        order["pos"] += size
         used[idx] = True
         y = labels[idx]
         step_counts[step] = torch.bincount(y, minlength=num_classes)
-        epoch_of_step[step] = epoch
-        loss = loss_fn(local(images[idx]), _targets(y, num_classes, protocol).to(images.dtype))
-        grads = torch.autograd.grad(loss, params)
-        with torch.no_grad():
-            if bias_grads is not None:
-                bias_grads[step] = grads[bias_idx].double()
-            if step_sigma > 0:  # DP-SGD style: N(0, σ²) on the batch-summed gradient, i.e. σ/|B| on the mean
-                grads = tuple(g + torch.randn(g.shape, generator=generator, dtype=g.dtype) * (step_sigma / size)
-                              for g in grads)
-            for i, (name, p, g) in enumerate(zip(names, params, grads)):
-                d = g
-                if wd:
-                    d = d + wd * p
-                if term is not None:
-                    extra = term(ctx, name, p)
-                    if extra is not None:
-                        d = d + extra
-                p.sub_(optimizer.displacement(i, d))
+        epoch_of_step[step] = order["epoch"]
+        live = {k: t.detach().requires_grad_() for k, t in theta.items()}
+        with torch.enable_grad():
+            loss = loss_fn(functional_call(local, live, (images[idx],)),
+                           _targets(y, num_classes, protocol).to(images.dtype))
+            grads = torch.autograd.grad(loss, list(live.values()))
+        if bias_grads is not None:
+            bias_grads[step] = grads[bias_idx].double()
         if not math.isfinite(float(loss.detach())):
             raise CaptureError("client loss became NaN/Inf during local training; lower protocol.lr")
-    update = {k: p.detach() - theta0[k] for k, p in zip(names, params)}
+        last_loss[0] = loss.detach()
+        return dict(zip(names, step_noise(grads, protocol, size, generator)))
+
+    with torch.no_grad():
+        theta = local_train(theta0, protocol, len(schedule), gradient, history)
+    update = {k: theta[k] - theta0[k] for k in names}
     return ClientRun(update=update, num_samples=n, step_counts=step_counts, step_bias_grad=bias_grads,
                      indices_used=torch.nonzero(used).flatten(), epoch_of_step=epoch_of_step,
-                     final_loss=float(loss.detach()))
-
-
-DP_SCALES = ("update", "gradient", "step")
-
-
-def _dp_scale(protocol: Protocol) -> str:
-    scale = protocol.extra.get("dp_scale", "update")
-    if scale not in DP_SCALES:
-        raise ConfigError(f"protocol.extra.dp_scale={scale!r}; valid: {list(DP_SCALES)}")
-    return scale
-
-
-def _dp(update: State, protocol: Protocol, generator: torch.Generator | None) -> State:
-    """DP defence on the shared update: clip its global L2 norm to ``dp_clip``, add N(0, σ²) noise.
-
-    Where σ applies is ``protocol.extra["dp_scale"]``: ``"update"`` (default) adds σ to Δθ itself;
-    ``"gradient"`` puts σ on the gradient-like ``−Δθ/η`` (noise ``η·σ`` on Δθ); ``"step"`` adds the noise
-    during local training instead, DP-SGD style (Abadi et al. 2016, as RLU §4.10 cites): N(0, σ²) on every
-    step's batch-summed gradient, so the update carries the noise of all m steps.
-    """
-    shared = {k: v.clone() for k, v in update.items()}
-    scale = _dp_scale(protocol)
-    if protocol.dp_clip is not None:
-        norm = float(torch.sqrt(sum((t.double() ** 2).sum() for t in shared.values())))
-        factor = min(1.0, protocol.dp_clip / max(norm, 1e-12))
-        for t in shared.values():
-            t.mul_(factor)
-    if protocol.dp_sigma > 0 and scale != "step":
-        sigma = protocol.dp_sigma * (protocol.lr if scale == "gradient" else 1.0)
-        for t in shared.values():
-            t.add_(torch.randn(t.shape, generator=generator, dtype=t.dtype) * sigma)
-    return shared
+                     final_loss=float(last_loss[0]))
 
 
 def _history_for(protocol: Protocol, history: State | None, params: State) -> State:
     """The server-known history terms of this scheme (zeros when a term is absent: first round)."""
     out: State = {}
     history = history or {}
-    for term in HISTORY_TERMS.get(protocol.scheme, ()):
+    for term in get_scheme(protocol.scheme).history:
         for name, p in params.items():
             t = history.get(f"{term}/{name}")
             out[f"{term}/{name}"] = torch.zeros_like(p) if t is None else t.detach().clone().to(p.dtype)
@@ -283,13 +157,13 @@ def _make_capture(model: torch.nn.Module, run: ClientRun, protocol: Protocol, hi
     spec = getattr(model, "spec", None)
     if spec is None:
         raise CaptureError("model has no .spec; build it with gi.models.build so the capture can rebuild it")
-    proto = dataclasses.replace(protocol, num_samples=run.num_samples, extra=dict(protocol.extra))
+    proto = dataclasses.replace(protocol, num_samples=run.num_samples)
     if state is None:
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     meta = {"num_samples": run.num_samples, "num_steps": int(run.step_counts.shape[0]),
             "labelled_samples": int(run.step_counts.sum()), **meta}
-    return Capture(model_spec=dict(spec), model_state=state, protocol=proto, update=_dp(run.update, proto, generator),
-                   history=history, meta=meta)
+    return Capture(model_spec=dict(spec), model_state=state, protocol=proto,
+                   update=privatize(run.update, proto, generator), history=history, meta=meta)
 
 
 def _make_truth(images: Tensor, labels: Tensor, num_classes: int, run: ClientRun, indices: Tensor,
@@ -318,11 +192,11 @@ def simulate_client(
     keep_images: bool = True,
     meta: dict[str, Any] | None = None,
 ) -> tuple[Capture, Truth]:
-    """One FL client's local round from the global model ``model`` (θᵗ) (DESIGN.md §4).
+    """One FL client's local round from the global model ``model`` (θᵗ) (docs/architecture.md, "Public contract").
 
     ``dataset``: a ``gi.data`` dataset (``.images`` in [0, 1], ``.labels``, ``.num_classes``) or an
     ``(images, labels)`` pair; ``indices`` the client's samples (default: all). ``history``: the scheme's
-    state at the start of the round, keys ``"<term>/<param>"`` of :data:`HISTORY_TERMS` (absent = zero,
+    state at the start of the round, keys ``"<term>/<param>"`` of its ``Scheme.history`` (absent = zero,
     the first round). ``rng`` shuffles the batches and draws DP noise. Returns ``(Capture, Truth)``;
     ``truth.counts`` counts the distinct samples the update depends on, ``truth.extra['step_counts']``
     the labels of every step (their sum is what RLU estimates).
@@ -366,23 +240,6 @@ class Federation:
         m = copy.deepcopy(template)
         m.load_state_dict(self.global_states[round])
         return m
-
-
-def _next_client_state(protocol: Protocol, hist: State, update: State, num_steps: int) -> State:
-    """Client-side state after a round (Scaffold option II eq. 58, FedDyn eq. 73, FedDC eq. 82)."""
-    new: State = {k: v.clone() for k, v in hist.items()}
-    if protocol.scheme == "scaffold":
-        for name, d in update.items():
-            c, ck = hist[f"scaffold.c/{name}"], hist[f"scaffold.c_k/{name}"]
-            new[f"scaffold.c_k/{name}"] = ck - c - d / (protocol.lr * num_steps)
-    elif protocol.scheme == "feddyn":
-        for name, d in update.items():
-            new[f"feddyn.sum_updates/{name}"] = hist[f"feddyn.sum_updates/{name}"] + d
-    elif protocol.scheme == "feddc":
-        for name, d in update.items():
-            new[f"feddc.drift/{name}"] = hist[f"feddc.drift/{name}"] + d
-            new[f"feddc.prev_local/{name}"] = d.clone()
-    return new
 
 
 @torch.no_grad()
@@ -441,7 +298,8 @@ def run_federation(
     glob = copy.deepcopy(model)
     params = {k: p.detach() for k, p in glob.named_parameters() if p.requires_grad}
     states: dict[int, State] = {c: _history_for(protocol, None, params) for c in range(num_clients)}
-    server_h = {k: torch.zeros_like(p) for k, p in params.items()}  # FedDyn server state
+    scheme = get_scheme(protocol.scheme, shares="update")
+    server: State = {}  # the scheme's server state (FedDyn's h)
     fed = Federation(partition=partition)
     for t in range(1, rounds + 1):
         if keep_states == "all" or t in capture_rounds:
@@ -459,8 +317,9 @@ def run_federation(
                 truth = _make_truth(images[idx], labels[idx], num_classes, run, idx, keep_images)
                 fed.captures.append((t, c, capture, truth))
             shared.append(capture.update)
-            states[c] = _next_client_state(protocol, hist, run.update, len(run.step_counts))
-        _aggregate(glob, protocol, shared, weights, states, server_h)
+            states[c] = hist if scheme.client_state is None else scheme.client_state(protocol, hist, run.update,
+                                                                                      len(run.step_counts))
+        _aggregate(glob, protocol, shared, weights, states, server)
     if keep_states == "all":
         fed.global_states[rounds + 1] = {k: v.detach().clone() for k, v in glob.state_dict().items()}
     if eval_data is not None:
@@ -472,25 +331,10 @@ def run_federation(
 
 @torch.no_grad()
 def _aggregate(glob: torch.nn.Module, protocol: Protocol, shared: list[State], weights: Tensor,
-               states: dict[int, State], server_h: State) -> None:
-    """θ^{t+1} from the round's shared updates (and the scheme's server state), in place."""
+               states: dict[int, State], server: State) -> None:
+    """θ^{t+1} from the round's shared updates and the scheme's aggregation rule, in place."""
     avg = {k: sum(float(w) * u[k] for w, u in zip(weights, shared)) for k in shared[0]}
+    steps = get_scheme(protocol.scheme).aggregate(protocol, avg, weights.tolist(), states, server)
     for name, p in glob.named_parameters():
-        if name not in avg:
-            continue
-        step = avg[name]
-        if protocol.scheme == "feddyn" and protocol.feddyn_alpha > 0:
-            server_h[name] -= protocol.feddyn_alpha * avg[name]
-            step = step - server_h[name] / protocol.feddyn_alpha
-        elif protocol.scheme == "feddc":
-            step = step + sum(float(w) * states[c][f"feddc.drift/{name}"] for c, w in enumerate(weights))
-        p.add_(step.to(p.dtype))
-    if protocol.scheme == "scaffold":
-        for name in avg:
-            c_new = sum(float(w) * states[c][f"scaffold.c_k/{name}"] for c, w in enumerate(weights))
-            for c in states:
-                states[c][f"scaffold.c/{name}"] = c_new.clone()
-    if protocol.scheme == "feddc":
-        for c in states:
-            for name in avg:
-                states[c][f"feddc.prev_global/{name}"] = avg[name].clone()
+        if name in steps:
+            p.add_(steps[name].to(p.dtype))

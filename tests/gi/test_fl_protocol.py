@@ -1,7 +1,7 @@
 import pytest
 
 from gi.errors import ConfigError
-from gi.protocol import Protocol
+from gi.fl.protocol import Protocol
 
 
 def test_protocol_round_trip_and_update_flag():

@@ -1,23 +1,26 @@
-"""The FL protocol a client follows, as the server knows it (DESIGN.md §2).
+"""The FL protocol a client follows, as the server knows it (docs/architecture.md, "Data flow").
 
 A :class:`Protocol` travels inside every :class:`gi.Capture`, so an attack can interpret a gradient
 or an update without guessing: which loss, which label augmentation, which optimiser, how many
-local epochs, which FL scheme and its hyper-parameters.
+local epochs or steps, which FL scheme (:mod:`gi.fl.schemes`) and its hyper-parameters, which defence.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gi.errors import ConfigError
+from gi.fl.optim import RULES
+from gi.fl.schemes import SCHEMES, get_scheme
 
-SCHEMES = ("fedsgd", "fedavg", "fedprox", "scaffold", "feddyn", "feddc")
 LOSS_NAMES = ("ce", "focal", "bce")
 LABEL_AUGS = ("onehot", "smoothing", "smoothing-alt", "mixup")
-OPTIMIZERS = ("sgd", "sgdm", "nesterov", "adadelta")
 MODEL_MODES = ("eval", "train")
+DP_SCALES = ("update", "gradient", "step")
+# Keys that older captures kept in a free-form ``extra`` mapping; now typed fields.
+_LEGACY_EXTRA = ("local_steps", "dp_scale", "share_bn_stats")
 
 
 @dataclass
@@ -28,6 +31,12 @@ class Protocol:
     ``onehot``; ``smoothing`` = ``(1−ε)·onehot + ε/C``; ``smoothing-alt`` = ``y⁺ = 1−ε, y⁻ = ε/(C−1)``;
     ``mixup`` = ``(1−λ)·y₁ + λ·y₂``. ``label_eps`` is the smoothing ε when the server knows it (the
     posterior attack's label embedding); ``None`` when it varies per sample (soft-label paper).
+
+    ``local_steps`` caps local training at that many steps on fresh batches (RLU's "local epochs", its eq. 5
+    and public code; epochs continue, reshuffled, until the cap); ``None`` runs ``local_epochs`` full passes.
+    DP (:mod:`gi.fl.dp`): clip the shared message's global L2 norm to ``dp_clip`` and add N(0, ``dp_sigma``²),
+    where ``dp_scale`` says: on the update itself, on the gradient-like ``−Δθ/η``, or on every local step.
+    ``share_bn_stats``: the threat model grants the server the client's BatchNorm batch statistics.
     """
 
     scheme: str = "fedsgd"
@@ -51,17 +60,20 @@ class Protocol:
     feddc_alpha: float = 0.0
     drop_last: bool = True
     model_mode: str = "eval"
+    local_steps: int | None = None
     dp_sigma: float = 0.0
     dp_clip: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    dp_scale: str = "update"
+    share_bn_stats: bool = False
 
     def __post_init__(self) -> None:
         for name, allowed in (
-            ("scheme", SCHEMES),
+            ("scheme", tuple(SCHEMES)),
             ("loss", LOSS_NAMES),
             ("label_aug", LABEL_AUGS),
-            ("optimizer", OPTIMIZERS),
+            ("optimizer", tuple(RULES)),
             ("model_mode", MODEL_MODES),
+            ("dp_scale", DP_SCALES),
         ):
             value = getattr(self, name)
             if value not in allowed:
@@ -76,19 +88,28 @@ class Protocol:
         if not 0.0 <= self.adadelta_rho < 1.0 or self.adadelta_eps <= 0:
             raise ConfigError(f"protocol.adadelta_rho must be in [0, 1) and adadelta_eps > 0, got "
                               f"{self.adadelta_rho!r}, {self.adadelta_eps!r}")
+        if self.local_steps is not None and int(self.local_steps) < 1:
+            raise ConfigError(f"protocol.local_steps must be >= 1 (or null), got {self.local_steps!r}")
         if self.label_eps is not None and not 0.0 <= self.label_eps < 1.0:
             raise ConfigError(f"protocol.label_eps must be in [0, 1), got {self.label_eps!r}")
 
     @property
     def is_update(self) -> bool:
         """FedSGD shares a gradient; every other scheme shares ``θ_local − θ_global``."""
-        return self.scheme != "fedsgd"
+        return get_scheme(self.scheme).shares == "update"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Protocol:
+        data = dict(data)
+        legacy = data.pop("extra", None) or {}  # captures written before the extras became fields
+        bad = sorted(set(legacy) - set(_LEGACY_EXTRA))
+        if bad:
+            raise ConfigError(f"unknown protocol.extra key(s) {bad}; these settings are fields now: "
+                              f"{list(_LEGACY_EXTRA)}")
+        data = {**legacy, **data}
         valid = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - valid)
         if unknown:

@@ -10,9 +10,10 @@ import torch
 import gi
 from gi.capture import Capture
 from gi.errors import CaptureError, ConfigError
+from gi.fl import SCHEMES, local_schedule
+from gi.fl.protocol import Protocol
+from gi.fl.victim import run_federation, simulate_client
 from gi.models import build
-from gi.protocol import Protocol
-from gi.victim import HISTORY_TERMS, local_schedule, run_federation, simulate_client
 from labels.rlu import history_offset, impulse_rho, scheme_rho
 
 C = 4
@@ -30,7 +31,7 @@ def _linear(seed: int = 0):
 def _random_history(protocol: Protocol, model, seed: int = 1) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return {f"{term}/{name}": 0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype)
-            for term in HISTORY_TERMS[protocol.scheme] for name, p in model.named_parameters()}
+            for term in SCHEMES[protocol.scheme].history for name, p in model.named_parameters()}
 
 
 CASES = [
@@ -52,7 +53,7 @@ def test_bias_update_matches_rlu_closed_form(case):
     """Δb = −η Σ_τ ρ^(τ) g_τ − h (RLU eq. 16, Table 1) on a linear model, to 1e-6 (float64: ~1e-15)."""
     images, labels = _data()
     model = _linear()
-    protocol = Protocol(batch_size=8, lr=0.1, extra={"local_steps": 7}, **case)
+    protocol = Protocol(batch_size=8, lr=0.1, local_steps=7, **case)
     history = _random_history(protocol, model)
     capture, truth = simulate_client(model, (images, labels), protocol, torch.Generator().manual_seed(3),
                                      history=history)
@@ -84,7 +85,7 @@ def test_local_schedule():
     p = Protocol(scheme="fedavg", batch_size=4, num_samples=10, local_epochs=2)
     assert local_schedule(p) == [4, 4, 4, 4]
     assert local_schedule(dataclasses.replace(p, drop_last=False)) == [4, 4, 2, 4, 4, 2]
-    assert local_schedule(dataclasses.replace(p, extra={"local_steps": 5})) == [4, 4, 4, 4, 4]
+    assert local_schedule(dataclasses.replace(p, local_steps=5)) == [4, 4, 4, 4, 4]
     assert local_schedule(p, num_samples=3) == [3, 3]  # fewer samples than B: one full batch per epoch
     with pytest.raises(CaptureError, match="num_samples"):
         local_schedule(Protocol(scheme="fedavg"))
@@ -107,7 +108,7 @@ def test_truth_counts_steps_and_epochs():
 
 def test_capped_steps_use_distinct_samples_only():
     images, labels = _data(40)
-    protocol = Protocol(scheme="fedavg", batch_size=4, lr=0.1, extra={"local_steps": 3})
+    protocol = Protocol(scheme="fedavg", batch_size=4, lr=0.1, local_steps=3)
     _, truth = simulate_client(_linear(), (images, labels), protocol, torch.Generator().manual_seed(0))
     assert int(truth.counts.sum()) == 12 and truth.images.shape[0] == 12
     assert torch.equal(truth.counts, truth.extra["step_counts"].sum(0))
@@ -135,12 +136,12 @@ def test_dp_clip_and_noise():
     norm = torch.sqrt(sum((t ** 2).sum() for t in clipped.update.values()))
     assert float(norm) == pytest.approx(1e-3, rel=1e-6)
     noisy, _ = simulate_client(_linear(), (images, labels),
-                               dataclasses.replace(base, dp_sigma=0.1, extra={"dp_scale": "gradient"}),
+                               dataclasses.replace(base, dp_sigma=0.1, dp_scale="gradient"),
                                torch.Generator().manual_seed(1))
     diff = noisy.update["fc.weight"] - clean.update["fc.weight"]
     assert 0.5 * 0.1 * base.lr < float(diff.std()) < 2 * 0.1 * base.lr  # σ on −Δθ/η means η·σ on Δθ
     # DP-SGD style: σ on each step's batch-summed gradient; a linear model's Δθ then carries η σ √m / B
-    step = dataclasses.replace(base, dp_sigma=1.0, lr=1e-4, local_epochs=1, extra={"dp_scale": "step"})
+    step = dataclasses.replace(base, dp_sigma=1.0, lr=1e-4, local_epochs=1, dp_scale="step")
     clean, _ = simulate_client(_linear(), (images, labels), dataclasses.replace(step, dp_sigma=0.0),
                                torch.Generator().manual_seed(1))
     noisy, truth = simulate_client(_linear(), (images, labels), step, torch.Generator().manual_seed(1))
@@ -148,7 +149,7 @@ def test_dp_clip_and_noise():
     diff = noisy.update["fc.weight"] - clean.update["fc.weight"]
     assert 0.6 * expected < float(diff.std()) < 1.5 * expected
     with pytest.raises(ConfigError, match="dp_scale"):
-        simulate_client(_linear(), (images, labels), dataclasses.replace(base, extra={"dp_scale": "x"}))
+        simulate_client(_linear(), (images, labels), dataclasses.replace(base, dp_scale="x"))
 
 
 def test_federation_fedavg_aggregation_and_captures():
@@ -243,7 +244,7 @@ def test_bad_updates_fail_validation():
 
 def test_capture_roundtrip(tmp_path):
     images, labels = _data()
-    protocol = Protocol(scheme="scaffold", batch_size=8, extra={"local_steps": 2})
+    protocol = Protocol(scheme="scaffold", batch_size=8, local_steps=2)
     capture, truth = simulate_client(_linear(), (images, labels), protocol, torch.Generator().manual_seed(0))
     capture.save(tmp_path / "c.safetensors")
     loaded = Capture.load(tmp_path / "c.safetensors")
