@@ -11,15 +11,12 @@ import torch
 
 from gi.capture import Capture
 from gi.errors import CaptureError, GIError
+from gi.label_result import LabelResult
 
 Tensor = torch.Tensor
 
 
-def _num_samples(capture: Capture) -> int:
-    return int(capture.meta.get("num_samples") or capture.protocol.num_samples or capture.protocol.batch_size)
-
-
-def last_layer_features(capture: Capture, label_result=None) -> Tensor:
+def last_layer_features(capture: Capture, label_result: LabelResult | None = None) -> Tensor:
     """The input ``x`` (1, D) of the last layer, float64.
 
     Sources, in order: ``label_result.features`` (``soft-lambda``'s ``λ·g_r``); the shared bias gradient
@@ -29,14 +26,12 @@ def last_layer_features(capture: Capture, label_result=None) -> Tensor:
     return feature_source(capture, label_result)[0]
 
 
-def feature_source(capture: Capture, label_result=None) -> tuple[Tensor, str]:
+def feature_source(capture: Capture, label_result: LabelResult | None = None) -> tuple[Tensor, str]:
     """:func:`last_layer_features` and where they came from: ``label-result`` | ``bias`` | ``fitted-lambda``."""
-    if _num_samples(capture) != 1:
-        raise GIError(f"last-layer features are analytic for one sample; this capture holds {_num_samples(capture)}")
+    if capture.num_samples != 1:
+        raise GIError(f"last-layer features are analytic for one sample; this capture holds {capture.num_samples}")
     gw, gb = capture.last_layer(torch.float64)
-    if not torch.isfinite(gw).all() or (gb is not None and not torch.isfinite(gb).all()):
-        raise CaptureError("last-layer gradient contains NaN or Inf; drop or re-capture this capture")
-    features = getattr(label_result, "features", None)
+    features = None if label_result is None else label_result.features
     if features is not None:
         features = features.to(torch.float64).reshape(1, -1)
         if features.shape[1] != gw.shape[1]:
@@ -45,7 +40,7 @@ def feature_source(capture: Capture, label_result=None) -> tuple[Tensor, str]:
         return features, "label-result"
     if gb is not None and torch.any(gb != 0):
         return (gw.T @ gb / gb.dot(gb)).view(1, -1), "bias"
-    soft = getattr(label_result, "soft", None)
+    soft = None if label_result is None else label_result.soft
     if soft is not None:
         from labels.soft_label import fit_lambda, row_of
 

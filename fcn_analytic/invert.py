@@ -24,6 +24,7 @@ from torch import nn
 from fcn_analytic.features import feature_source, output_gradient
 from gi.capture import Capture
 from gi.errors import CaptureError, GIError
+from gi.label_result import LabelResult
 
 Tensor = torch.Tensor
 _ROWS = 512  # rows per block when a large float32 matrix is used in float64
@@ -164,7 +165,7 @@ def _normalization(capture: Capture, channels: int) -> tuple[Tensor, Tensor]:
     return mean.double().reshape(-1, 1, 1), std.double().reshape(-1, 1, 1)
 
 
-def invert(capture: Capture, label_result: Any = None, features: Tensor | None = None) -> FCNInversion:
+def invert(capture: Capture, label_result: LabelResult | None = None, features: Tensor | None = None) -> FCNInversion:
     """Reconstruct the input image of a fully-connected GIModel from one sample's gradient (§4.2, eq. 6–7).
 
     ``features`` (the last-layer input) default to :func:`last_layer_features` of ``label_result`` (e.g. the
@@ -173,7 +174,8 @@ def invert(capture: Capture, label_result: Any = None, features: Tensor | None =
     connected or a layer whose gradient is all zero, :class:`CaptureError` for a capture that lacks a layer.
     """
     start = time.perf_counter()
-    n = int(capture.meta.get("num_samples") or capture.protocol.num_samples or capture.protocol.batch_size)
+    capture.check()
+    n = capture.num_samples
     if n != 1:
         raise GIError(f"analytic inversion reads one sample's gradient; this capture holds {n}")
     with torch.device("meta"):  # structure only: no 55M-parameter allocation or initialisation

@@ -227,7 +227,7 @@ def run_setting(cfg: AblateConfig, setting: str, out: Path, cache: Path | None =
             if source not in labels_cache:
                 labels_cache[source] = [source(lcfg, c, t, aux) for c, t in zip(captures, truths)]
             results = labels_cache[source]
-            features = [getattr(r, "features", None) for r in results]
+            features = [None if r is None else r.features for r in results]
             start = time.perf_counter()
             try:
                 recs = reconstruct_many(captures, results, features, attack)
@@ -248,7 +248,7 @@ def run_setting(cfg: AblateConfig, setting: str, out: Path, cache: Path | None =
                                       "true_label": int(truth.labels[i]), "objective": float(rec.objective.min())})
                 rec.history["perm"] = sc["perm"]
             row = Row(setting, variant, mode, per_image, seconds,
-                      float(sum(bool(getattr(r, "ok", True)) for r in results) / len(results)))
+                      float(sum(r is None or r.ok for r in results) / len(results)))
             rows.append(row)
             s = row.summary()
             print(f"  {setting:>24s} {variant:>12s} {mode:>16s}  PSNR {s['psnr']:6.2f}  SSIM {s['ssim']:.3f}  "

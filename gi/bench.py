@@ -138,7 +138,7 @@ def measure(entry: dict[str, Any], keep_steps: bool = False) -> dict[str, Any]:
                   seed=entry["seed"])
     images, labels = ds.images[:b], ds.labels[:b]
     capture, truth = capture_gradients(model, images, labels, Protocol(batch_size=b))
-    from labels import LabelResult
+    from gi.label_result import LabelResult
 
     oracle = LabelResult.from_counts("truth", truth.counts, soft=truth.targets)
     attack = from_dict(ReconConfig, {**entry["attack"], "iterations": entry["iterations"],

@@ -68,6 +68,11 @@ def _split(tensors: dict[str, Tensor]) -> dict[str, dict[str, Tensor]]:
     return out
 
 
+def _check_finite(group: str, name: str, t: Tensor) -> None:
+    if not math.isfinite(float(t.sum(dtype=torch.float64))):  # NaN/Inf propagate; cheaper than isfinite().all()
+        raise CaptureError(f"{group} tensor {name!r} contains NaN or Inf; drop this capture or re-capture it")
+
+
 @dataclass
 class Capture:
     """The shared message of one client (plus everything the server legitimately knows).
@@ -103,6 +108,19 @@ class Capture:
     def num_classes(self) -> int:
         return int(self.model_spec["num_classes"])
 
+    @property
+    def num_samples(self) -> int:
+        """The number of samples behind the shared message: ``meta['num_samples']``, else the protocol's
+        ``num_samples``, else (FedSGD only) the batch size. An update without it cannot be read: its local
+        schedule depends on it."""
+        n = self.meta.get("num_samples") or self.protocol.num_samples
+        if n is None:
+            if self.is_update:
+                raise CaptureError("this update capture records no num_samples (the client's N_k, needed for its "
+                                   "local schedule); captures from gi.fl.victim set it")
+            n = self.protocol.batch_size
+        return int(n)
+
     def model(self, device: str | torch.device = "cpu") -> torch.nn.Module:
         """The global model θᵗ, rebuilt from spec and state, in the protocol's mode (eval/train)."""
         from gi.models import from_spec
@@ -117,34 +135,63 @@ class Capture:
         model.train(self.protocol.model_mode == "train")
         return model.to(device)
 
-    def last_layer(self, dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor | None]:
-        """The shared last-layer tensors ``(W (C, D), b (C,) or None)`` in ``dtype``.
-
-        For an update the result is ``−Δθ/η``: for plain SGD that is the sum of the local step
-        gradients, so both kinds of capture read as gradient-like quantities. Update-based attacks
-        apply their own scheme factors (ρ, history terms) on top.
-        """
+    def shared_last_layer(self) -> tuple[Tensor, Tensor | None]:
+        """The shared last-layer tensors ``(W (C, D), b (C,) or None)`` as shared, checked: present, floating
+        point, finite, and of the global model's shapes. Raises :class:`CaptureError` naming the tensor."""
         from gi.models import LAST_BIAS, LAST_WEIGHT
 
         shared = self.shared
         if LAST_WEIGHT not in shared:
             raise CaptureError(f"capture has no {LAST_WEIGHT!r}; label recovery needs the last layer")
-        w, b = shared[LAST_WEIGHT].to(dtype), shared.get(LAST_BIAS)
-        b = None if b is None else b.to(dtype)
+        for name in (LAST_WEIGHT, LAST_BIAS):
+            if name in shared:
+                self._check_shared(name, shared[name])
+        return shared[LAST_WEIGHT], shared.get(LAST_BIAS)
+
+    def _check_shared(self, name: str, t: Tensor) -> None:
+        if not t.is_floating_point():
+            raise CaptureError(f"shared tensor {name!r} has dtype {t.dtype}; gradients and updates are floats")
+        if name in self.model_state and t.shape != self.model_state[name].shape:
+            raise CaptureError(f"shared tensor {name!r} has shape {tuple(t.shape)}, the global model's has "
+                               f"{tuple(self.model_state[name].shape)}: capture and model differ")
+        _check_finite("shared", name, t)
+
+    def last_layer(self, dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor | None]:
+        """The checked shared last-layer tensors (:meth:`shared_last_layer`) in ``dtype``.
+
+        For an update the result is ``−Δθ/η``: for plain SGD that is the sum of the local step
+        gradients, so both kinds of capture read as gradient-like quantities. Update-based attacks
+        apply their own scheme factors (ρ, history terms) on top.
+        """
+        w, b = self.shared_last_layer()
+        w, b = w.to(dtype), (None if b is None else b.to(dtype))
         if self.is_update:
             scale = -1.0 / self.protocol.lr
             w, b = w * scale, (None if b is None else b * scale)
         return w, b
 
     # ------------------------------------------------------------------ checks
-    def validate(self, model: torch.nn.Module | None = None) -> Capture:
-        """Check names, shapes, finiteness and gradients-xor-update; raise :class:`CaptureError`."""
+    def check(self) -> Capture:
+        """The cheap checks every stage runs at its door (no model is built): gradients xor update, the kind
+        the scheme shares, every shared tensor a float of its global-model shape, no NaN/Inf anywhere.
+        Raises :class:`CaptureError` naming the tensor or field."""
         if (self.gradients is None) == (self.update is None):
             raise CaptureError("a capture needs exactly one of gradients (FedSGD) and update (FedAvg); "
                                f"got gradients={self.gradients is not None}, update={self.update is not None}")
         if self.is_update != self.protocol.is_update:
             raise CaptureError(f"protocol.scheme={self.protocol.scheme!r} does not match a capture with "
                                f"{'an update' if self.is_update else 'gradients'}")
+        for name, tensor in self.shared.items():
+            self._check_shared(name, tensor)
+        for group, tensors in (("model_state", self.model_state), ("history", self.history)):
+            for name, tensor in tensors.items():
+                if tensor.is_floating_point():
+                    _check_finite(group, name, tensor)
+        return self
+
+    def validate(self, model: torch.nn.Module | None = None) -> Capture:
+        """:meth:`check`, plus names and shapes against the rebuilt model; raise :class:`CaptureError`."""
+        self.check()
         model = model if model is not None else self.model()
         params = dict(model.named_parameters())
         state = model.state_dict()
@@ -155,12 +202,6 @@ class Capture:
             if tuple(tensor.shape) != tuple(params[name].shape):
                 raise CaptureError(f"shared tensor {name!r} has shape {tuple(tensor.shape)}, the model's "
                                    f"parameter has {tuple(params[name].shape)}: capture and model differ")
-        for group, tensors in (("shared", self.shared), ("model_state", self.model_state),
-                               ("history", self.history)):
-            for name, tensor in tensors.items():
-                if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-                    raise CaptureError(f"{group} tensor {name!r} contains NaN or Inf; drop this capture "
-                                       "or re-capture it")
         for name, tensor in self.model_state.items():
             if name in state and tuple(state[name].shape) != tuple(tensor.shape):
                 raise CaptureError(f"model_state tensor {name!r} has shape {tuple(tensor.shape)}, "

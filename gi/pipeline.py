@@ -23,6 +23,7 @@ from gi.capture import Capture, Truth, capture_gradients
 from gi.config import apply_overrides, from_dict, load_yaml, to_dict
 from gi.errors import ConfigError
 from gi.fl.protocol import Protocol
+from gi.label_result import LabelResult
 from gi.models import build
 from gi.recon import ReconConfig, Reconstruction, reconstruct
 from gi.report import save_grid, save_line_plot, staged_output, write_csv, write_json, write_yaml
@@ -134,10 +135,8 @@ def client_batch(cfg: RunConfig, dataset: Any, gen: torch.Generator) -> tuple[to
     return images, gdata.make_targets(labels, c, kind, eps)
 
 
-def oracle_labels(truth: Truth) -> Any:
+def oracle_labels(truth: Truth) -> LabelResult:
     """The LabelResult an oracle would return: true soft targets and counts (scoring/ablation only)."""
-    from labels import LabelResult
-
     return LabelResult.from_counts("truth", truth.counts, soft=truth.targets.clone(), info={"oracle": True})
 
 
@@ -201,28 +200,26 @@ def capture_client(cfg: Any, dataset: Any, model: torch.nn.Module, gen: torch.Ge
 
 
 # --------------------------------------------------------------------------- label modes
-def _truth_labels(lcfg: LabelConfig, capture: Capture, truth: Truth, aux: Any) -> Any:
+def _truth_labels(lcfg: LabelConfig, capture: Capture, truth: Truth, aux: Any) -> LabelResult | None:
     return oracle_labels(truth)
 
 
-def _recovered_labels(lcfg: LabelConfig, capture: Capture, truth: Truth, aux: Any) -> Any:
+def _recovered_labels(lcfg: LabelConfig, capture: Capture, truth: Truth, aux: Any) -> LabelResult | None:
     import labels
 
     return labels.recover(capture, lcfg.method, aux=aux, **lcfg.options)
 
 
-def _hard_labels(lcfg: LabelConfig, capture: Capture, truth: Truth, aux: Any) -> Any:
+def _hard_labels(lcfg: LabelConfig, capture: Capture, truth: Truth, aux: Any) -> LabelResult | None:
     """iDLG-style one-hot labels: the counts of ``hard_method`` (its soft labels, if any, become their argmax)."""
     import labels
-    from labels import LabelResult
-
     result = labels.recover(capture, lcfg.hard_method, aux=aux)
     counts = result.counts if result.soft is None else torch.bincount(result.soft.argmax(1),
                                                                       minlength=capture.num_classes)
     return LabelResult.from_counts(f"hard:{result.method}", counts, ok=result.ok, info=dict(result.info))
 
 
-def _no_labels(lcfg: LabelConfig, capture: Capture, truth: Truth, aux: Any) -> Any:
+def _no_labels(lcfg: LabelConfig, capture: Capture, truth: Truth, aux: Any) -> LabelResult | None:
     return None
 
 
@@ -245,7 +242,8 @@ LABEL_MODES: dict[str, LabelMode] = {
 }
 
 
-def attack_labels(lcfg: LabelConfig, capture: Capture, truth: Truth, aux: Any = None) -> tuple[Any, str]:
+def attack_labels(lcfg: LabelConfig, capture: Capture, truth: Truth,
+                  aux: Any = None) -> tuple[LabelResult | None, str]:
     """The label knowledge of ``lcfg.mode``: ``(LabelResult or None, "fixed" | "joint")``."""
     mode = LABEL_MODES[lcfg.mode]
     return mode.labels(lcfg, capture, truth, aux), mode.kind
@@ -260,10 +258,8 @@ def make_aux(lcfg: LabelConfig, dataset: Any, gen: torch.Generator) -> Any:
     return AuxData(ax, ay, dataset.num_classes)
 
 
-def used_labels(rec: Reconstruction, mode: str) -> Any:
+def used_labels(rec: Reconstruction, mode: str) -> LabelResult:
     """The labels the reconstruction ended with, as a LabelResult (soft rows and their argmax counts)."""
-    from labels import LabelResult
-
     counts = torch.bincount(rec.labels.argmax(1), minlength=rec.labels.shape[1])
     return LabelResult.from_counts(mode, counts, soft=rec.labels.double())
 
@@ -323,7 +319,7 @@ def run(cfg: RunConfig) -> RunResult:
                      label_result.counts.tolist())
         attack = dataclasses.replace(cfg.attack, labels=label_kind)
         monitor = TruthMonitor(truth.images, cfg.attack.log_every)
-        features = getattr(label_result, "features", None)
+        features = None if label_result is None else label_result.features
         rec = reconstruct(capture, label_result, features=features, config=attack, callbacks=[monitor])
 
         # ---- scoring
@@ -338,8 +334,8 @@ def run(cfg: RunConfig) -> RunResult:
             "psnr_mean": scores["psnr_mean"], "ssim_mean": scores["ssim_mean"],
             "lpips_alex_mean": scores["lpips_alex_mean"],
             "random_image_psnr_mean": baseline["psnr_mean"],
-            "labels": {"mode": cfg.labels.mode, "method": getattr(label_result, "method", "joint"),
-                       "ok": getattr(label_result, "ok", True), **lab,
+            "labels": {"mode": cfg.labels.mode, "method": "joint" if label_result is None else label_result.method,
+                       "ok": True if label_result is None else label_result.ok, **lab,
                        "counts": (label_result.counts if label_result is not None else final_counts(rec)).tolist(),
                        "true_counts": truth.counts.tolist()},
             "final_labels": {**final, "L_r": final.get("soft_l1"), "counts": final_counts(rec).tolist()},

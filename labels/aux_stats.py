@@ -36,11 +36,6 @@ class GradientView:
     batch_size: int
 
 
-def batch_size_of(capture: Capture) -> int:
-    """Number of labelled samples behind the capture (``meta['num_samples']``, else the protocol's B)."""
-    return int(capture.meta.get("num_samples") or capture.protocol.num_samples or capture.protocol.batch_size)
-
-
 def fedsgd_view(capture: Capture) -> GradientView | str:
     """The capture as one FedSGD gradient, or the reason (a string) why it cannot be read as one.
 
@@ -49,16 +44,14 @@ def fedsgd_view(capture: Capture) -> GradientView | str:
     """
     if capture.is_update:
         p = capture.protocol
-        steps = p.local_epochs * -(-batch_size_of(capture) // p.batch_size)
+        steps = p.local_epochs * -(-capture.num_samples // p.batch_size)
         single = steps == 1 and p.optimizer == "sgd" and p.weight_decay == 0 and p.prox_mu == 0 \
             and p.scheme in ("fedavg", "fedprox")
         if not single:
             return (f"this is a FedSGD attack; the capture is a {p.scheme} update of {steps} local step(s) with "
                     f"{p.optimizer}: use an update-based method (e.g. rlu)")
     w, b = capture.last_layer(torch.float64)
-    if not torch.isfinite(w).all() or (b is not None and not torch.isfinite(b).all()):
-        raise CaptureError("last-layer gradient contains NaN or Inf; drop this capture or re-capture it")
-    return GradientView(w, b, batch_size_of(capture))
+    return GradientView(w, b, capture.num_samples)
 
 
 def model_last_layer(capture: Capture) -> tuple[Tensor, Tensor | None]:

@@ -1,63 +1,24 @@
-"""The label-recovery contract: :class:`LabelResult`, the method registry and :func:`recover`.
+"""The label-method registry and :func:`recover` (the result type, :class:`gi.label_result.LabelResult`, lives
+beside :class:`gi.Capture`, so every stage that reads it imports it from below).
 
-DESIGN.md §3–4: one module per method family, each registering its methods by name here; a method
-that cannot decide returns ``ok=False`` with a reason instead of raising, so batch jobs keep going.
+docs/architecture.md, "Add a label method": one module per method family, each registering its methods by name
+here; a method that cannot decide returns ``ok=False`` with a reason instead of raising, so batch jobs keep going.
 """
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from gi.capture import Capture
 from gi.errors import CaptureError, ConfigError
+from gi.label_result import LabelResult
 
 Tensor = torch.Tensor
-
-
-@dataclass
-class LabelResult:
-    """Output of every label method.
-
-    ``counts`` (C,) long, sums to the number of labelled samples; ``proportions`` (C,) on the simplex;
-    ``soft`` (B, C) soft labels when the method recovers them; ``estimate`` the real-valued counts
-    before rounding, when the method has them; ``features`` (B, D) last-layer features when the method
-    recovers them (soft-label λ·g_r); ``info`` timings, solver state and the reason of a failure.
-    """
-
-    method: str
-    ok: bool
-    counts: Tensor
-    proportions: Tensor
-    soft: Tensor | None = None
-    estimate: Tensor | None = None
-    features: Tensor | None = None
-    info: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def labels(self) -> Tensor:
-        """Per-slot hard labels: class ``c`` repeated ``counts[c]`` times (slot order is irrelevant)."""
-        return torch.repeat_interleave(torch.arange(len(self.counts)), self.counts.cpu())
-
-    @classmethod
-    def failure(cls, method: str, num_classes: int, reason: str, **info: Any) -> LabelResult:
-        """An ``ok=False`` result: zero counts, uniform proportions, the reason in ``info``."""
-        return cls(method=method, ok=False, counts=torch.zeros(num_classes, dtype=torch.long),
-                   proportions=torch.full((num_classes,), 1.0 / num_classes, dtype=torch.float64),
-                   info={"reason": reason, **info})
-
-    @classmethod
-    def from_counts(cls, method: str, counts: Tensor, **kwargs: Any) -> LabelResult:
-        counts = counts.long().cpu()
-        total = int(counts.sum())
-        props = counts.double() / total if total > 0 else torch.full(counts.shape, 1.0 / len(counts),
-                                                                      dtype=torch.float64)
-        kwargs.setdefault("ok", True)
-        return cls(method=method, counts=counts, proportions=props, **kwargs)
 
 
 Method = Callable[..., LabelResult]
@@ -101,16 +62,29 @@ def describe() -> dict[str, str]:
     return dict(sorted(_DOCS.items()))
 
 
+def check_call(method: str, capture: Capture, options: dict[str, Any]) -> None:
+    """The door of the label stage: a known method, options it takes, a capture whose last layer is readable
+    (present, float, finite, the model's shapes). Raises :class:`ConfigError` / :class:`CaptureError`."""
+    if method not in METHODS:
+        raise ConfigError(f"unknown label method {method!r}; valid: {sorted(METHODS)}")
+    if not isinstance(capture, Capture):
+        raise CaptureError(f"labels.recover needs a gi.Capture, got {type(capture).__name__}")
+    params = inspect.signature(METHODS[method]).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        valid = sorted(n for n in params if n not in ("capture", "aux"))
+        unknown = sorted(set(options) - set(valid))
+        if unknown:
+            raise ConfigError(f"label method {method!r} takes no option(s) {unknown}; valid: {valid}")
+    capture.shared_last_layer()
+
+
 def recover(capture: Capture, method: str, aux: Any = None, **options: Any) -> LabelResult:
     """Recover labels from a capture with a registered method (DESIGN.md §4).
 
     ``aux`` is the attacker's auxiliary data when the method needs it (an :class:`labels.aux.AuxData` or
     a dataset); ``options`` are method-specific. Wall time goes to ``info['seconds']``.
     """
-    if method not in METHODS:
-        raise ConfigError(f"unknown label method {method!r}; valid: {sorted(METHODS)}")
-    if not isinstance(capture, Capture):
-        raise CaptureError(f"labels.recover needs a gi.Capture, got {type(capture).__name__}")
+    check_call(method, capture, options)
     start = time.perf_counter()
     result = METHODS[method](capture, aux=aux, **options)
     result.info.setdefault("seconds", time.perf_counter() - start)
@@ -119,8 +93,8 @@ def recover(capture: Capture, method: str, aux: Any = None, **options: Any) -> L
 
 def recover_many(captures: list[Capture], method: str, aux: Any = None, **options: Any) -> list[LabelResult]:
     """:func:`recover` over many captures; vectorised when the method registered a batch form."""
-    if method not in METHODS:
-        raise ConfigError(f"unknown label method {method!r}; valid: {sorted(METHODS)}")
+    for capture in captures:
+        check_call(method, capture, options)
     if method in BATCH_METHODS:
         start = time.perf_counter()
         results = BATCH_METHODS[method](captures, aux=aux, **options)

@@ -37,8 +37,9 @@ from scipy.optimize import nnls
 
 from gi.capture import Capture
 from gi.errors import ConfigError
+from gi.label_result import LabelResult
 from labels.aux_stats import aux_forward, embedded_targets, label_embedding, logit_gradients
-from labels.base import LabelResult, register
+from labels.base import register
 from labels.counts import largest_remainder
 from labels.rlu import update_view
 

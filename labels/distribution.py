@@ -43,10 +43,11 @@ from torch.func import functional_call
 from gi.capture import Capture
 from gi.errors import ConfigError
 from gi.fl import Protocol, local_train
+from gi.label_result import LabelResult
 from gi.losses import loss_for
 from gi.models import LAST_BIAS, LAST_WEIGHT
 from labels.aux_stats import _as_images_labels, class_means, model_last_layer
-from labels.base import LabelResult, register
+from labels.base import register
 from labels.counts import largest_remainder
 from labels.rlu import UpdateView, scheme_rho, update_view
 
@@ -346,7 +347,7 @@ def exact_conditions(capture: Capture) -> list[str]:
     if bool(torch.any(w0 != 0)):
         reasons.append("the global last-layer weight W⁰ is not zero (build the model with init='zero-last')")
     view = update_view(capture)
-    if len(view.batch_sizes) != 1 or view.batch_sizes[0] != int(capture.meta.get("num_samples") or p.num_samples):
+    if len(view.batch_sizes) != 1 or view.batch_sizes[0] != capture.num_samples:
         reasons.append(f"the client ran {len(view.batch_sizes)} step(s) of {view.batch_sizes[:3]} samples; "
                        "Proposition 2 needs one full-batch epoch (E = 1, B = N)")
     if p.scheme not in ("fedavg", "fedprox") or (p.optimizer != "sgd" and p.momentum > 0) or p.weight_decay:

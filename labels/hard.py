@@ -9,11 +9,8 @@ from __future__ import annotations
 import torch
 
 from gi.capture import Capture
-from labels.base import LabelResult, register
-
-
-def _num_samples(capture: Capture) -> int:
-    return int(capture.meta.get("num_samples") or capture.protocol.batch_size)
+from gi.label_result import LabelResult
+from labels.base import register
 
 
 @register("idlg", "iDLG (Zhao et al. 2020): B=1, the class whose bias gradient / weight-row sum is most negative")
@@ -24,16 +21,17 @@ def recover_idlg(capture: Capture, aux=None) -> LabelResult:
     non-negative features such as ReLU/sigmoid outputs).
     """
     w, b = capture.last_layer()
+    n = capture.num_samples
+    if n != 1:
+        return LabelResult.failure("idlg", capture.num_classes, f"iDLG reads one sample; this capture has {n} "
+                                   "(use a batch method, e.g. idlg-batch, ilrg or posterior)")
     score = b if b is not None else w.sum(1)
     if not torch.any(score != 0):
         return LabelResult.failure("idlg", capture.num_classes, "last-layer gradient is zero")
     label = int(torch.argmin(score))
     counts = torch.zeros(capture.num_classes, dtype=torch.long)
     counts[label] = 1
-    n = _num_samples(capture)
     info = {"score": score.tolist(), "source": "bias" if b is not None else "weight-row-sum"}
-    if n != 1:
-        info["warning"] = f"iDLG assumes one sample; this capture has {n}"
     return LabelResult.from_counts("idlg", counts, info=info)
 
 
@@ -57,7 +55,7 @@ def recover_idlg_batch(capture: Capture, aux=None) -> LabelResult:
     score = w.sum(1)
     if not torch.any(score != 0):
         return LabelResult.failure("idlg-batch", capture.num_classes, "last-layer gradient is zero")
-    counts = _presence_counts(score < 0, score, _num_samples(capture))
+    counts = _presence_counts(score < 0, score, capture.num_samples)
     return LabelResult.from_counts("idlg-batch", counts, info={"present": (score < 0).tolist()})
 
 
@@ -68,5 +66,5 @@ def recover_yin(capture: Capture, aux=None) -> LabelResult:
     score = w.min(1).values
     if not torch.any(w != 0):
         return LabelResult.failure("yin", capture.num_classes, "last-layer gradient is zero")
-    counts = _presence_counts(score < 0, score, _num_samples(capture))
+    counts = _presence_counts(score < 0, score, capture.num_samples)
     return LabelResult.from_counts("yin", counts, info={"present": (score < 0).tolist()})

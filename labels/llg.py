@@ -25,6 +25,7 @@ import time
 import torch
 
 from gi.capture import Capture
+from gi.label_result import LabelResult
 from labels.aux_stats import (
     AuxStats,
     aux_forward,
@@ -35,7 +36,7 @@ from labels.aux_stats import (
     label_embedding,
     logit_gradients,
 )
-from labels.base import LabelResult, register
+from labels.base import register
 
 Tensor = torch.Tensor
 
@@ -143,7 +144,7 @@ def recover_llg_star(capture: Capture, aux=None, dummy: int | None = None, seed:
                      dtype: torch.dtype | str = torch.float64) -> LabelResult:
     """LLG* with ``dummy`` random uniform images (default 10·B, at most 1024: ten runs of B dummy samples
     averaged, as the posterior paper runs its LLG baseline; m and s are linear in the dummy means)."""
-    total = int(capture.meta.get("num_samples") or capture.protocol.batch_size)
+    total = capture.num_samples
     count = int(dummy) if dummy is not None else min(10 * total, 1024)
     stats = dummy_forward(capture, count, seed=seed, dtype=dtype)
     return _llg_plus(capture, stats, "llg*", relabel=True)

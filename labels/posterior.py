@@ -26,6 +26,7 @@ import torch
 
 from gi.capture import Capture
 from gi.errors import ConfigError
+from gi.label_result import LabelResult
 from labels.aux_stats import (
     AuxStats,
     aux_forward,
@@ -37,7 +38,7 @@ from labels.aux_stats import (
     logit_gradients,
     split_means,
 )
-from labels.base import LabelResult, register
+from labels.base import register
 from labels.counts import largest_remainder
 
 Tensor = torch.Tensor

@@ -23,8 +23,9 @@ import torch
 from scipy.optimize import linprog
 
 from gi.capture import Capture
+from gi.label_result import LabelResult
 from labels.aux_stats import fedsgd_view
-from labels.base import LabelResult, register
+from labels.base import register
 from labels.hard import _presence_counts
 
 

@@ -43,9 +43,10 @@ from gi.capture import Capture
 from gi.errors import CaptureError, ConfigError
 from gi.fl import LINEAR, LocalOptimizer, get_scheme, local_schedule, local_train
 from gi.fl.local import scheme_constants
+from gi.label_result import LabelResult
 from gi.models import LAST_BIAS, LAST_WEIGHT
 from labels.aux_stats import aux_forward
-from labels.base import LabelResult, register
+from labels.base import register
 from labels.counts import largest_remainder
 
 Tensor = torch.Tensor
@@ -262,18 +263,10 @@ def update_view(capture: Capture, linear: bool = True) -> UpdateView:
         if p.scheme != "fedavg" or p.weight_decay:
             raise ConfigError(f"optimizer {p.optimizer!r} updates are read only under FedAvg without weight decay "
                               f"(got scheme {p.scheme!r}, weight_decay {p.weight_decay})")
+    capture.shared_last_layer()  # present, float, finite, the model's shapes
     shared = capture.shared
-    if LAST_WEIGHT not in shared:
-        raise CaptureError(f"capture update has no {LAST_WEIGHT!r}; label recovery needs the last layer")
-    for name in (LAST_WEIGHT, LAST_BIAS):
-        if name in shared:
-            if name in capture.model_state and shared[name].shape != capture.model_state[name].shape:
-                raise CaptureError(f"update {name!r} has shape {tuple(shared[name].shape)}, the global model's "
-                                   f"has {tuple(capture.model_state[name].shape)}: capture and model differ")
-            if not torch.isfinite(shared[name]).all():
-                raise CaptureError(f"update tensor {name!r} contains NaN or Inf; drop this capture or re-capture it")
-    num_samples = int(capture.meta.get("num_samples") or p.num_samples or 0)
-    sizes = local_schedule(p, num_samples if num_samples > 0 else None)
+    num_samples = capture.num_samples
+    sizes = local_schedule(p, num_samples)
     rho = scheme_rho(p, len(sizes)) if p.optimizer in LINEAR else torch.ones(len(sizes), dtype=torch.float64)
     out, offsets = {}, {}
     for name in (LAST_WEIGHT, LAST_BIAS):

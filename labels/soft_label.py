@@ -50,7 +50,8 @@ import torch
 
 from gi.capture import Capture
 from gi.errors import CaptureError, ConfigError
-from labels.base import LabelResult, register, register_batch
+from gi.label_result import LabelResult
+from labels.base import register, register_batch
 
 Tensor = torch.Tensor
 METHOD = "soft-lambda"
@@ -507,7 +508,7 @@ def _read(capture: Capture, ratio: str = "projection", cache: dict | None = None
     protocol = capture.protocol
     if protocol.loss not in LINKS:
         return f"soft-lambda supports the losses {sorted(LINKS)}; this capture uses {protocol.loss!r}"
-    n = int(capture.meta.get("num_samples") or protocol.num_samples or protocol.batch_size)
+    n = capture.num_samples
     if n != 1:
         return f"soft-lambda recovers the label of one sample; this capture holds {n}"
     warnings = []

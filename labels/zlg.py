@@ -21,8 +21,9 @@ import torch
 
 from gi.capture import Capture
 from gi.errors import ConfigError
+from gi.label_result import LabelResult
 from labels.aux_stats import AuxStats, aux_forward, class_posteriors, dummy_forward, fedsgd_view, label_embedding
-from labels.base import LabelResult, register
+from labels.base import register
 from labels.counts import largest_remainder
 
 Tensor = torch.Tensor

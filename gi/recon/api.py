@@ -13,7 +13,6 @@ import time
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 import lightning as L
@@ -21,6 +20,7 @@ import torch
 
 from gi.capture import Capture
 from gi.errors import CaptureError, ConfigError, GIError
+from gi.label_result import LabelResult
 from gi.recon.config import SMALL_MODEL, ReconConfig
 from gi.recon.module import Context, GradientInversion
 
@@ -49,12 +49,7 @@ class Reconstruction:
     all_labels: Tensor | None = None
 
 
-def num_samples(capture: Capture) -> int:
-    """B: the samples of a FedSGD batch, or N_k of a FedAvg client (all the slots the update depends on)."""
-    return int(capture.meta.get("num_samples") or capture.protocol.num_samples or capture.protocol.batch_size)
-
-
-def labels_for_slots(label_result: Any, batch: int, num_classes: int) -> Tensor:
+def labels_for_slots(label_result: LabelResult | None, batch: int, num_classes: int) -> Tensor:
     """Soft targets (B, C) from a LabelResult: its soft labels, else one one-hot slot per counted label.
 
     The order of slots is irrelevant to a mean loss (and the batch metric matches images one-to-one), so slots
@@ -64,7 +59,7 @@ def labels_for_slots(label_result: Any, batch: int, num_classes: int) -> Tensor:
     if label_result is None:
         raise ConfigError("reconstruct needs labels: pass a LabelResult (labels.recover, or oracle labels made by "
                           "the pipeline), or set attack.labels=joint to optimise them from a random start")
-    soft = getattr(label_result, "soft", None)
+    soft = label_result.soft
     if soft is not None and soft.shape == (batch, num_classes):
         soft = soft.float()
         return soft[torch.argsort(soft.argmax(1), stable=True)]
@@ -77,7 +72,7 @@ def labels_for_slots(label_result: Any, batch: int, num_classes: int) -> Tensor:
     return torch.nn.functional.one_hot(slots, num_classes).float()
 
 
-def feature_targets(capture: Capture, label_result: Any, soft: Tensor) -> Tensor | None:
+def feature_targets(capture: Capture, label_result: LabelResult | None, soft: Tensor) -> Tensor | None:
     """f*_{N−1} per slot (B, D), float64, for the feature term of eq. 8; None when the capture does not give it.
 
     One sample: :func:`fcn_analytic.last_layer_features` (``λ·g_r`` of the soft-label method, ``∇Wᵀ∇b/‖∇b‖²``
@@ -91,8 +86,10 @@ def feature_targets(capture: Capture, label_result: Any, soft: Tensor) -> Tensor
     if b == 1:
         from fcn_analytic import last_layer_features
 
-        if getattr(label_result, "features", None) is None and getattr(label_result, "soft", None) is None:
-            label_result = SimpleNamespace(features=None, soft=soft)  # counts only: λ fitted to the slot label
+        if label_result is None or (label_result.features is None and label_result.soft is None):
+            # counts only (or joint labels): λ fitted to the slot label
+            label_result = LabelResult.from_counts("slots", soft.argmax(1).bincount(minlength=soft.shape[1]),
+                                                   soft=soft)
         try:
             return last_layer_features(capture, label_result).reshape(1, -1)
         except GIError:
@@ -107,7 +104,7 @@ def feature_targets(capture: Capture, label_result: Any, soft: Tensor) -> Tensor
     return gw[cls] / denom.unsqueeze(1)
 
 
-def analytic_prior(capture: Capture, label_result: Any) -> Tensor | None:
+def analytic_prior(capture: Capture, label_result: LabelResult | None) -> Tensor | None:
     """The analytic inversion of a fully-connected net (soft-label paper §4.2) as (B=1, C, H, W), else None."""
     from fcn_analytic import invert
 
@@ -174,7 +171,7 @@ def cpu_threads(threads: int | None, model: torch.nn.Module, accelerator: str) -
 
 
 def _same_model(a: Capture, b: Capture) -> bool:
-    if a.model_spec != b.model_spec or a.protocol != b.protocol or num_samples(a) != num_samples(b):
+    if a.model_spec != b.model_spec or a.protocol != b.protocol or a.num_samples != b.num_samples:
         return False
     if a.is_update != b.is_update or set(a.shared) != set(b.shared) or set(a.model_state) != set(b.model_state):
         return False
@@ -184,7 +181,7 @@ def _same_model(a: Capture, b: Capture) -> bool:
 
 def reconstruct(
     capture: Capture,
-    label_result: Any = None,
+    label_result: LabelResult | None = None,
     features: Tensor | None = None,
     config: ReconConfig | None = None,
     callbacks: Sequence[L.Callback] = (),
@@ -201,7 +198,7 @@ def reconstruct(
 
 def reconstruct_many(
     captures: Sequence[Capture],
-    label_results: Sequence[Any] | None = None,
+    label_results: Sequence[LabelResult | None] | None = None,
     features: Sequence[Tensor | None] | None = None,
     config: ReconConfig | None = None,
     callbacks: Sequence[L.Callback] = (),
@@ -232,7 +229,7 @@ def reconstruct_many(
     model = first.model()
     for c in captures:
         c.validate(model)
-    b, classes = num_samples(first), first.num_classes
+    b, classes = first.num_samples, first.num_classes
     joint_random = cfg.labels == "joint" and all(lr is None for lr in label_results)
     soft = None if joint_random else torch.stack([labels_for_slots(lr, b, classes) for lr in label_results])
     feats = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -9,6 +11,7 @@ from hypothesis import strategies as st
 
 import labels
 from gi.capture import capture_gradients
+from gi.errors import CaptureError, ConfigError
 from gi.fl.protocol import Protocol
 from gi.models import build
 
@@ -54,10 +57,31 @@ def test_zero_gradient_is_a_failure(method):
     assert not r.ok and "zero" in r.info["reason"]
 
 
-def test_idlg_warns_on_batches():
+def test_idlg_refuses_batches_with_ok_false():
+    """A single-sample method on a batch cannot decide: ok=False with the reason, never counts summing to 1."""
     model = build("lenet", C, bias_last=False, seed=3)
     cap, _ = capture_gradients(model, torch.rand(2, 3, 32, 32), torch.tensor([1, 2]), Protocol(batch_size=2))
-    assert "warning" in labels.recover(cap, "idlg").info
+    result = labels.recover(cap, "idlg")
+    assert not result.ok and "one sample" in result.info["reason"] and int(result.counts.sum()) == 0
+
+
+def test_label_stage_door_rejects_bad_captures_and_options():
+    model = build("lenet", C, bias_last=True, seed=3)
+    cap, _ = capture_gradients(model, torch.rand(1, 3, 32, 32), torch.tensor([1]), Protocol())
+    nan = dataclasses.replace(cap, gradients={**cap.gradients, "fc.bias": cap.gradients["fc.bias"] * float("nan")})
+    as_int = dataclasses.replace(cap, gradients={**cap.gradients, "fc.weight": cap.gradients["fc.weight"].int()})
+    wrong = dataclasses.replace(cap, gradients={**cap.gradients, "fc.weight": cap.gradients["fc.weight"][:, :5]})
+    for method in ("idlg", "idlg-batch", "yin"):
+        with pytest.raises(CaptureError, match="'fc.bias' contains NaN"):
+            labels.recover(nan, method)
+        with pytest.raises(CaptureError, match="dtype"):
+            labels.recover(as_int, method)
+        with pytest.raises(CaptureError, match="shape"):
+            labels.recover(wrong, method)
+    with pytest.raises(ConfigError, match=r"no option\(s\) \['nosuch'\]; valid: \[\]"):
+        labels.recover(cap, "idlg", nosuch=1)
+    with pytest.raises(ConfigError, match="valid: .*'samples'"):
+        labels.recover(cap, "rlu", nosuch=1)
 
 
 @pytest.mark.parametrize("method", ["idlg-batch", "yin"])
