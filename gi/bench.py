@@ -68,7 +68,7 @@ class BenchConfig:
 
 def load_bench_config(path: str | Path | None, overrides: list[str] | None = None) -> BenchConfig:
     data = load_yaml(path) if path else {}
-    return from_dict(BenchConfig, apply_overrides(data, list(overrides or [])))
+    return from_dict(BenchConfig, apply_overrides(data, list(overrides or []), BenchConfig))
 
 
 class StepTimer:
