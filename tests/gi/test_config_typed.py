@@ -35,9 +35,10 @@ def _error(overrides: list[str], path: str = DEMO, loader=load_run_config) -> st
     ("attack=5", ["attack", "5", "ReconConfig", "int"]),
     ("metrics.match='yes'", ["metrics.match", "yes", "bool", "str"]),
     ("model.name=7", ["model.name", "7", "str", "int"]),
-    ("data.indices=[0, a]", ["data.indices", "list[int]", "'a'"]),
+    ("data.indices=[0, a]", ["data.indices[1]=a", "int", "str"]),
     ("protocol.focal_alpha=abc", ["protocol.focal_alpha", "abc", "float | list[float] | None", "str"]),
-    ("attack.regularizers.tv=abc", ["attack.regularizers", "dict[str, float]", "'abc'"]),
+    ("attack.regularizers.tv=abc", ["attack.regularizers.tv=abc", "float", "str"]),
+    ("protocol.focal_alpha=[0.5, x]", ["protocol.focal_alpha=[0.5, x]", "float | list[float] | None", "'x'"]),
     ("model.options=[1]", ["model.options", "dict[str, Any]", "list"]),
 ])
 def test_wrong_types_are_one_line_errors_naming_key_value_and_type(override, parts):
