@@ -28,7 +28,7 @@ Why a thin layer over pydantic's ``TypeAdapter(hint).validate_python(value, stri
 * pydantic strict on the whole dataclass refuses plain dicts ("Input should be an instance of RunConfig"), lax
   mode coerces; per field hint, strict mode is exactly the wanted semantics: 1.5 and true are not ints, 1 is a
   float, '1e-3' is not a float, unions with containers work, and its error ``loc``/``input`` name the bad item.
-  Import 0.26 s, the adapters of RunConfig ~0.06 s, once.
+  Import 0.13-0.28 s in a fresh process; the first load_run_config (adapters built) 0.08-0.10 s, later ones 5 ms.
 * typeguard accepts ``True`` for ``int`` (bool is an int subclass) and words union errors on several lines.
 
 The loader, the alias bound and ``defaults`` stay here (no library above bounds alias expansion).

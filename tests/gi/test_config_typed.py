@@ -107,6 +107,14 @@ def test_value_ranges_are_checked_at_load_time(override, key):
     assert key in text, text
 
 
+@pytest.mark.parametrize("override", ["restarts=[0]", "iterations.lenet=0", "timing_repeats=0", "threads=0"])
+def test_bench_counts_are_checked_at_load_time(override):
+    from gi.bench import load_bench_config
+
+    with pytest.raises(ConfigError, match=override.split("=")[0].split(".")[0] + ".*>= 1"):
+        load_bench_config(None, [override])
+
+
 def test_dotted_keys_in_grids_and_overrides():
     cfg = load_sweep_config("configs/sweep/demo-cpu.yaml", ["grid.model.activation=[relu]"])
     assert cfg.grid["model.activation"] == ["relu"] and "model" not in cfg.grid
