@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from gi.config import apply_overrides, from_dict, load_yaml, to_dict
+from gi.config import DOTTED_KEYS, apply_overrides, from_dict, load_yaml, set_dotted, to_dict
 from gi.errors import ConfigError, GIError
 from gi.fl.protocol import Protocol
 from gi.pipeline import (
@@ -76,7 +76,7 @@ class AblateConfig:
     attack: ReconConfig = field(default_factory=ReconConfig)
     metrics: MetricConfig = field(default_factory=lambda: MetricConfig(lpips_vgg=False))
     modes: list[str] = field(default_factory=lambda: list(LABEL_MODES))
-    settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    settings: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={DOTTED_KEYS: 1})
     variants: dict[str, dict[str, Any]] = field(default_factory=dict)
     paper: dict[str, dict[str, float]] = field(default_factory=dict)
     only: list[str] | None = None
@@ -98,10 +98,12 @@ class AblateConfig:
             unknown = sorted(set(over) - valid_attack)
             if unknown:
                 raise ConfigError(f"variants.{name} has unknown attack key(s) {unknown}; valid: {sorted(valid_attack)}")
+            from_dict(ReconConfig, {**to_dict(self.attack), **over}, f"variants.{name}")  # types and ranges
         for name, over in self.mode_attack.items():
             unknown = sorted(set(over) - valid_attack) if isinstance(over, dict) else ["<not a mapping>"]
             if name not in LABEL_MODES or unknown:
                 raise ConfigError(f"mode_attack.{name}: modes {list(LABEL_MODES)}, attack keys {sorted(valid_attack)}")
+            from_dict(ReconConfig, {**to_dict(self.attack), **over}, f"mode_attack.{name}")
         for name, over in self.settings.items():
             if not isinstance(over, dict):
                 raise ConfigError(f"settings.{name} must map dotted keys to values, e.g. {{protocol.label_aug: mixup}}")
@@ -109,7 +111,7 @@ class AblateConfig:
 
 
 def load_ablate_config(path: str | Path, overrides: list[str] | None = None) -> AblateConfig:
-    data = apply_overrides(load_yaml(path), list(overrides or []))
+    data = apply_overrides(load_yaml(path), list(overrides or []), AblateConfig)
     return from_dict(AblateConfig, data)
 
 
@@ -118,18 +120,12 @@ def setting_config(cfg: AblateConfig, name: str) -> AblateConfig:
     base = to_dict(cfg)
     for key in ("settings", "variants", "paper", "only", "mode_attack"):
         base.pop(key)
-    over = cfg.settings.get(name, {})
-    data = apply_overrides(copy.deepcopy(base), [f"{k}={_yaml_scalar(v)}" for k, v in over.items()])
     try:
-        return from_dict(AblateConfig, data)
+        for key, value in cfg.settings.get(name, {}).items():
+            set_dotted(base, key.split("."), copy.deepcopy(value), AblateConfig, key)
+        return from_dict(AblateConfig, base)
     except ConfigError as exc:
         raise ConfigError(f"settings.{name}: {exc}") from None
-
-
-def _yaml_scalar(value: Any) -> str:
-    import yaml
-
-    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
 
 def _paper_value(cfg: AblateConfig, setting: str, variant: str, mode: str) -> dict[str, float]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gi.config import apply_overrides, from_dict, load_yaml, to_dict
+from gi.config import apply_overrides, from_dict, load_yaml, require, to_dict
 from gi.errors import ConfigError
 from gi.recon.config import ReconConfig
 
@@ -61,6 +61,10 @@ class BenchConfig:
             raise ConfigError(f"models has unknown {bad}; valid: {sorted(BODIES)}")
         if any(b < 1 for b in self.batch_sizes + self.restart_batch_sizes) or self.timing_iterations < 4:
             raise ConfigError("batch sizes must be >= 1 and timing_iterations >= 4")
+        counts = {"restarts": self.restarts, "iterations": list(self.iterations.values()),
+                  "timing_repeats": [self.timing_repeats], "threads": [self.threads]}
+        for key, values in counts.items():
+            require(all(v >= 1 for v in values), key, getattr(self, key), "counts >= 1")
         for d in self.devices:
             if d not in ("auto", "cpu", "gpu"):
                 raise ConfigError(f"devices has {d!r}; valid: auto, cpu, gpu")
@@ -68,7 +72,7 @@ class BenchConfig:
 
 def load_bench_config(path: str | Path | None, overrides: list[str] | None = None) -> BenchConfig:
     data = load_yaml(path) if path else {}
-    return from_dict(BenchConfig, apply_overrides(data, list(overrides or [])))
+    return from_dict(BenchConfig, apply_overrides(data, list(overrides or []), BenchConfig))
 
 
 class StepTimer:

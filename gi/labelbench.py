@@ -67,7 +67,7 @@ class BenchConfig:
 
 
 def load_bench_config(path: str | Path, overrides: list[str] | None = None) -> BenchConfig:
-    return from_dict(BenchConfig, apply_overrides(load_yaml(path), list(overrides or [])))
+    return from_dict(BenchConfig, apply_overrides(load_yaml(path), list(overrides or []), BenchConfig))
 
 
 def _set_dotted(d: dict[str, Any], key: str, value: Any) -> None:

@@ -20,7 +20,7 @@ import torch
 
 from gi import data as gdata
 from gi.capture import Capture, Truth, capture_gradients
-from gi.config import apply_overrides, from_dict, load_yaml, to_dict
+from gi.config import apply_overrides, from_dict, load_yaml, require, to_dict
 from gi.errors import ConfigError
 from gi.fl.protocol import Protocol
 from gi.label_result import LabelResult
@@ -49,6 +49,14 @@ class DataConfig:
     eps_max: float = 0.5
     mixup_lam: float | None = None
 
+    def __post_init__(self) -> None:
+        require(self.indices is None or all(i >= 0 for i in self.indices), "data.indices", self.indices,
+                "dataset indices >= 0")
+        require(self.size is None or self.size >= 1, "data.size", self.size, ">= 1 or null")
+        for key in ("eps", "eps_max", "mixup_lam"):
+            value = getattr(self, key)
+            require(value is None or 0 <= value <= 1, f"data.{key}", value, "a number in [0, 1]")
+
 
 @dataclass
 class ModelConfig:
@@ -65,6 +73,12 @@ class ModelConfig:
     train_epochs: float = 0.0
     train_lr: float = 0.01
 
+    def __post_init__(self) -> None:
+        require(self.num_classes is None or self.num_classes >= 1, "model.num_classes", self.num_classes,
+                ">= 1 or null")
+        require(self.train_epochs >= 0, "model.train_epochs", self.train_epochs, ">= 0")
+        require(self.train_lr > 0, "model.train_lr", self.train_lr, "> 0")
+
 
 @dataclass
 class LabelConfig:
@@ -79,6 +93,9 @@ class LabelConfig:
     hard_method: str = "idlg"
     options: dict[str, Any] = field(default_factory=dict)
     aux_per_class: int = 0
+
+    def __post_init__(self) -> None:
+        require(self.aux_per_class >= 0, "labels.aux_per_class", self.aux_per_class, ">= 0")
 
 
 @dataclass
@@ -109,7 +126,7 @@ class RunConfig:
 
 
 def load_run_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
-    data = apply_overrides(load_yaml(path), list(overrides or []))
+    data = apply_overrides(load_yaml(path), list(overrides or []), RunConfig)
     return from_dict(RunConfig, data)
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gi.config import apply_overrides, from_dict, load_yaml, parse_override
+from gi.config import apply_overrides, format_override, from_dict, load_yaml, parse_override
 from gi.errors import ConfigError, GIError
 
 log = logging.getLogger("gi.sweep")
@@ -73,7 +73,22 @@ class SweepConfig:
 
 
 def load_sweep_config(path: str | Path, overrides: list[str] | None = None) -> SweepConfig:
-    return from_dict(SweepConfig, apply_overrides(load_yaml(path), list(overrides or [])))
+    cfg = from_dict(SweepConfig, apply_overrides(load_yaml(path), list(overrides or []), SweepConfig))
+    check_jobs(cfg)
+    return cfg
+
+
+def check_jobs(cfg: SweepConfig) -> None:
+    """Load every job's config (base, overrides, grid point, seed) now: a bad value fails before any job runs."""
+    if cfg.command == "run":
+        from gi.pipeline import load_run_config as load
+    else:
+        from gi.ablate import load_ablate_config as load
+    for job in expand_jobs(cfg):
+        try:
+            load(cfg.base, list(job.overrides))
+        except ConfigError as exc:
+            raise ConfigError(f"job {job.name}: {exc}") from None
 
 
 # ----------------------------------------------------------------------------- jobs
@@ -92,16 +107,13 @@ def _slug(value: Any) -> str:
 
 def expand_jobs(cfg: SweepConfig) -> list[Job]:
     """Every grid point × seed, in a fixed order (grid keys in config order, seeds innermost)."""
-    import yaml
-
     keys = list(cfg.grid)
     jobs = []
     for values in itertools.product(*(cfg.grid[k] for k in keys)):
         for seed in cfg.seeds:
             params = tuple(zip(keys, values)) + (("seed", seed),)
             name = "_".join(f"{k.split('.')[-1]}={_slug(v)}" for k, v in params)
-            over = tuple(cfg.overrides) + tuple(f"{k}={yaml.safe_dump(v, default_flow_style=True).strip()}"
-                                                .removesuffix("\n...") for k, v in params)
+            over = tuple(cfg.overrides) + tuple(format_override(k, v) for k, v in params)
             jobs.append(Job(len(jobs), name, over, params))
     names = [j.name for j in jobs]
     if len(set(names)) != len(names):

@@ -98,3 +98,9 @@ class ReconConfig:
             raise ConfigError(f"attack.threads must be >= 1 or null, got {self.threads}")
         if self.log_every < 1:
             raise ConfigError(f"attack.log_every must be >= 1, got {self.log_every}")
+        if self.init_noise < 0:
+            raise ConfigError(f"attack.init_noise must be >= 0, got {self.init_noise}")
+        for key in ("regularizers", "layer_weights"):
+            negative = {k: w for k, w in getattr(self, key).items() if w < 0}
+            if negative:
+                raise ConfigError(f"attack.{key} must hold weights >= 0, got {negative}")
