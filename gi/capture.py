@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from gi.errors import CaptureError
+from gi.errors import CaptureError, ConfigError
 from gi.fl.protocol import Protocol
 
 Tensor = torch.Tensor
@@ -54,17 +54,33 @@ def _read(path: str | os.PathLike, expect: str) -> tuple[dict[str, Tensor], dict
         raise CaptureError(f"{path} is not a valid safetensors file: {exc}") from None
     if "gi" not in header:
         raise CaptureError(f"{path} has no gi metadata; it was not written by {expect.capitalize()}.save")
-    meta = json.loads(header["gi"])
-    if meta.get("type") != expect:
-        raise CaptureError(f"{path} holds a {meta.get('type')!r}, not a {expect!r}")
+    try:
+        meta = json.loads(header["gi"])
+    except json.JSONDecodeError as exc:
+        raise CaptureError(f"{path}: its gi metadata is not valid JSON ({exc.msg} at {exc.pos})") from None
+    if not isinstance(meta, dict) or meta.get("type") != expect:
+        kind = meta.get("type") if isinstance(meta, dict) else type(meta).__name__
+        raise CaptureError(f"{path} holds a {kind!r}, not a {expect!r}")
     return tensors, meta
 
 
-def _split(tensors: dict[str, Tensor]) -> dict[str, dict[str, Tensor]]:
+def _field(meta: dict[str, Any], key: str, kind: type | tuple[type, ...], path: Any) -> Any:
+    """``meta[key]`` checked to be of ``kind``; a :class:`CaptureError` naming the field otherwise."""
+    if key not in meta:
+        raise CaptureError(f"{path}: metadata field {key!r} is missing; re-save the capture with Capture.save")
+    if not isinstance(meta[key], kind):
+        raise CaptureError(f"{path}: metadata field {key!r} is a {type(meta[key]).__name__}, expected "
+                           f"{getattr(kind, '__name__', kind)}")
+    return meta[key]
+
+
+def _split(tensors: dict[str, Tensor], path: Any) -> dict[str, dict[str, Tensor]]:
     out: dict[str, dict[str, Tensor]] = {k: {} for k in _KINDS}
     for key, value in tensors.items():
-        kind, name = key.split("/", 1)
-        out.setdefault(kind, {})[name] = value
+        kind, _, name = key.partition("/")
+        if kind not in _KINDS or not name:
+            raise CaptureError(f"{path}: tensor {key!r} is not named '<kind>/<name>' with kind one of {list(_KINDS)}")
+        out[kind][name] = value
     return out
 
 
@@ -125,8 +141,15 @@ class Capture:
         """The global model θᵗ, rebuilt from spec and state, in the protocol's mode (eval/train)."""
         from gi.models import from_spec
 
-        model = from_spec(self.model_spec)
-        missing, unexpected = model.load_state_dict(self.model_state, strict=False)
+        try:
+            model = from_spec(self.model_spec)
+        except (ConfigError, KeyError, TypeError, ValueError) as exc:
+            raise CaptureError(f"capture model_spec {self.model_spec} cannot be rebuilt: {exc}") from None
+        try:
+            missing, unexpected = model.load_state_dict(self.model_state, strict=False)
+        except RuntimeError as exc:  # shape mismatches
+            first = str(exc).split("\n\t")[1] if "\n\t" in str(exc) else str(exc)
+            raise CaptureError(f"capture state does not fit model {self.model_spec.get('name')!r}: {first}") from None
         if missing or unexpected:
             raise CaptureError(
                 f"capture state does not fit model {self.model_spec.get('name')!r}: "
@@ -225,15 +248,23 @@ class Capture:
     @classmethod
     def load(cls, path: str | os.PathLike) -> Capture:
         tensors, meta = _read(path, "capture")
-        parts = _split(tensors)
+        parts = _split(tensors, path)
+        spec = _field(meta, "model_spec", dict, path)
+        if not isinstance(spec.get("num_classes"), int) or not isinstance(spec.get("name"), str):
+            raise CaptureError(f"{path}: model_spec needs a str 'name' and an int 'num_classes', got {spec}")
+        try:
+            protocol = Protocol.from_dict(_field(meta, "protocol", dict, path))
+        except ConfigError as exc:
+            raise CaptureError(f"{path}: its protocol is invalid: {exc}") from None
+        has_gradients, has_update = (_field(meta, k, bool, path) for k in ("has_gradients", "has_update"))
         return cls(
-            model_spec=meta["model_spec"],
+            model_spec=spec,
             model_state=parts["state"],
-            protocol=Protocol.from_dict(meta["protocol"]),
-            gradients=parts["gradients"] if meta["has_gradients"] else None,
-            update=parts["update"] if meta["has_update"] else None,
+            protocol=protocol,
+            gradients=parts["gradients"] if has_gradients else None,
+            update=parts["update"] if has_update else None,
             history=parts["history"],
-            meta=meta.get("meta", {}),
+            meta=_field({"meta": meta.get("meta", {})}, "meta", dict, path),
         )
 
 
@@ -266,6 +297,9 @@ class Truth:
     @classmethod
     def load(cls, path: str | os.PathLike) -> Truth:
         tensors, meta = _read(path, "truth")
+        missing = sorted({"images", "labels", "targets", "counts"} - set(tensors))
+        if missing:
+            raise CaptureError(f"{path}: truth tensor(s) {missing} are missing; re-save it with Truth.save")
         extra = {k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith("extra/")}
         return cls(tensors["images"], tensors["labels"], tensors["targets"], tensors["counts"], extra,
                    meta.get("meta", {}))

@@ -8,6 +8,8 @@ state dict. Label and feature recovery rely on those names.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -203,8 +205,8 @@ def _resnet32(in_shape, activation, width: int = 16, **_):
     return nn.Sequential(*layers)
 
 
-def _torchvision_resnet(factory, in_shape, activation, stem: str | None = None, **_):
-    net = factory(weights=None)
+def _torchvision_resnet(arch: str, in_shape, activation, stem: str | None = None, **_):
+    net = getattr(torchvision.models, arch)(weights=None)
     if stem is None:
         stem = "cifar" if in_shape[1] <= 64 else "imagenet"
     if in_shape[0] != 3 or stem == "cifar":
@@ -234,11 +236,18 @@ BODIES: dict[str, tuple[Callable[..., nn.Module], str]] = {
             "relu"),
     "linear": (_linear, "identity"),
     "cnn": (_cnn, "relu"),
-    "resnet18": (lambda *a, **k: _torchvision_resnet(torchvision.models.resnet18, *a, **k), "relu"),
+    "resnet18": (functools.partial(_torchvision_resnet, "resnet18"), "relu"),
     "resnet32": (_resnet32, "relu"),
-    "resnet50": (lambda *a, **k: _torchvision_resnet(torchvision.models.resnet50, *a, **k), "relu"),
+    "resnet50": (functools.partial(_torchvision_resnet, "resnet50"), "relu"),
     "vgg16": (_vgg16, "relu"),
 }
+
+
+def body_options(name: str) -> list[str]:
+    """The options (``build(..., **options)``) that the body of zoo model ``name`` takes."""
+    params = inspect.signature(BODIES[name][0]).parameters
+    return sorted(n for n, p in params.items() if n not in ("in_shape", "activation")
+                  and p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL))
 
 
 # --------------------------------------------------------------------------- initialisations
@@ -293,6 +302,10 @@ def build(
     if name not in BODIES:
         raise ConfigError(f"unknown model {name!r}; valid: {sorted(BODIES)}")
     factory, default_act = BODIES[name]
+    valid = body_options(name)
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ConfigError(f"model {name!r} takes no option(s) {unknown}; valid: {valid}")
     activation = activation or default_act
     if activation not in ACTIVATIONS:
         raise ConfigError(f"unknown activation {activation!r}; valid: {sorted(ACTIVATIONS)}")

@@ -109,9 +109,6 @@ class Protocol:
         if bad:
             raise ConfigError(f"unknown protocol.extra key(s) {bad}; these settings are fields now: "
                               f"{list(_LEGACY_EXTRA)}")
-        data = {**legacy, **data}
-        valid = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - valid)
-        if unknown:
-            raise ConfigError(f"unknown protocol key(s) {unknown}; valid: {sorted(valid)}")
-        return cls(**data)
+        from gi.config import from_dict  # typed: every value checked against its field's type
+
+        return from_dict(cls, {**legacy, **data}, "protocol")

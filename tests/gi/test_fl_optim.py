@@ -50,7 +50,7 @@ def test_rule_trajectory_equals_torch_optim(name):
 def _setup():
     g = torch.Generator().manual_seed(1)
     images, y = torch.rand(40, 1, 6, 6, generator=g, dtype=torch.float64), torch.arange(40) % 4
-    model = build("cnn", 4, in_shape=(1, 6, 6), seed=0, options={"channels": (4,), "hidden": 8}).double()
+    model = build("cnn", 4, in_shape=(1, 6, 6), seed=0).double()
     return model, images, y
 
 
@@ -58,7 +58,7 @@ def test_adadelta_client_matches_torch_and_only_decaf_reads_it():
     model, images, y = _setup()
     protocol = Protocol(scheme="fedavg", optimizer="adadelta", lr=1.0, batch_size=40, local_epochs=3)
     capture, _ = simulate_client(model, (images, y), protocol, torch.Generator().manual_seed(0))
-    reference = build("cnn", 4, in_shape=(1, 6, 6), seed=0, options={"channels": (4,), "hidden": 8}).double()
+    reference = build("cnn", 4, in_shape=(1, 6, 6), seed=0).double()
     opt = torch.optim.Adadelta(reference.parameters(), lr=1.0)
     for _ in range(3):  # full batch: the shuffle does not change the mean loss
         opt.zero_grad()

@@ -61,3 +61,14 @@ def test_build_errors_list_valid_values(kwargs, match):
 def test_registries_cover_design_names():
     assert {"lenet", "lenet5", "fcn4", "resnet18", "resnet32", "resnet50", "vgg16"} <= set(BODIES)
     assert {"relu", "tanh", "sigmoid", "elu", "selu", "silu", "leaky_relu"} <= set(ACTIVATIONS)
+
+
+def test_unknown_model_options_are_config_errors_listing_the_valid_ones():
+    from gi.errors import ConfigError
+    from gi.models import body_options
+
+    msg = r"model 'fcn4' takes no option\(s\) \['width'\]; valid: \['bias', 'widths'\]"
+    with pytest.raises(ConfigError, match=msg):
+        build("fcn4", 10, width=3)
+    assert body_options("resnet18") == ["stem"] and body_options("lenet") == []
+    assert build("resnet18", 10, stem="cifar").spec["stem"] == "cifar"

@@ -26,8 +26,7 @@ def _data(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _cnn(activation: str = "relu"):
-    return build("cnn", C, activation=activation, in_shape=(1, 6, 6), seed=0,
-                 options={"channels": (4,), "hidden": 16}).double()
+    return build("cnn", C, activation=activation, in_shape=(1, 6, 6), seed=0).double()
 
 
 def _client(counts: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

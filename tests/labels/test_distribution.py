@@ -34,7 +34,7 @@ def _aux(dtype=torch.float64) -> AuxData:
 
 
 def _model(init: str | None = None, dtype=torch.float64):
-    return build("cnn", C, in_shape=(1, 6, 6), seed=0, init=init, options={"channels": (4,), "hidden": 8}).to(dtype)
+    return build("cnn", C, in_shape=(1, 6, 6), seed=0, init=init).to(dtype)
 
 
 EXACT = ["dist-exact", "dist-init-bias", "dist-soft-label", "dist-aux-bias-grad", "dist-soft-label-path"]
@@ -170,7 +170,7 @@ def test_clear_errors():
         labels.recover(update, "dist-soft-label-path", aux=AuxData(images[labels_ != 0], labels_[labels_ != 0], C))
     with pytest.raises(ConfigError, match="points"):
         labels.recover(update, "dist-soft-label-path", aux=_aux(), points=0)
-    no_bias = build("cnn", C, in_shape=(1, 6, 6), seed=0, bias_last=False, options={"channels": (4,), "hidden": 8})
+    no_bias = build("cnn", C, in_shape=(1, 6, 6), seed=0, bias_last=False)
     cap, _ = simulate_client(no_bias.double(), (images, labels_), Protocol(scheme="fedavg", batch_size=8),
                              torch.Generator().manual_seed(0))
     result = labels.recover(cap, "dist-init-bias")

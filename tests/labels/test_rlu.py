@@ -42,8 +42,7 @@ def _aux() -> AuxData:
 
 
 def _cnn(init: str | None = None, activation: str = "relu"):
-    return build("cnn", C, activation=activation, in_shape=(1, 6, 6), seed=0, init=init,
-                 options={"channels": (4,), "hidden": 16})
+    return build("cnn", C, activation=activation, in_shape=(1, 6, 6), seed=0, init=init)
 
 
 def _ins_acc(result, counts) -> float:
@@ -195,7 +194,7 @@ def test_clear_errors():
     no_steps = dataclasses.replace(cap, protocol=dataclasses.replace(cap.protocol, num_samples=None), meta={})
     with pytest.raises(CaptureError, match="num_samples"):
         labels.recover(no_steps, "rlu", aux=_aux())
-    no_bias = build("cnn", C, in_shape=(1, 6, 6), seed=0, bias_last=False, options={"channels": (4,), "hidden": 16})
+    no_bias = build("cnn", C, in_shape=(1, 6, 6), seed=0, bias_last=False)
     cap, _ = simulate_client(no_bias, (images, labels_), Protocol(scheme="fedavg", batch_size=16),
                              torch.Generator().manual_seed(0))
     result = labels.recover(cap, "rlu", aux=_aux())

@@ -25,7 +25,7 @@ UPDATE_METHODS = ["rlu", "dist-init-bias", "dist-soft-label", "dist-soft-label-p
 def setup():
     g = torch.Generator().manual_seed(0)
     images, y = torch.rand(24, 1, 6, 6, generator=g, dtype=torch.float64), torch.arange(24) % C
-    model = build("cnn", C, in_shape=(1, 6, 6), seed=0, options={"channels": (4,), "hidden": 8}).double()
+    model = build("cnn", C, in_shape=(1, 6, 6), seed=0, channels=(4,), hidden=8).double()
     update, _ = simulate_client(model, (images, y), Protocol(scheme="fedavg", batch_size=8),
                                 torch.Generator().manual_seed(0))
     gradient, _ = capture_gradients(model, images[:8], y[:8], Protocol(scheme="fedsgd", batch_size=8))
