@@ -48,7 +48,7 @@ from gi.pipeline import (
 )
 from gi.protocol import Protocol
 from gi.recon import ReconConfig, reconstruct_many
-from gi.report import save_grid, staged_output, write_csv, write_json, write_markdown_table, write_yaml
+from gi.report import check_run_name, save_grid, staged_output, write_csv, write_json, write_markdown_table, write_yaml
 
 log = logging.getLogger("gi.ablate")
 METRIC_KEYS = ("psnr", "ssim", "lpips", "L_r")
@@ -83,6 +83,7 @@ class AblateConfig:
     mode_attack: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        check_run_name(self.name)
         unknown = sorted(set(self.only or []) - set(self.settings))
         if unknown:
             raise ConfigError(f"only names unknown setting(s) {unknown}; valid: {sorted(self.settings)}")

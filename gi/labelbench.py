@@ -25,7 +25,15 @@ from tqdm.auto import tqdm
 
 from gi.config import apply_overrides, from_dict, load_yaml, to_dict
 from gi.errors import ConfigError
-from gi.report import save_bar_plot, staged_output, write_csv, write_json, write_markdown_table, write_yaml
+from gi.report import (
+    check_run_name,
+    save_bar_plot,
+    staged_output,
+    write_csv,
+    write_json,
+    write_markdown_table,
+    write_yaml,
+)
 
 log = logging.getLogger("gi.labels")
 
@@ -53,6 +61,7 @@ class BenchConfig:
         import labels
         from gi.scenarios import get_scenario
 
+        check_run_name(self.name)
         get_scenario(self.scenario)
         if not self.methods:
             raise ConfigError("methods is empty; list label methods to compare, e.g. [idlg, yin]")

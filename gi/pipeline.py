@@ -25,7 +25,7 @@ from gi.errors import ConfigError
 from gi.models import build
 from gi.protocol import Protocol
 from gi.recon import ReconConfig, Reconstruction, reconstruct
-from gi.report import save_grid, save_line_plot, staged_output, write_csv, write_json, write_yaml
+from gi.report import check_run_name, save_grid, save_line_plot, staged_output, write_csv, write_json, write_yaml
 
 log = logging.getLogger("gi.run")
 
@@ -100,6 +100,7 @@ class RunConfig:
     metrics: MetricConfig = field(default_factory=MetricConfig)
 
     def __post_init__(self) -> None:
+        check_run_name(self.name)
         if self.labels.mode not in LABEL_MODES:
             raise ConfigError(f"labels.mode={self.labels.mode!r} is not allowed; valid: {list(LABEL_MODES)}")
         if self.protocol.is_update and self.protocol.label_aug == "mixup":

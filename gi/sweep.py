@@ -21,7 +21,6 @@ import itertools
 import json
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from typing import Any
 
 from gi.config import apply_overrides, from_dict, load_yaml, parse_override
 from gi.errors import ConfigError, GIError
+from gi.report import check_run_name
 
 log = logging.getLogger("gi.sweep")
 DONE = "metrics.json"
@@ -58,6 +58,7 @@ class SweepConfig:
     metric: str = "psnr_mean"
 
     def __post_init__(self) -> None:
+        check_run_name(self.name)
         if self.command not in JOB_KINDS:
             raise ConfigError(f"command={self.command!r} is not allowed; valid: {sorted(JOB_KINDS)}")
         if not isinstance(self.grid, dict) or any(not isinstance(v, list) or not v for v in self.grid.values()):
@@ -133,12 +134,6 @@ def is_done(root: Path, job: Job) -> bool:
     return (job_dir(root, job) / DONE).is_file()
 
 
-def _clean_partials(path: Path) -> None:
-    """Remove staging folders a killed run of this job left behind (only this rank runs this job)."""
-    for stale in path.parent.glob(f".{path.name}.partial-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-
-
 def _device_overrides(cfg: SweepConfig, accelerator: str, local_rank: int) -> list[str]:
     if accelerator == "gpu":
         return [f"attack.device=cuda:{local_rank}"]
@@ -156,7 +151,6 @@ def run_jobs(cfg: SweepConfig, root: Path, jobs: list[Job], rank: int, world: in
         path = job_dir(root, job)
         if is_done(root, job):
             continue
-        _clean_partials(path)
         start = time.perf_counter()
         over = list(job.overrides) + _device_overrides(cfg, accelerator, local_rank) + \
             [f"out={path}", "overwrite=true", "attack.progress=false"]
