@@ -8,26 +8,34 @@ machine, ``devices`` worker processes), and across machines through Lightning's 
   num_nodes=2``
 - SLURM:     ``srun --nodes 2 --ntasks-per-node 4 --gpus-per-node 4 gi sweep CONFIG devices=4 num_nodes=2``
 
-Job i runs on global rank ``i mod world_size``. Every job writes its own output directory atomically
-(:func:`gi.report.staged_output`): a killed sweep leaves no half-written job, and a re-run skips every job whose
-directory holds ``metrics.json``. After a barrier, rank 0 writes ``aggregate.csv`` (one row per job, or per
-table row for ablation jobs), ``summary.md`` and ``summary.png`` (mean ± std over seeds per configuration).
+Job i runs on global rank ``i mod world_size``. A job is identified by its name (grid values and seed) and a hash
+of its fully resolved config (the base file's content with every override applied; not ``out``, ``overwrite``,
+``attack.progress`` or the device): its directory is ``jobs/<name>-<hash>``. Every job writes that directory
+atomically (:func:`gi.report.staged_output`): a killed sweep leaves no half-written job, a re-run skips every job
+whose directory holds ``metrics.json``, and other overrides or an edited base config run the jobs again instead
+of reusing stale results. A job that raises (anything, not only a ``GIError``) is recorded in
+``failed/<name>-<hash>.txt`` (message or traceback) and the sweep goes on; at the end the sweep fails with
+"N of M jobs failed, see <dir>/failed/". After a barrier, rank 0 writes ``aggregate.csv`` (one row per job of the
+current config, or per table row for ablation jobs), ``summary.md`` and ``summary.png`` (mean ± std over seeds
+per configuration).
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import itertools
 import json
 import logging
 import os
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gi.config import apply_overrides, from_dict, load_yaml, parse_override
+from gi.config import apply_overrides, from_dict, load_yaml, parse_override, to_dict
 from gi.errors import ConfigError, GIError
 from gi.report import check_run_name
 
@@ -84,6 +92,11 @@ class Job:  # not frozen: Lightning's launcher copies dataclass arguments field 
     name: str
     overrides: tuple[str, ...]
     params: tuple[tuple[str, Any], ...]
+    key: str = ""  # hash of the fully resolved job config (see job_key)
+
+    @property
+    def dirname(self) -> str:
+        return f"{self.name}-{self.key}" if self.key else self.name
 
 
 def _slug(value: Any) -> str:
@@ -103,11 +116,41 @@ def expand_jobs(cfg: SweepConfig) -> list[Job]:
             name = "_".join(f"{k.split('.')[-1]}={_slug(v)}" for k, v in params)
             over = tuple(cfg.overrides) + tuple(f"{k}={yaml.safe_dump(v, default_flow_style=True).strip()}"
                                                 .removesuffix("\n...") for k, v in params)
-            jobs.append(Job(len(jobs), name, over, params))
+            jobs.append(Job(len(jobs), name, over, params, job_key(cfg.command, cfg.base, list(over))))
     names = [j.name for j in jobs]
     if len(set(names)) != len(names):
         raise ConfigError("two jobs of the sweep map to the same directory name; make grid values distinct")
     return jobs
+
+
+def job_key(command: str, base: str, overrides: list[str]) -> str:
+    """Hash of the job's fully resolved config (what determines its results; not where or how verbosely it is
+    written). A config that does not load hashes its text: the job then fails when it runs and is reported."""
+    try:
+        data = to_dict(JOB_CONFIGS[command](base, overrides))
+        for name in ("out", "overwrite"):
+            data.pop(name, None)
+        if isinstance(data.get("attack"), dict):
+            data["attack"].pop("progress", None)
+            data["attack"].pop("device", None)
+    except GIError as exc:
+        data = {"invalid": str(exc), "base": base, "overrides": overrides}
+    return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def _run_config(base: str, overrides: list[str]) -> Any:
+    from gi.pipeline import load_run_config
+
+    return load_run_config(base, overrides)
+
+
+def _ablate_config(base: str, overrides: list[str]) -> Any:
+    from gi.ablate import load_ablate_config
+
+    return load_ablate_config(base, overrides)
+
+
+JOB_CONFIGS: dict[str, Callable[[str, list[str]], Any]] = {"run": _run_config, "ablate": _ablate_config}
 
 
 def _run_job(base: str, overrides: list[str]) -> dict[str, Any]:
@@ -127,7 +170,11 @@ JOB_KINDS: dict[str, Callable[[str, list[str]], dict[str, Any]]] = {"run": _run_
 
 
 def job_dir(root: Path, job: Job) -> Path:
-    return root / "jobs" / job.name
+    return root / "jobs" / job.dirname
+
+
+def failure_record(root: Path, job: Job) -> Path:
+    return root / "failed" / f"{job.dirname}.txt"
 
 
 def is_done(root: Path, job: Job) -> bool:
@@ -154,13 +201,15 @@ def run_jobs(cfg: SweepConfig, root: Path, jobs: list[Job], rank: int, world: in
         start = time.perf_counter()
         over = list(job.overrides) + _device_overrides(cfg, accelerator, local_rank) + \
             [f"out={path}", "overwrite=true", "attack.progress=false"]
+        record = failure_record(root, job)
         try:
             metrics = JOB_KINDS[cfg.command](cfg.base, over)
             status = f"{cfg.metric} {_get(metrics, cfg.metric)}" if _get(metrics, cfg.metric) is not None else "ok"
-        except GIError as exc:  # a bad job is reported, the sweep goes on (nothing is swallowed silently)
-            status = f"FAILED: {exc}"
-            (root / "failed").mkdir(exist_ok=True)
-            (root / "failed" / f"{job.name}.txt").write_text(str(exc) + "\n")
+            record.unlink(missing_ok=True)
+        except Exception as exc:  # a failed job is recorded, the sweep goes on; the exit status reports it
+            status = f"FAILED: {exc}" if isinstance(exc, GIError) else f"FAILED ({type(exc).__name__}): {exc}"
+            record.parent.mkdir(exist_ok=True)
+            record.write_text(f"{exc}\n" if isinstance(exc, GIError) else traceback.format_exc())
         seconds = time.perf_counter() - start
         print(f"[rank {rank}/{world}] {k}/{len(mine)} {job.name}: {status} ({seconds:.0f} s)", flush=True)
         report.append({"job": job.name, "status": status, "seconds": seconds})
@@ -275,8 +324,21 @@ def _cluster_launched() -> bool:
     return TorchElasticEnvironment.detect() or SLURMEnvironment.detect()
 
 
+class JobsFailed(GIError):
+    """Some jobs of a sweep failed (the others finished and were aggregated)."""
+
+
+def check_failures(root: Path, jobs: list[Job]) -> None:
+    """Raise :class:`JobsFailed` ("N of M jobs failed, see <dir>/failed/") when any job has not finished."""
+    failed = [j for j in jobs if not is_done(root, j)]
+    if failed:
+        raise JobsFailed(f"{len(failed)} of {len(jobs)} jobs failed, see {root / 'failed'}/ (re-run the same command "
+                         "to retry them; finished jobs are kept)")
+
+
 def run_sweep(cfg: SweepConfig) -> Path:
-    """Run (or resume) the sweep and aggregate it; returns the sweep directory."""
+    """Run (or resume) the sweep and aggregate it; returns the sweep directory. Raises :class:`JobsFailed` after
+    the aggregation when any job failed."""
     root = Path(cfg.out or f"runs/sweep-{cfg.name}")
     root.mkdir(parents=True, exist_ok=True)
     jobs = expand_jobs(cfg)
@@ -284,11 +346,13 @@ def run_sweep(cfg: SweepConfig) -> Path:
     devices = _devices(cfg, accelerator)
     (root / "jobs").mkdir(exist_ok=True)
     (root / "sweep.json").write_text(json.dumps({"name": cfg.name, "command": cfg.command, "base": cfg.base,
-                                                 "jobs": [j.name for j in jobs]}, indent=1) + "\n")
+                                                 "jobs": [j.name for j in jobs],
+                                                 "dirs": [j.dirname for j in jobs]}, indent=1) + "\n")
     if devices * cfg.num_nodes == 1 and not _cluster_launched():
         run_jobs(cfg, root, jobs, 0, 1, accelerator)
         rows = aggregate(cfg, root, jobs)
         print(f"aggregated {len(rows)} row(s) into {root / 'aggregate.csv'}", flush=True)
+        check_failures(root, jobs)
         return root
     from lightning.fabric import Fabric
 
@@ -298,4 +362,5 @@ def run_sweep(cfg: SweepConfig) -> Path:
     strategy = "ddp" if _cluster_launched() else "ddp_spawn"
     fabric = Fabric(accelerator=accelerator, devices=devices, num_nodes=cfg.num_nodes, strategy=strategy)
     fabric.launch(_worker, cfg, root, jobs, accelerator)
+    check_failures(root, jobs)
     return root
