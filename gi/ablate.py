@@ -197,7 +197,7 @@ def _captures(cfg: AblateConfig) -> tuple[list, list, Any]:
     dataset, model = build_victim(cfg)
     gen = torch.Generator().manual_seed(cfg.seed)
     pairs = [capture_client(cfg, dataset, model, gen) for _ in range(cfg.trials)]
-    aux = make_aux(cfg.labels, dataset, gen)
+    aux = make_aux(cfg.labels, dataset, gen, [p[1] for p in pairs])
     return [p[0] for p in pairs], [p[1] for p in pairs], aux
 
 

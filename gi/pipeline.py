@@ -114,25 +114,29 @@ def load_run_config(path: str | Path, overrides: list[str] | None = None) -> Run
 
 
 # ----------------------------------------------------------------------------- stages
-def client_batch(cfg: RunConfig, dataset: Any, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """The client's images and soft targets, per ``protocol.label_aug`` (one-hot, smoothing, mixup)."""
+def client_batch(cfg: RunConfig, dataset: Any, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor,
+                                                                              torch.Tensor]:
+    """The client's images, soft targets (per ``protocol.label_aug``: one-hot, smoothing, mixup) and the dataset
+    indices of every sample they are made of (both images of a mixup pair)."""
     b, c = cfg.protocol.batch_size, dataset.num_classes
     kind = cfg.protocol.label_aug
     if kind == "mixup":
         i1, i2 = gdata.sample_mixup_pairs(dataset, b, gen)
         lam = torch.rand(b, generator=gen) if cfg.data.mixup_lam is None else cfg.data.mixup_lam
-        return gdata.mixup(dataset.images[i1], dataset.labels[i1], dataset.images[i2], dataset.labels[i2], lam, c)
+        images, targets = gdata.mixup(dataset.images[i1], dataset.labels[i1], dataset.images[i2],
+                                      dataset.labels[i2], lam, c)
+        return images, targets, torch.cat([i1, i2])
     if cfg.data.indices is not None:
         if len(cfg.data.indices) != b:
             raise ConfigError(f"data.indices has {len(cfg.data.indices)} entries but protocol.batch_size={b}")
         idx = torch.as_tensor(cfg.data.indices)
         images, labels = gdata.to_batch(dataset, idx)
     else:
-        images, labels, _ = gdata.sample_batch(dataset, b, gen)
+        images, labels, idx = gdata.sample_batch(dataset, b, gen)
     eps = cfg.data.eps
     if kind != "onehot" and eps is None:
         eps = torch.rand(b, generator=gen, dtype=torch.float64) * cfg.data.eps_max
-    return images, gdata.make_targets(labels, c, kind, eps)
+    return images, gdata.make_targets(labels, c, kind, eps), idx
 
 
 def oracle_labels(truth: Truth) -> Any:
@@ -188,8 +192,9 @@ def share_bn_statistics(model: torch.nn.Module, images: torch.Tensor, capture: C
 
 def capture_client(cfg: Any, dataset: Any, model: torch.nn.Module, gen: torch.Generator) -> tuple[Capture, Truth]:
     """Victim side: the client's batch (per ``protocol.label_aug``) and what it shares: a FedSGD gradient, or a
-    FedAvg-style update of local training on that batch (``gi.victim.simulate_client``)."""
-    images, targets = client_batch(cfg, dataset, gen)
+    FedAvg-style update of local training on that batch (``gi.victim.simulate_client``). ``truth.meta["indices"]``
+    lists the dataset indices the batch is made of (kept out of the attacker's aux set by :func:`make_aux`)."""
+    images, targets, indices = client_batch(cfg, dataset, gen)
     if cfg.protocol.is_update:
         from gi.victim import simulate_client
 
@@ -198,6 +203,7 @@ def capture_client(cfg: Any, dataset: Any, model: torch.nn.Module, gen: torch.Ge
         capture, truth = capture_gradients(model, images, targets, cfg.protocol, generator=gen)
     if cfg.protocol.extra.get("share_bn_stats"):
         share_bn_statistics(model, images, capture)
+    truth.meta = {**truth.meta, "indices": [int(i) for i in indices]}
     return capture, truth
 
 
@@ -252,12 +258,15 @@ def attack_labels(lcfg: LabelConfig, capture: Capture, truth: Truth, aux: Any = 
     return mode.labels(lcfg, capture, truth, aux), mode.kind
 
 
-def make_aux(lcfg: LabelConfig, dataset: Any, gen: torch.Generator) -> Any:
+def make_aux(lcfg: LabelConfig, dataset: Any, gen: torch.Generator, truths: list[Truth]) -> Any:
+    """The attacker's aux set (``aux_per_class`` per class), drawn from ``dataset`` without any sample of the
+    victims' batches (``truth.meta["indices"]`` of every truth in ``truths``)."""
     if lcfg.aux_per_class <= 0:
         return None
     from labels.aux import AuxData
 
-    ax, ay, _ = gdata.sample_aux(dataset, lcfg.aux_per_class, gen)
+    victims = [i for t in truths for i in t.meta["indices"]]
+    ax, ay, _ = gdata.sample_aux(dataset, lcfg.aux_per_class, gen, exclude=victims)
     return AuxData(ax, ay, dataset.num_classes)
 
 
@@ -317,7 +326,7 @@ def run(cfg: RunConfig) -> RunResult:
                  truth.images.shape[0])
 
         # ---- attack side: capture (+ aux) only; the oracle mode alone reads truth, by request
-        aux = make_aux(cfg.labels, dataset, gen)
+        aux = make_aux(cfg.labels, dataset, gen, [truth])
         label_result, label_kind = attack_labels(cfg.labels, capture, truth, aux)
         if label_result is not None:
             log.info("labels (%s): ok=%s counts=%s", label_result.method, label_result.ok,
