@@ -20,9 +20,23 @@ __all__ = [
     "Protocol",
     "Truth",
     "capture_gradients",
+    "env_threads",
     "reconstruct",
     "simulate_client",
 ]
+
+def env_threads() -> int | None:
+    """torch's CPU threads asked for by ``$GI_THREADS`` (None when unset), for the whole job: the command line
+    (``gi --threads N`` sets it) and the Python API (:func:`gi.reconstruct`) read it the same way."""
+    import os
+
+    text = os.environ.get("GI_THREADS", "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"GI_THREADS={text!r} must be a positive integer (torch CPU threads), e.g. GI_THREADS=1")
+    return int(text)
+
 
 _LAZY = {"reconstruct": ("gi.recon", "reconstruct"), "simulate_client": ("gi.victim", "simulate_client")}
 

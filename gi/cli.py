@@ -8,7 +8,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from gi.errors import GIError
+from gi import env_threads
+from gi.errors import ConfigError, GIError
 
 EPILOG = """examples:
   gi run configs/demo.yaml                      end-to-end reconstruction of one CIFAR-10 sample
@@ -102,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details to the console")
     parser.add_argument("--threads", type=int, default=None,
-                        help="CPU threads for torch (default: $GI_THREADS, else torch's default); 1 is fastest for "
+                        help="CPU threads for torch, the reconstruction included (sets $GI_THREADS; default: "
+                        "$GI_THREADS, else torch's default, 1 for small models' reconstructions); 1 is fastest for "
                         "small models on a busy machine")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text, takes_config) in COMMANDS.items():
@@ -116,20 +118,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _set_threads(flag: int | None) -> None:
+    """``--threads N`` becomes ``$GI_THREADS`` for the whole command (so the reconstruction reads it as the Python
+    API does); either sets torch's CPU threads now."""
+    if flag is not None:
+        if flag < 1:
+            raise ConfigError(f"--threads {flag}: give a positive number of CPU threads, e.g. --threads 1")
+        os.environ["GI_THREADS"] = str(flag)
+    threads = env_threads()
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.command:
         parser.print_help()
         return 2
-    threads = args.threads or int(os.environ.get("GI_THREADS", "0") or 0)
-    if threads > 0:
-        import torch
-
-        torch.set_num_threads(threads)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     logging.getLogger("gi").setLevel(logging.INFO)
     try:
+        _set_threads(args.threads)
         return COMMANDS[args.command][0](args)
     except GIError as exc:
         print(f"gi {args.command}: error: {exc}", file=sys.stderr)

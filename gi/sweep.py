@@ -311,6 +311,7 @@ def _worker(fabric: Any, cfg: SweepConfig, root: Path, jobs: list[Job], accelera
 
     if accelerator == "cpu":
         torch.set_num_threads(1)  # one process per core; more threads oversubscribe the CPU
+        os.environ["GI_THREADS"] = "1"  # the jobs' reconstructions too (they follow $GI_THREADS)
     run_jobs(cfg, root, jobs, fabric.global_rank, fabric.world_size, accelerator, fabric.local_rank)
     fabric.barrier()
     if fabric.global_rank == 0:
