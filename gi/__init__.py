@@ -1,15 +1,20 @@
 """Label-first gradient inversion: the pipeline package (DESIGN.md).
 
-Light imports only; the Lightning-driven reconstruction and the FL simulator load on first use.
+Light imports only (no torch): captures, the Lightning-driven reconstruction and the FL simulator load on first
+use, so ``gi --help`` and config errors answer at once.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gi.capture import Capture, Truth, capture_gradients
 from gi.errors import AssetError, CaptureError, ConfigError, GIError
 from gi.protocol import Protocol
+
+if TYPE_CHECKING:
+    from gi.capture import Capture, Truth, capture_gradients
+    from gi.recon import reconstruct
+    from gi.victim import simulate_client
 
 __all__ = [
     "AssetError",
@@ -25,6 +30,7 @@ __all__ = [
     "simulate_client",
 ]
 
+
 def env_threads() -> int | None:
     """torch's CPU threads asked for by ``$GI_THREADS`` (None when unset), for the whole job: the command line
     (``gi --threads N`` sets it) and the Python API (:func:`gi.reconstruct`) read it the same way."""
@@ -38,7 +44,9 @@ def env_threads() -> int | None:
     return int(text)
 
 
-_LAZY = {"reconstruct": ("gi.recon", "reconstruct"), "simulate_client": ("gi.victim", "simulate_client")}
+_LAZY = {"Capture": ("gi.capture", "Capture"), "Truth": ("gi.capture", "Truth"),
+         "capture_gradients": ("gi.capture", "capture_gradients"), "reconstruct": ("gi.recon", "reconstruct"),
+         "simulate_client": ("gi.victim", "simulate_client")}
 
 
 def __getattr__(name: str) -> Any:

@@ -31,8 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from gi.config import apply_overrides, from_dict, load_yaml, to_dict
 from gi.errors import ConfigError, GIError
 from gi.pipeline import (
@@ -47,7 +45,7 @@ from gi.pipeline import (
     used_labels,
 )
 from gi.protocol import Protocol
-from gi.recon import ReconConfig, reconstruct_many
+from gi.recon.config import ReconConfig
 from gi.report import check_run_name, save_grid, staged_output, write_csv, write_json, write_markdown_table, write_yaml
 
 log = logging.getLogger("gi.ablate")
@@ -193,7 +191,16 @@ def _save_cell(cache: Path | None, key: str, row: Row, grid: Path) -> None:
     os.replace(tmp, cache / f"{key}.json")
 
 
+def reconstruct_many(*args: Any, **kwargs: Any) -> Any:
+    """:func:`gi.recon.reconstruct_many`, imported on first use (importing gi.ablate loads no torch/Lightning)."""
+    from gi.recon import reconstruct_many as reconstruct
+
+    return reconstruct(*args, **kwargs)
+
+
 def _captures(cfg: AblateConfig) -> tuple[list, list, Any]:
+    import torch
+
     dataset, model = build_victim(cfg)
     gen = torch.Generator().manual_seed(cfg.seed)
     pairs = [capture_client(cfg, dataset, model, gen) for _ in range(cfg.trials)]
@@ -203,6 +210,8 @@ def _captures(cfg: AblateConfig) -> tuple[list, list, Any]:
 
 def run_setting(cfg: AblateConfig, setting: str, out: Path, cache: Path | None = None) -> list[Row]:
     """All (variant, mode) rows of one setting on the same captures; rows found in ``cache`` are reused."""
+    import torch
+
     from gi.metrics import label_metrics, score
 
     scfg = setting_config(cfg, setting)
@@ -289,6 +298,8 @@ def save_bar_plot(path: Path, rows: list[dict[str, Any]], key: str = "psnr") -> 
 
 def run_ablation(cfg: AblateConfig) -> Path:
     """Run every setting × variant × mode and write the table (Markdown/CSV/JSON), per-image CSV, grids, plot."""
+    import torch
+
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(cfg.out or f"runs/ablate-{cfg.name}-{stamp}")
     torch.manual_seed(cfg.seed)

@@ -29,6 +29,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from gi.pipeline import load_run_config, run
 
     cfg = load_run_config(args.config, args.overrides)
+    _apply_threads()
     result = run(cfg)
     m = result.metrics
     print(f"PSNR {m['psnr_mean']:.2f} dB (random image {m['random_image_psnr_mean']:.2f} dB)  "
@@ -42,6 +43,7 @@ def _cmd_labels(args: argparse.Namespace) -> int:
     from gi.labelbench import load_bench_config, run_bench
 
     cfg = load_bench_config(args.config, args.overrides)
+    _apply_threads()
     out = run_bench(cfg)
     print(f"wrote {out}")
     return 0
@@ -51,6 +53,7 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
     from gi.ablate import load_ablate_config, run_ablation
 
     cfg = load_ablate_config(args.config, args.overrides)
+    _apply_threads()
     out = run_ablation(cfg)
     print(f"wrote {out}")
     return 0
@@ -59,7 +62,9 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from gi.sweep import load_sweep_config, run_sweep
 
-    out = run_sweep(load_sweep_config(args.config, args.overrides))
+    cfg = load_sweep_config(args.config, args.overrides)
+    _apply_threads()
+    out = run_sweep(cfg)
     print(f"wrote {out}")
     return 0
 
@@ -70,7 +75,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     config, overrides = args.config, list(args.overrides)
     if config and "=" in config and not os.path.exists(config):  # `gi bench key=value ...` without a config
         config, overrides = None, [config] + overrides
-    path = run_bench(load_bench_config(config, overrides))
+    cfg = load_bench_config(config, overrides)
+    _apply_threads()
+    path = run_bench(cfg)
     print(format_report(path))
     print(f"wrote {path}")
     return 0
@@ -78,6 +85,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def _cmd_methods(args: argparse.Namespace) -> int:
     import labels
+
+    _apply_threads()
 
     for name, summary in labels.describe().items():
         print(f"{name:24s} {summary}")
@@ -118,13 +127,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _set_threads(flag: int | None) -> None:
+def _export_threads(flag: int | None) -> None:
     """``--threads N`` becomes ``$GI_THREADS`` for the whole command (so the reconstruction reads it as the Python
-    API does); either sets torch's CPU threads now."""
+    API does); a bad value of either is an error now."""
     if flag is not None:
         if flag < 1:
             raise ConfigError(f"--threads {flag}: give a positive number of CPU threads, e.g. --threads 1")
         os.environ["GI_THREADS"] = str(flag)
+    env_threads()
+
+
+def _apply_threads() -> None:
+    """Set torch's CPU threads from ``$GI_THREADS``; called once the config has loaded (a config error answers
+    without importing torch)."""
     threads = env_threads()
     if threads is not None:
         import torch
@@ -141,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     logging.getLogger("gi").setLevel(logging.INFO)
     try:
-        _set_threads(args.threads)
+        _export_threads(args.threads)
         return COMMANDS[args.command][0](args)
     except GIError as exc:
         print(f"gi {args.command}: error: {exc}", file=sys.stderr)

@@ -20,9 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-from tqdm.auto import tqdm
-
 from gi.config import apply_overrides, from_dict, load_yaml, to_dict
 from gi.errors import ConfigError
 from gi.report import (
@@ -112,6 +109,9 @@ def _paper_value(cfg: BenchConfig, point: str, method: str) -> float | None:
 
 def run_bench(cfg: BenchConfig) -> Path:
     """Run the benchmark and write its output directory; returns the directory."""
+    import torch
+    from tqdm.auto import tqdm
+
     import labels
     from gi.metrics import label_metrics
     from gi.scenarios import get_scenario

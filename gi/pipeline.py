@@ -13,19 +13,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import lightning as L
-import torch
-
-from gi import data as gdata
-from gi.capture import Capture, Truth, capture_gradients
 from gi.config import apply_overrides, from_dict, load_yaml, to_dict
 from gi.errors import ConfigError
-from gi.models import build
 from gi.protocol import Protocol
-from gi.recon import ReconConfig, Reconstruction, reconstruct
+from gi.recon.config import ReconConfig
 from gi.report import check_run_name, save_grid, save_line_plot, staged_output, write_csv, write_json, write_yaml
+
+if TYPE_CHECKING:  # torch, the data, models and Lightning load on first use: config errors answer at once
+    import torch
+
+    from gi.capture import Capture, Truth
+    from gi.recon import Reconstruction
 
 log = logging.getLogger("gi.run")
 
@@ -118,6 +118,10 @@ def client_batch(cfg: RunConfig, dataset: Any, gen: torch.Generator) -> tuple[to
                                                                               torch.Tensor]:
     """The client's images, soft targets (per ``protocol.label_aug``: one-hot, smoothing, mixup) and the dataset
     indices of every sample they are made of (both images of a mixup pair)."""
+    import torch
+
+    from gi import data as gdata
+
     b, c = cfg.protocol.batch_size, dataset.num_classes
     kind = cfg.protocol.label_aug
     if kind == "mixup":
@@ -151,6 +155,11 @@ def build_victim(cfg: Any) -> tuple[Any, torch.nn.Module]:
 
     ``cfg`` is any config with ``data``, ``model`` and ``seed`` sections (a RunConfig or an ablation config).
     """
+    import torch
+
+    from gi import data as gdata
+    from gi.models import build
+
     dataset = gdata.load(cfg.data.name, split=cfg.data.split, root=cfg.data.root, size=cfg.data.size)
     num_classes = cfg.model.num_classes or dataset.num_classes
     in_shape = tuple(dataset.images.shape[1:])
@@ -172,6 +181,8 @@ def share_bn_statistics(model: torch.nn.Module, images: torch.Tensor, capture: C
     """Victim side, when the threat model grants it (``protocol.extra.share_bn_stats``): put the client's
     per-channel batch mean and biased variance at every BatchNorm input into ``capture.history`` as
     ``bn_stats/<module>.mean|.var`` (what FedAvg's shared running buffers reveal), for the ``bn`` regulariser."""
+    import torch
+
     seen: dict[str, torch.Tensor] = {}
     hooks = [m.register_forward_hook(lambda m, i, o, name=name: seen.__setitem__(name, i[0].detach()))
              for name, m in model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
@@ -200,6 +211,8 @@ def capture_client(cfg: Any, dataset: Any, model: torch.nn.Module, gen: torch.Ge
 
         capture, truth = simulate_client(model, (images, targets.argmax(1)), cfg.protocol, rng=gen)
     else:
+        from gi.capture import capture_gradients
+
         capture, truth = capture_gradients(model, images, targets, cfg.protocol, generator=gen)
     if cfg.protocol.extra.get("share_bn_stats"):
         share_bn_statistics(model, images, capture)
@@ -220,6 +233,8 @@ def _recovered_labels(lcfg: LabelConfig, capture: Capture, truth: Truth, aux: An
 
 def _hard_labels(lcfg: LabelConfig, capture: Capture, truth: Truth, aux: Any) -> Any:
     """iDLG-style one-hot labels: the counts of ``hard_method`` (its soft labels, if any, become their argmax)."""
+    import torch
+
     import labels
     from labels import LabelResult
 
@@ -263,6 +278,7 @@ def make_aux(lcfg: LabelConfig, dataset: Any, gen: torch.Generator, truths: list
     victims' batches (``truth.meta["indices"]`` of every truth in ``truths``)."""
     if lcfg.aux_per_class <= 0:
         return None
+    from gi import data as gdata
     from labels.aux import AuxData
 
     victims = [i for t in truths for i in t.meta["indices"]]
@@ -274,31 +290,37 @@ def used_labels(rec: Reconstruction, mode: str) -> Any:
     """The labels the reconstruction ended with, as a LabelResult (soft rows and their argmax counts)."""
     from labels import LabelResult
 
-    counts = torch.bincount(rec.labels.argmax(1), minlength=rec.labels.shape[1])
-    return LabelResult.from_counts(mode, counts, soft=rec.labels.double())
+    return LabelResult.from_counts(mode, final_counts(rec), soft=rec.labels.double())
 
 
 def final_counts(rec: Reconstruction) -> torch.Tensor:
+    import torch
+
     return torch.bincount(rec.labels.argmax(1), minlength=rec.labels.shape[1])
 
 
-class TruthMonitor(L.Callback):
-    """Logs PSNR of the current best iterate against the truth, from outside the attack module."""
+def truth_monitor(truth_images: torch.Tensor, every: int) -> Any:
+    """A Lightning callback that logs PSNR of the current best iterate against the truth every ``every`` steps,
+    from outside the attack module (``.steps``, ``.psnr``)."""
+    import lightning as L
 
-    def __init__(self, truth_images: torch.Tensor, every: int) -> None:
-        self.truth, self.every = truth_images, every
-        self.steps: list[int] = []
-        self.psnr: list[float] = []
+    class TruthMonitor(L.Callback):
+        def __init__(self) -> None:
+            self.truth, self.every = truth_images, every
+            self.steps: list[int] = []
+            self.psnr: list[float] = []
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if batch_idx % self.every and batch_idx != trainer.max_steps - 1:
-            return
-        from gi.metrics import match_images, psnr
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            if batch_idx % self.every and batch_idx != trainer.max_steps - 1:
+                return
+            from gi.metrics import match_images, psnr
 
-        rec = pl_module.current_images().cpu()
-        perm = match_images(rec, self.truth) if rec.shape[0] > 1 else [0]
-        self.steps.append(batch_idx)
-        self.psnr.append(float(psnr(rec[perm], self.truth).clamp(max=100).mean()))
+            rec = pl_module.current_images().cpu()
+            perm = match_images(rec, self.truth) if rec.shape[0] > 1 else [0]
+            self.steps.append(batch_idx)
+            self.psnr.append(float(psnr(rec[perm], self.truth).clamp(max=100).mean()))
+
+    return TruthMonitor()
 
 
 @dataclass
@@ -312,7 +334,10 @@ class RunResult:
 
 def run(cfg: RunConfig) -> RunResult:
     """Run one end-to-end reconstruction and write its output directory."""
+    import torch
+
     from gi.metrics import label_metrics, score
+    from gi.recon import reconstruct
 
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(cfg.out or f"runs/{cfg.name}-{stamp}")
@@ -332,7 +357,7 @@ def run(cfg: RunConfig) -> RunResult:
             log.info("labels (%s): ok=%s counts=%s", label_result.method, label_result.ok,
                      label_result.counts.tolist())
         attack = dataclasses.replace(cfg.attack, labels=label_kind)
-        monitor = TruthMonitor(truth.images, cfg.attack.log_every)
+        monitor = truth_monitor(truth.images, cfg.attack.log_every)
         features = getattr(label_result, "features", None)
         rec = reconstruct(capture, label_result, features=features, config=attack, callbacks=[monitor])
 

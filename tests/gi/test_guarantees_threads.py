@@ -1,9 +1,14 @@
-"""GI_THREADS means the same in the Python API as on the command line: torch's CPU threads of the whole job,
-the reconstruction included (issue 14)."""
+"""The command's process (issue 14): GI_THREADS means the same in the Python API as on the command line (torch's
+CPU threads of the whole job, the reconstruction included), and `gi --help` / config errors answer without
+importing torch, Lightning, matplotlib or torchvision."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -69,3 +74,32 @@ def test_cli_threads_flag_is_gi_threads_for_the_whole_command(monkeypatch, resto
     assert main(["--threads", "2", "methods"]) == 0
     assert os.environ["GI_THREADS"] == "2" and torch.get_num_threads() == 2
     assert set(_reconstruct_threads()) == {2}  # a small model on CPU would otherwise get 1 thread
+
+
+PROBE = """
+import json, runpy, sys
+sys.argv = ["gi"] + sys.argv[1:]
+code = 0
+try:
+    runpy.run_module("gi.cli", run_name="__main__")
+except SystemExit as exc:
+    code = exc.code
+heavy = [m for m in ("torch", "lightning", "matplotlib", "torchvision", "kornia", "scipy") if m in sys.modules]
+print(json.dumps({"code": code, "heavy": heavy}))
+"""
+
+
+@pytest.mark.parametrize("args, code", [
+    (["--help"], 0), (["run", "--help"], 0),
+    (["run", "configs/nope.yaml"], 2), (["run", "configs/demo.yaml", "attack.bogus=1"], 2),
+    (["ablate", "configs/ablate/table3.yaml", "bogus=1"], 2), (["labels", "configs/nope.yaml"], 2),
+    (["sweep", "configs/sweep/demo-cpu.yaml", "bogus=1"], 2), (["bench", "bogus=1"], 2),
+])
+def test_help_and_config_errors_import_nothing_heavy(args, code):
+    repo = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", PROBE, *args], cwd=repo, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(repo)}, timeout=120)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result == {"code": code, "heavy": []}, out.stderr
+    if code:
+        assert out.stderr.count("\n") == 1 and "error:" in out.stderr
