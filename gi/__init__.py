@@ -1,15 +1,20 @@
 """Label-first gradient inversion: the pipeline package (DESIGN.md).
 
-Light imports only; the Lightning-driven reconstruction and the FL simulator load on first use.
+Light imports only (no torch): captures, the Lightning-driven reconstruction and the FL simulator load on first
+use, so ``gi --help`` and config errors answer at once.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gi.capture import Capture, Truth, capture_gradients
 from gi.errors import AssetError, CaptureError, ConfigError, GIError
 from gi.fl.protocol import Protocol
+
+if TYPE_CHECKING:
+    from gi.capture import Capture, Truth, capture_gradients
+    from gi.fl.victim import simulate_client
+    from gi.recon import reconstruct
 
 __all__ = [
     "AssetError",
@@ -20,11 +25,28 @@ __all__ = [
     "Protocol",
     "Truth",
     "capture_gradients",
+    "env_threads",
     "reconstruct",
     "simulate_client",
 ]
 
-_LAZY = {"reconstruct": ("gi.recon", "reconstruct"), "simulate_client": ("gi.fl.victim", "simulate_client")}
+
+def env_threads() -> int | None:
+    """torch's CPU threads asked for by ``$GI_THREADS`` (None when unset), for the whole job: the command line
+    (``gi --threads N`` sets it) and the Python API (:func:`gi.reconstruct`) read it the same way."""
+    import os
+
+    text = os.environ.get("GI_THREADS", "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"GI_THREADS={text!r} must be a positive integer (torch CPU threads), e.g. GI_THREADS=1")
+    return int(text)
+
+
+_LAZY = {"Capture": ("gi.capture", "Capture"), "Truth": ("gi.capture", "Truth"),
+         "capture_gradients": ("gi.capture", "capture_gradients"), "reconstruct": ("gi.recon", "reconstruct"),
+         "simulate_client": ("gi.fl.victim", "simulate_client")}
 
 
 def __getattr__(name: str) -> Any:

@@ -31,8 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from gi.config import DOTTED_KEYS, apply_overrides, from_dict, load_yaml, set_dotted, to_dict
 from gi.errors import ConfigError, GIError
 from gi.fl.protocol import Protocol
@@ -47,8 +45,8 @@ from gi.pipeline import (
     make_aux,
     used_labels,
 )
-from gi.recon import ReconConfig, reconstruct_many
-from gi.report import save_grid, staged_output, write_csv, write_json, write_markdown_table, write_yaml
+from gi.recon.config import ReconConfig
+from gi.report import check_run_name, save_grid, staged_output, write_csv, write_json, write_markdown_table, write_yaml
 
 log = logging.getLogger("gi.ablate")
 METRIC_KEYS = ("psnr", "ssim", "lpips", "L_r")
@@ -83,6 +81,7 @@ class AblateConfig:
     mode_attack: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        check_run_name(self.name)
         unknown = sorted(set(self.only or []) - set(self.settings))
         if unknown:
             raise ConfigError(f"only names unknown setting(s) {unknown}; valid: {sorted(self.settings)}")
@@ -188,16 +187,27 @@ def _save_cell(cache: Path | None, key: str, row: Row, grid: Path) -> None:
     os.replace(tmp, cache / f"{key}.json")
 
 
+def reconstruct_many(*args: Any, **kwargs: Any) -> Any:
+    """:func:`gi.recon.reconstruct_many`, imported on first use (importing gi.ablate loads no torch/Lightning)."""
+    from gi.recon import reconstruct_many as reconstruct
+
+    return reconstruct(*args, **kwargs)
+
+
 def _captures(cfg: AblateConfig) -> tuple[list, list, Any]:
+    import torch
+
     dataset, model = build_victim(cfg)
     gen = torch.Generator().manual_seed(cfg.seed)
     pairs = [capture_client(cfg, dataset, model, gen) for _ in range(cfg.trials)]
-    aux = make_aux(cfg.labels, dataset, gen)
+    aux = make_aux(cfg.labels, dataset, gen, [p[1] for p in pairs])
     return [p[0] for p in pairs], [p[1] for p in pairs], aux
 
 
 def run_setting(cfg: AblateConfig, setting: str, out: Path, cache: Path | None = None) -> list[Row]:
     """All (variant, mode) rows of one setting on the same captures; rows found in ``cache`` are reused."""
+    import torch
+
     from gi.metrics import label_metrics, score
 
     scfg = setting_config(cfg, setting)
@@ -284,6 +294,8 @@ def save_bar_plot(path: Path, rows: list[dict[str, Any]], key: str = "psnr") -> 
 
 def run_ablation(cfg: AblateConfig) -> Path:
     """Run every setting × variant × mode and write the table (Markdown/CSV/JSON), per-image CSV, grids, plot."""
+    import torch
+
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(cfg.out or f"runs/ablate-{cfg.name}-{stamp}")
     torch.manual_seed(cfg.seed)

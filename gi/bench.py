@@ -26,6 +26,7 @@ from typing import Any
 from gi.config import apply_overrides, from_dict, load_yaml, require, to_dict
 from gi.errors import ConfigError
 from gi.recon.config import ReconConfig
+from gi.report import check_output_file, check_run_name, publish_file
 
 SCHEMA = 1
 
@@ -52,10 +53,12 @@ class BenchConfig:
     attack: ReconConfig = field(default_factory=lambda: ReconConfig(lr=0.01, regularizers={"tv": 2e-3},
                                                                     progress=False, log_every=1000))
     out: str | None = None
+    overwrite: bool = False
 
     def __post_init__(self) -> None:
         from gi.models import BODIES
 
+        check_run_name(self.name)
         bad = [m for m in self.models if m not in BODIES]
         if bad:
             raise ConfigError(f"models has unknown {bad}; valid: {sorted(BODIES)}")
@@ -221,6 +224,12 @@ def _git_commit() -> str | None:
         return None
 
 
+def check_report_path(cfg: BenchConfig, stamp: str = "") -> Path:
+    """The report's path (``out``, else ``runs/bench/<name>-<stamp>.json``), refused before any work when it is a
+    directory, cannot be written, or exists without ``overwrite``."""
+    return check_output_file(cfg.out or f"runs/bench/{cfg.name}-{stamp}.json", cfg.overwrite)
+
+
 def run_bench(cfg: BenchConfig) -> Path:
     """Run every entry (one fresh process each) and write the JSON report; returns its path."""
     import torch
@@ -228,8 +237,7 @@ def run_bench(cfg: BenchConfig) -> Path:
     from gi.report import write_json
 
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    path = Path(cfg.out or f"runs/bench/{cfg.name}-{stamp}.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = check_report_path(cfg, stamp)
     results = []
     for entry in entries(cfg):
         for res in _in_process(entry):
@@ -245,9 +253,7 @@ def run_bench(cfg: BenchConfig) -> Path:
               "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
               "cpus": os.cpu_count(), "load_average": list(os.getloadavg()),
               "config": to_dict(dataclasses.replace(cfg)), "results": results}
-    tmp = path.with_suffix(".json.tmp")
-    write_json(tmp, report)
-    os.replace(tmp, path)
+    publish_file(path, lambda tmp: write_json(tmp, report), cfg.overwrite)
     return path
 
 

@@ -8,7 +8,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from gi.errors import GIError
+from gi import env_threads
+from gi.errors import ConfigError, GIError
 
 EPILOG = """examples:
   gi run configs/demo.yaml                      end-to-end reconstruction of one CIFAR-10 sample
@@ -28,6 +29,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from gi.pipeline import load_run_config, run
 
     cfg = load_run_config(args.config, args.overrides)
+    _apply_threads()
     result = run(cfg)
     m = result.metrics
     print(f"PSNR {m['psnr_mean']:.2f} dB (random image {m['random_image_psnr_mean']:.2f} dB)  "
@@ -41,6 +43,7 @@ def _cmd_labels(args: argparse.Namespace) -> int:
     from gi.labelbench import load_bench_config, run_bench
 
     cfg = load_bench_config(args.config, args.overrides)
+    _apply_threads()
     out = run_bench(cfg)
     print(f"wrote {out}")
     return 0
@@ -50,6 +53,7 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
     from gi.ablate import load_ablate_config, run_ablation
 
     cfg = load_ablate_config(args.config, args.overrides)
+    _apply_threads()
     out = run_ablation(cfg)
     print(f"wrote {out}")
     return 0
@@ -58,7 +62,9 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from gi.sweep import load_sweep_config, run_sweep
 
-    out = run_sweep(load_sweep_config(args.config, args.overrides))
+    cfg = load_sweep_config(args.config, args.overrides)
+    _apply_threads()
+    out = run_sweep(cfg)
     print(f"wrote {out}")
     return 0
 
@@ -69,7 +75,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     config, overrides = args.config, list(args.overrides)
     if config and "=" in config and not os.path.exists(config):  # `gi bench key=value ...` without a config
         config, overrides = None, [config] + overrides
-    path = run_bench(load_bench_config(config, overrides))
+    cfg = load_bench_config(config, overrides)
+    _apply_threads()
+    path = run_bench(cfg)
     print(format_report(path))
     print(f"wrote {path}")
     return 0
@@ -77,6 +85,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def _cmd_methods(args: argparse.Namespace) -> int:
     import labels
+
+    _apply_threads()
 
     for name, summary in labels.describe().items():
         print(f"{name:24s} {summary}")
@@ -102,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details to the console")
     parser.add_argument("--threads", type=int, default=None,
-                        help="CPU threads for torch (default: $GI_THREADS, else torch's default); 1 is fastest for "
+                        help="CPU threads for torch, the reconstruction included (sets $GI_THREADS; default: "
+                        "$GI_THREADS, else torch's default, 1 for small models' reconstructions); 1 is fastest for "
                         "small models on a busy machine")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text, takes_config) in COMMANDS.items():
@@ -116,20 +127,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _export_threads(flag: int | None) -> None:
+    """``--threads N`` becomes ``$GI_THREADS`` for the whole command (so the reconstruction reads it as the Python
+    API does); a bad value of either is an error now."""
+    if flag is not None:
+        if flag < 1:
+            raise ConfigError(f"--threads {flag}: give a positive number of CPU threads, e.g. --threads 1")
+        os.environ["GI_THREADS"] = str(flag)
+    env_threads()
+
+
+def _apply_threads() -> None:
+    """Set torch's CPU threads from ``$GI_THREADS``; called once the config has loaded (a config error answers
+    without importing torch)."""
+    threads = env_threads()
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.command:
         parser.print_help()
         return 2
-    threads = args.threads or int(os.environ.get("GI_THREADS", "0") or 0)
-    if threads > 0:
-        import torch
-
-        torch.set_num_threads(threads)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     logging.getLogger("gi").setLevel(logging.INFO)
     try:
+        _export_threads(args.threads)
         return COMMANDS[args.command][0](args)
     except GIError as exc:
         print(f"gi {args.command}: error: {exc}", file=sys.stderr)

@@ -20,12 +20,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-from tqdm.auto import tqdm
-
 from gi.config import apply_overrides, from_dict, load_yaml, to_dict
 from gi.errors import ConfigError
-from gi.report import save_bar_plot, staged_output, write_csv, write_json, write_markdown_table, write_yaml
+from gi.report import (
+    check_run_name,
+    save_bar_plot,
+    staged_output,
+    write_csv,
+    write_json,
+    write_markdown_table,
+    write_yaml,
+)
 
 log = logging.getLogger("gi.labels")
 
@@ -53,6 +58,7 @@ class BenchConfig:
         import labels
         from gi.scenarios import get_scenario
 
+        check_run_name(self.name)
         get_scenario(self.scenario)
         if not self.methods:
             raise ConfigError("methods is empty; list label methods to compare, e.g. [idlg, yin]")
@@ -103,6 +109,9 @@ def _paper_value(cfg: BenchConfig, point: str, method: str) -> float | None:
 
 def run_bench(cfg: BenchConfig) -> Path:
     """Run the benchmark and write its output directory; returns the directory."""
+    import torch
+    from tqdm.auto import tqdm
+
     import labels
     from gi.metrics import label_metrics
     from gi.scenarios import get_scenario

@@ -13,20 +13,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import lightning as L
-import torch
-
-from gi import data as gdata
-from gi.capture import Capture, Truth, capture_gradients
 from gi.config import apply_overrides, from_dict, load_yaml, require, to_dict
 from gi.errors import ConfigError
 from gi.fl.protocol import Protocol
-from gi.label_result import LabelResult
-from gi.models import build
-from gi.recon import ReconConfig, Reconstruction, reconstruct
-from gi.report import save_grid, save_line_plot, staged_output, write_csv, write_json, write_yaml
+from gi.recon.config import ReconConfig
+from gi.report import check_run_name, save_grid, save_line_plot, staged_output, write_csv, write_json, write_yaml
+
+if TYPE_CHECKING:  # torch, the data, models and Lightning load on first use: config errors answer at once
+    import torch
+
+    from gi.capture import Capture, Truth
+    from gi.label_result import LabelResult
+    from gi.recon import Reconstruction
 
 log = logging.getLogger("gi.run")
 
@@ -118,6 +118,7 @@ class RunConfig:
     metrics: MetricConfig = field(default_factory=MetricConfig)
 
     def __post_init__(self) -> None:
+        check_run_name(self.name)
         if self.labels.mode not in LABEL_MODES:
             raise ConfigError(f"labels.mode={self.labels.mode!r} is not allowed; valid: {list(LABEL_MODES)}")
         if self.protocol.is_update and self.protocol.label_aug == "mixup":
@@ -131,29 +132,39 @@ def load_run_config(path: str | Path, overrides: list[str] | None = None) -> Run
 
 
 # ----------------------------------------------------------------------------- stages
-def client_batch(cfg: RunConfig, dataset: Any, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """The client's images and soft targets, per ``protocol.label_aug`` (one-hot, smoothing, mixup)."""
+def client_batch(cfg: RunConfig, dataset: Any, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor,
+                                                                              torch.Tensor]:
+    """The client's images, soft targets (per ``protocol.label_aug``: one-hot, smoothing, mixup) and the dataset
+    indices of every sample they are made of (both images of a mixup pair)."""
+    import torch
+
+    from gi import data as gdata
+
     b, c = cfg.protocol.batch_size, dataset.num_classes
     kind = cfg.protocol.label_aug
     if kind == "mixup":
         i1, i2 = gdata.sample_mixup_pairs(dataset, b, gen)
         lam = torch.rand(b, generator=gen) if cfg.data.mixup_lam is None else cfg.data.mixup_lam
-        return gdata.mixup(dataset.images[i1], dataset.labels[i1], dataset.images[i2], dataset.labels[i2], lam, c)
+        images, targets = gdata.mixup(dataset.images[i1], dataset.labels[i1], dataset.images[i2],
+                                      dataset.labels[i2], lam, c)
+        return images, targets, torch.cat([i1, i2])
     if cfg.data.indices is not None:
         if len(cfg.data.indices) != b:
             raise ConfigError(f"data.indices has {len(cfg.data.indices)} entries but protocol.batch_size={b}")
         idx = torch.as_tensor(cfg.data.indices)
         images, labels = gdata.to_batch(dataset, idx)
     else:
-        images, labels, _ = gdata.sample_batch(dataset, b, gen)
+        images, labels, idx = gdata.sample_batch(dataset, b, gen)
     eps = cfg.data.eps
     if kind != "onehot" and eps is None:
         eps = torch.rand(b, generator=gen, dtype=torch.float64) * cfg.data.eps_max
-    return images, gdata.make_targets(labels, c, kind, eps)
+    return images, gdata.make_targets(labels, c, kind, eps), idx
 
 
 def oracle_labels(truth: Truth) -> LabelResult:
     """The LabelResult an oracle would return: true soft targets and counts (scoring/ablation only)."""
+    from gi.label_result import LabelResult
+
     return LabelResult.from_counts("truth", truth.counts, soft=truth.targets.clone(), info={"oracle": True})
 
 
@@ -162,6 +173,11 @@ def build_victim(cfg: Any) -> tuple[Any, torch.nn.Module]:
 
     ``cfg`` is any config with ``data``, ``model`` and ``seed`` sections (a RunConfig or an ablation config).
     """
+    import torch
+
+    from gi import data as gdata
+    from gi.models import build
+
     dataset = gdata.load(cfg.data.name, split=cfg.data.split, root=cfg.data.root, size=cfg.data.size)
     num_classes = cfg.model.num_classes or dataset.num_classes
     in_shape = tuple(dataset.images.shape[1:])
@@ -183,6 +199,8 @@ def share_bn_statistics(model: torch.nn.Module, images: torch.Tensor, capture: C
     """Victim side, when the threat model grants it (``protocol.share_bn_stats``): put the client's
     per-channel batch mean and biased variance at every BatchNorm input into ``capture.history`` as
     ``bn_stats/<module>.mean|.var`` (what FedAvg's shared running buffers reveal), for the ``bn`` regulariser."""
+    import torch
+
     seen: dict[str, torch.Tensor] = {}
     hooks = [m.register_forward_hook(lambda m, i, o, name=name: seen.__setitem__(name, i[0].detach()))
              for name, m in model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
@@ -203,16 +221,20 @@ def share_bn_statistics(model: torch.nn.Module, images: torch.Tensor, capture: C
 
 def capture_client(cfg: Any, dataset: Any, model: torch.nn.Module, gen: torch.Generator) -> tuple[Capture, Truth]:
     """Victim side: the client's batch (per ``protocol.label_aug``) and what it shares: a FedSGD gradient, or a
-    FedAvg-style update of local training on that batch (``gi.fl.victim.simulate_client``)."""
-    images, targets = client_batch(cfg, dataset, gen)
+    FedAvg-style update of local training on that batch (``gi.fl.victim.simulate_client``). ``truth.meta["indices"]``
+    lists the dataset indices the batch is made of (kept out of the attacker's aux set by :func:`make_aux`)."""
+    images, targets, indices = client_batch(cfg, dataset, gen)
     if cfg.protocol.is_update:
         from gi.fl.victim import simulate_client
 
         capture, truth = simulate_client(model, (images, targets.argmax(1)), cfg.protocol, rng=gen)
     else:
+        from gi.capture import capture_gradients
+
         capture, truth = capture_gradients(model, images, targets, cfg.protocol, generator=gen)
     if cfg.protocol.share_bn_stats:
         share_bn_statistics(model, images, capture)
+    truth.meta = {**truth.meta, "indices": [int(i) for i in indices]}
     return capture, truth
 
 
@@ -229,7 +251,11 @@ def _recovered_labels(lcfg: LabelConfig, capture: Capture, truth: Truth, aux: An
 
 def _hard_labels(lcfg: LabelConfig, capture: Capture, truth: Truth, aux: Any) -> LabelResult | None:
     """iDLG-style one-hot labels: the counts of ``hard_method`` (its soft labels, if any, become their argmax)."""
+    import torch
+
     import labels
+    from gi.label_result import LabelResult
+
     result = labels.recover(capture, lcfg.hard_method, aux=aux)
     counts = result.counts if result.soft is None else torch.bincount(result.soft.argmax(1),
                                                                       minlength=capture.num_classes)
@@ -266,42 +292,54 @@ def attack_labels(lcfg: LabelConfig, capture: Capture, truth: Truth,
     return mode.labels(lcfg, capture, truth, aux), mode.kind
 
 
-def make_aux(lcfg: LabelConfig, dataset: Any, gen: torch.Generator) -> Any:
+def make_aux(lcfg: LabelConfig, dataset: Any, gen: torch.Generator, truths: list[Truth]) -> Any:
+    """The attacker's aux set (``aux_per_class`` per class), drawn from ``dataset`` without any sample of the
+    victims' batches (``truth.meta["indices"]`` of every truth in ``truths``)."""
     if lcfg.aux_per_class <= 0:
         return None
+    from gi import data as gdata
     from labels.aux import AuxData
 
-    ax, ay, _ = gdata.sample_aux(dataset, lcfg.aux_per_class, gen)
+    victims = [i for t in truths for i in t.meta["indices"]]
+    ax, ay, _ = gdata.sample_aux(dataset, lcfg.aux_per_class, gen, exclude=victims)
     return AuxData(ax, ay, dataset.num_classes)
 
 
 def used_labels(rec: Reconstruction, mode: str) -> LabelResult:
     """The labels the reconstruction ended with, as a LabelResult (soft rows and their argmax counts)."""
-    counts = torch.bincount(rec.labels.argmax(1), minlength=rec.labels.shape[1])
-    return LabelResult.from_counts(mode, counts, soft=rec.labels.double())
+    from gi.label_result import LabelResult
+
+    return LabelResult.from_counts(mode, final_counts(rec), soft=rec.labels.double())
 
 
 def final_counts(rec: Reconstruction) -> torch.Tensor:
+    import torch
+
     return torch.bincount(rec.labels.argmax(1), minlength=rec.labels.shape[1])
 
 
-class TruthMonitor(L.Callback):
-    """Logs PSNR of the current best iterate against the truth, from outside the attack module."""
+def truth_monitor(truth_images: torch.Tensor, every: int) -> Any:
+    """A Lightning callback that logs PSNR of the current best iterate against the truth every ``every`` steps,
+    from outside the attack module (``.steps``, ``.psnr``)."""
+    import lightning as L
 
-    def __init__(self, truth_images: torch.Tensor, every: int) -> None:
-        self.truth, self.every = truth_images, every
-        self.steps: list[int] = []
-        self.psnr: list[float] = []
+    class TruthMonitor(L.Callback):
+        def __init__(self) -> None:
+            self.truth, self.every = truth_images, every
+            self.steps: list[int] = []
+            self.psnr: list[float] = []
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if batch_idx % self.every and batch_idx != trainer.max_steps - 1:
-            return
-        from gi.metrics import match_images, psnr
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            if batch_idx % self.every and batch_idx != trainer.max_steps - 1:
+                return
+            from gi.metrics import match_images, psnr
 
-        rec = pl_module.current_images().cpu()
-        perm = match_images(rec, self.truth) if rec.shape[0] > 1 else [0]
-        self.steps.append(batch_idx)
-        self.psnr.append(float(psnr(rec[perm], self.truth).clamp(max=100).mean()))
+            rec = pl_module.current_images().cpu()
+            perm = match_images(rec, self.truth) if rec.shape[0] > 1 else [0]
+            self.steps.append(batch_idx)
+            self.psnr.append(float(psnr(rec[perm], self.truth).clamp(max=100).mean()))
+
+    return TruthMonitor()
 
 
 @dataclass
@@ -315,7 +353,10 @@ class RunResult:
 
 def run(cfg: RunConfig) -> RunResult:
     """Run one end-to-end reconstruction and write its output directory."""
+    import torch
+
     from gi.metrics import label_metrics, score
+    from gi.recon import reconstruct
 
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(cfg.out or f"runs/{cfg.name}-{stamp}")
@@ -329,13 +370,13 @@ def run(cfg: RunConfig) -> RunResult:
                  truth.images.shape[0])
 
         # ---- attack side: capture (+ aux) only; the oracle mode alone reads truth, by request
-        aux = make_aux(cfg.labels, dataset, gen)
+        aux = make_aux(cfg.labels, dataset, gen, [truth])
         label_result, label_kind = attack_labels(cfg.labels, capture, truth, aux)
         if label_result is not None:
             log.info("labels (%s): ok=%s counts=%s", label_result.method, label_result.ok,
                      label_result.counts.tolist())
         attack = dataclasses.replace(cfg.attack, labels=label_kind)
-        monitor = TruthMonitor(truth.images, cfg.attack.log_every)
+        monitor = truth_monitor(truth.images, cfg.attack.log_every)
         features = None if label_result is None else label_result.features
         rec = reconstruct(capture, label_result, features=features, config=attack, callbacks=[monitor])
 

@@ -1,53 +1,309 @@
-"""Writing a run's output directory: staged in a hidden folder and renamed into place at the end,
-so an interrupted or failed run never leaves a half-written directory (DESIGN.md §4)."""
+"""Writing a run's output directory: staged in a hidden folder and renamed into place at the end, so an
+interrupted or failed run never leaves a half-written directory (DESIGN.md §4), and two commands never clobber
+each other's output.
+
+Guarantees of :func:`staged_output`:
+
+- one writer per output directory: an exclusive ``flock`` on ``.<out>.lock`` (next to it) is held for the whole
+  run, so a second command with the same ``out=`` fails at its start, before any work;
+- the final rename is no-clobber (``renameat2(RENAME_NOREPLACE)`` on Linux): a directory that appears meanwhile
+  (even an empty one) is never replaced; the run's results are then kept in ``<out>.unsaved-<pid>``;
+- ``overwrite=true`` moves the old result aside (``.<out>.old-<pid>@<host>``), moves the new one in, then deletes
+  the old one; if killed in between, the next command in that folder puts the old result back;
+- staging folders are named ``.<out>.partial-<pid>@<host>-<random>``; every command removes those of dead
+  processes of this host in its output folder.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import csv
+import ctypes
+import errno
+import fcntl
 import json
 import logging
 import os
+import re
 import shutil
+import socket
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 import yaml
 
 from gi.errors import ConfigError
 
+if TYPE_CHECKING:
+    import torch
+
+_HOST = socket.gethostname()
+_OWNED = (re.compile(r"^\.(?P<name>.+)\.(?P<kind>partial)-(?P<pid>\d+)@(?P<host>.+)-[A-Za-z0-9_]+$"),  # + mkdtemp's
+           re.compile(r"^\.(?P<name>.+)\.(?P<kind>old)-(?P<pid>\d+)@(?P<host>.+)$"))  # random part has no "-"
+_LOCK = re.compile(r"^\.(?P<name>.+)\.lock$")
+
+
+def _owner_tag() -> str:
+    return f"{os.getpid()}@{_HOST}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _libc_renameat2() -> Any:
+    try:
+        func = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return None
+    func.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    return func
+
+
+_RENAMEAT2 = _libc_renameat2()
+_AT_FDCWD, _RENAME_NOREPLACE = -100, 1
+
+
+def _rename_noreplace(src: Path, dst: Path) -> None:
+    """Rename ``src`` to ``dst``; FileExistsError if ``dst`` exists (also an empty directory, which a plain
+    ``os.rename`` would silently replace)."""
+    if _RENAMEAT2 is not None:
+        if _RENAMEAT2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+            raise OSError(err, os.strerror(err), str(dst))
+    if os.path.lexists(dst):  # fallback (no renameat2): still checked, but not atomically
+        raise FileExistsError(errno.EEXIST, "exists", str(dst))
+    os.rename(src, dst)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def _try_lock(lock: Path) -> int | None:
+    """An exclusive ``flock`` on ``lock`` (created if missing): its fd, or None when another writer holds it."""
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        try:
+            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{_owner_tag()}\n".encode())
+            return fd
+        os.close(fd)  # the previous holder removed the file between our open and our lock: take the new one
+
+
+def _unlock(lock: Path, fd: int) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        lock.unlink()
+    os.close(fd)
+
+
+def _lock_path(final: Path) -> Path:
+    return final.parent / f".{final.name}.lock"
+
+
+def _holder(lock: Path) -> str:
+    try:
+        return lock.read_text().strip() or "another process"
+    except OSError:
+        return "another process"
+
+
+def _restore_aside(parent: Path, name: str, aside: Path) -> None:
+    """A dead writer's old result moved aside for an overwrite: put it back if nothing replaced it."""
+    final = parent / name
+    if os.path.lexists(final):
+        _remove(aside)
+        return
+    with contextlib.suppress(FileExistsError):
+        _rename_noreplace(aside, final)
+
+
+def remove_stale_staging(parent: Path, held: Path | None = None) -> None:
+    """Remove staging folders of dead processes of this host in ``parent``; put back old results that a killed
+    ``overwrite`` had moved aside; remove lock files nobody holds. ``held``: an output directory whose lock the
+    caller holds."""
+    try:
+        entries = sorted(Path(parent).iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        m = _OWNED[0].match(entry.name) or _OWNED[1].match(entry.name)
+        if m is None or m["host"] != _HOST or _pid_alive(int(m["pid"])):
+            continue
+        if m["kind"] == "partial":
+            _remove(entry)
+            continue
+        final = Path(parent) / m["name"]
+        if held is not None and final == held:
+            _restore_aside(Path(parent), m["name"], entry)
+            continue
+        fd = _try_lock(_lock_path(final))
+        if fd is not None:
+            try:
+                _restore_aside(Path(parent), m["name"], entry)
+            finally:
+                _unlock(_lock_path(final), fd)
+    for entry in entries:
+        m = _LOCK.match(entry.name)
+        if m is not None and (held is None or m["name"] != held.name) and entry.exists():
+            fd = _try_lock(entry)
+            if fd is not None:
+                _unlock(entry, fd)
+
+
+def check_run_name(name: str) -> None:
+    """A run's ``name`` becomes a folder under ``runs/``: it must not be empty or leave that folder."""
+    if not name or "/" in name or "\\" in name or ".." in name or os.sep in name:
+        raise ConfigError(f"name={name!r} must be a plain folder name (no '/', '\\' or '..'): it names the output "
+                          "folder under runs/; use out= to write elsewhere")
+
+
+def _check_parent(final: Path) -> None:
+    ancestor = final.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ConfigError(f"out={final}: {ancestor} is a file, not a directory; pass another out=")
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"out={final}: cannot create {final.parent} ({exc.strerror}); pass another out=") from None
+    if not os.access(final.parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"out={final}: {final.parent} is not writable; pass another out=")
+
+
+def check_output_dir(final: str | Path, overwrite: bool = False) -> Path:
+    """Refuse an output directory that cannot be written or would clobber a result (before any work starts);
+    creates its parent folder. Returns ``final`` as a Path."""
+    final = Path(final)
+    if os.path.lexists(final) and not final.is_dir():
+        raise ConfigError(f"out={final} is a file, not a directory; pass another out=")
+    if final.is_dir() and not overwrite:
+        raise ConfigError(f"output directory {final} exists; pass overwrite=true or another out=")
+    _check_parent(final)
+    return final
+
+
+def check_output_file(path: str | Path, overwrite: bool = False) -> Path:
+    """:func:`check_output_dir` for a single output file (e.g. ``gi bench``'s JSON report)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"out={path} is a directory; this command writes one file: pass out=<file>.json")
+    if os.path.lexists(path) and not overwrite:
+        raise ConfigError(f"{path} exists; pass overwrite=true or another out=")
+    _check_parent(path)
+    return path
+
+
+def publish_file(path: Path, write: Callable[[Path], None], overwrite: bool = False) -> None:
+    """Write a file through ``write(tmp)`` into a staging file next to ``path`` and move it into place:
+    no-clobber (a file that appeared meanwhile is kept, ours goes to ``<path>.unsaved-<pid>``), or an atomic
+    replace with ``overwrite``."""
+    remove_stale_staging(path.parent)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.partial-{_owner_tag()}-")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        write(tmp)
+        if overwrite:
+            os.replace(tmp, path)
+            return
+        try:
+            os.link(tmp, path)  # fails if path exists: no-clobber for files
+        except FileExistsError:
+            keep = path.with_name(f"{path.name}.unsaved-{os.getpid()}")
+            os.replace(tmp, keep)
+            raise ConfigError(f"{path} appeared while this command was writing it and was left as it is; kept this "
+                              f"run's results in {keep}; pass overwrite=true or another out=") from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def _publish(tmp: Path, final: Path, overwrite: bool) -> None:
+    aside = None
+    if os.path.lexists(final) and overwrite:
+        aside = final.parent / f".{final.name}.old-{_owner_tag()}"
+        _rename_noreplace(final, aside)
+    try:
+        _rename_noreplace(tmp, final)
+    except FileExistsError:
+        if aside is not None:
+            _restore_aside(final.parent, final.name, aside)
+        keep = final.parent / f"{final.name}.unsaved-{os.getpid()}"
+        _rename_noreplace(tmp, keep)
+        raise ConfigError(f"output directory {final} appeared while this run was writing it and was left as it "
+                          f"is; kept this run's results in {keep}; pass overwrite=true or another out=") from None
+    except BaseException:
+        if aside is not None:
+            _restore_aside(final.parent, final.name, aside)
+        raise
+    if aside is not None:
+        _remove(aside)
+
 
 @contextlib.contextmanager
 def staged_output(final: str | Path, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a temporary sibling folder; on success it becomes ``final``; on error it is removed."""
-    final = Path(final)
-    if final.exists() and not overwrite:
-        raise ConfigError(f"output directory {final} exists; choose another `out=` or pass overwrite=true")
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.partial-"))
-    handler = logging.FileHandler(tmp / "log.txt")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger("gi")
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
+    """Yield a hidden staging folder next to ``final``; on success it becomes ``final`` (no-clobber, or an atomic
+    replace with ``overwrite``); on error it is removed. Holds ``final``'s lock throughout (see module doc)."""
+    final = check_output_dir(final, overwrite)
+    lock = _lock_path(final)
     try:
-        yield tmp
-    except BaseException:
-        root.removeHandler(handler)
-        handler.close()
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    root.removeHandler(handler)
-    handler.close()
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+        fd = _try_lock(lock)
+    except OSError as exc:
+        raise ConfigError(f"out={final}: cannot create the lock file {lock} ({exc.strerror}); pass another out=") \
+            from None
+    if fd is None:
+        raise ConfigError(f"output directory {final} is being written by {_holder(lock)}; wait for it to finish or "
+                          "pass another out=")
+    try:
+        remove_stale_staging(final.parent, held=final)
+        check_output_dir(final, overwrite)  # again under the lock: a writer may have finished meanwhile
+        tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.partial-{_owner_tag()}-"))
+        handler = logging.FileHandler(tmp / "log.txt")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root = logging.getLogger("gi")
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
+        try:
+            yield tmp
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        finally:
+            root.removeHandler(handler)
+            handler.close()
+        _publish(tmp, final, overwrite)
+    finally:
+        _unlock(lock, fd)
 
 
 def _jsonable(obj: Any) -> Any:
+    import torch
+
     if isinstance(obj, torch.Tensor):
         return obj.tolist()
     if isinstance(obj, dict):
@@ -98,6 +354,7 @@ def write_markdown_table(path: Path, rows: Sequence[dict[str, Any]], title: str 
 
 def save_grid(path: Path, rows: Sequence[torch.Tensor], pad: int = 2, scale: int = 1) -> None:
     """Save rows of images (each (B, C, H, W) in [0, 1]) as one PNG grid: e.g. truth over reconstruction."""
+    import torch
     import torchvision.utils as vutils
 
     batch = max(r.shape[0] for r in rows)

@@ -8,28 +8,36 @@ machine, ``devices`` worker processes), and across machines through Lightning's 
   num_nodes=2``
 - SLURM:     ``srun --nodes 2 --ntasks-per-node 4 --gpus-per-node 4 gi sweep CONFIG devices=4 num_nodes=2``
 
-Job i runs on global rank ``i mod world_size``. Every job writes its own output directory atomically
-(:func:`gi.report.staged_output`): a killed sweep leaves no half-written job, and a re-run skips every job whose
-directory holds ``metrics.json``. After a barrier, rank 0 writes ``aggregate.csv`` (one row per job, or per
-table row for ablation jobs), ``summary.md`` and ``summary.png`` (mean ± std over seeds per configuration).
+Job i runs on global rank ``i mod world_size``. A job is identified by its name (grid values and seed) and a hash
+of its fully resolved config (the base file's content with every override applied; not ``out``, ``overwrite``,
+``attack.progress`` or the device): its directory is ``jobs/<name>-<hash>``. Every job writes that directory
+atomically (:func:`gi.report.staged_output`): a killed sweep leaves no half-written job, a re-run skips every job
+whose directory holds ``metrics.json``, and other overrides or an edited base config run the jobs again instead
+of reusing stale results. A job that raises (anything, not only a ``GIError``) is recorded in
+``failed/<name>-<hash>.txt`` (message or traceback) and the sweep goes on; at the end the sweep fails with
+"N of M jobs failed, see <dir>/failed/". After a barrier, rank 0 writes ``aggregate.csv`` (one row per job of the
+current config, or per table row for ablation jobs), ``summary.md`` and ``summary.png`` (mean ± std over seeds
+per configuration).
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import itertools
 import json
 import logging
 import os
-import shutil
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gi.config import apply_overrides, format_override, from_dict, load_yaml, parse_override
+from gi.config import apply_overrides, format_override, from_dict, load_yaml, parse_override, to_dict
 from gi.errors import ConfigError, GIError
+from gi.report import check_run_name
 
 log = logging.getLogger("gi.sweep")
 DONE = "metrics.json"
@@ -58,6 +66,7 @@ class SweepConfig:
     metric: str = "psnr_mean"
 
     def __post_init__(self) -> None:
+        check_run_name(self.name)
         if self.command not in JOB_KINDS:
             raise ConfigError(f"command={self.command!r} is not allowed; valid: {sorted(JOB_KINDS)}")
         if not isinstance(self.grid, dict) or any(not isinstance(v, list) or not v for v in self.grid.values()):
@@ -98,6 +107,11 @@ class Job:  # not frozen: Lightning's launcher copies dataclass arguments field 
     name: str
     overrides: tuple[str, ...]
     params: tuple[tuple[str, Any], ...]
+    key: str = ""  # hash of the fully resolved job config (see job_key)
+
+    @property
+    def dirname(self) -> str:
+        return f"{self.name}-{self.key}" if self.key else self.name
 
 
 def _slug(value: Any) -> str:
@@ -114,11 +128,41 @@ def expand_jobs(cfg: SweepConfig) -> list[Job]:
             params = tuple(zip(keys, values)) + (("seed", seed),)
             name = "_".join(f"{k.split('.')[-1]}={_slug(v)}" for k, v in params)
             over = tuple(cfg.overrides) + tuple(format_override(k, v) for k, v in params)
-            jobs.append(Job(len(jobs), name, over, params))
+            jobs.append(Job(len(jobs), name, over, params, job_key(cfg.command, cfg.base, list(over))))
     names = [j.name for j in jobs]
     if len(set(names)) != len(names):
         raise ConfigError("two jobs of the sweep map to the same directory name; make grid values distinct")
     return jobs
+
+
+def job_key(command: str, base: str, overrides: list[str]) -> str:
+    """Hash of the job's fully resolved config (what determines its results; not where or how verbosely it is
+    written). A config that does not load hashes its text: the job then fails when it runs and is reported."""
+    try:
+        data = to_dict(JOB_CONFIGS[command](base, overrides))
+        for name in ("out", "overwrite"):
+            data.pop(name, None)
+        if isinstance(data.get("attack"), dict):
+            data["attack"].pop("progress", None)
+            data["attack"].pop("device", None)
+    except GIError as exc:
+        data = {"invalid": str(exc), "base": base, "overrides": overrides}
+    return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def _run_config(base: str, overrides: list[str]) -> Any:
+    from gi.pipeline import load_run_config
+
+    return load_run_config(base, overrides)
+
+
+def _ablate_config(base: str, overrides: list[str]) -> Any:
+    from gi.ablate import load_ablate_config
+
+    return load_ablate_config(base, overrides)
+
+
+JOB_CONFIGS: dict[str, Callable[[str, list[str]], Any]] = {"run": _run_config, "ablate": _ablate_config}
 
 
 def _run_job(base: str, overrides: list[str]) -> dict[str, Any]:
@@ -138,17 +182,15 @@ JOB_KINDS: dict[str, Callable[[str, list[str]], dict[str, Any]]] = {"run": _run_
 
 
 def job_dir(root: Path, job: Job) -> Path:
-    return root / "jobs" / job.name
+    return root / "jobs" / job.dirname
+
+
+def failure_record(root: Path, job: Job) -> Path:
+    return root / "failed" / f"{job.dirname}.txt"
 
 
 def is_done(root: Path, job: Job) -> bool:
     return (job_dir(root, job) / DONE).is_file()
-
-
-def _clean_partials(path: Path) -> None:
-    """Remove staging folders a killed run of this job left behind (only this rank runs this job)."""
-    for stale in path.parent.glob(f".{path.name}.partial-*"):
-        shutil.rmtree(stale, ignore_errors=True)
 
 
 def _device_overrides(cfg: SweepConfig, accelerator: str, local_rank: int) -> list[str]:
@@ -168,17 +210,18 @@ def run_jobs(cfg: SweepConfig, root: Path, jobs: list[Job], rank: int, world: in
         path = job_dir(root, job)
         if is_done(root, job):
             continue
-        _clean_partials(path)
         start = time.perf_counter()
         over = list(job.overrides) + _device_overrides(cfg, accelerator, local_rank) + \
             [f"out={path}", "overwrite=true", "attack.progress=false"]
+        record = failure_record(root, job)
         try:
             metrics = JOB_KINDS[cfg.command](cfg.base, over)
             status = f"{cfg.metric} {_get(metrics, cfg.metric)}" if _get(metrics, cfg.metric) is not None else "ok"
-        except GIError as exc:  # a bad job is reported, the sweep goes on (nothing is swallowed silently)
-            status = f"FAILED: {exc}"
-            (root / "failed").mkdir(exist_ok=True)
-            (root / "failed" / f"{job.name}.txt").write_text(str(exc) + "\n")
+            record.unlink(missing_ok=True)
+        except Exception as exc:  # a failed job is recorded, the sweep goes on; the exit status reports it
+            status = f"FAILED: {exc}" if isinstance(exc, GIError) else f"FAILED ({type(exc).__name__}): {exc}"
+            record.parent.mkdir(exist_ok=True)
+            record.write_text(f"{exc}\n" if isinstance(exc, GIError) else traceback.format_exc())
         seconds = time.perf_counter() - start
         print(f"[rank {rank}/{world}] {k}/{len(mine)} {job.name}: {status} ({seconds:.0f} s)", flush=True)
         report.append({"job": job.name, "status": status, "seconds": seconds})
@@ -280,6 +323,7 @@ def _worker(fabric: Any, cfg: SweepConfig, root: Path, jobs: list[Job], accelera
 
     if accelerator == "cpu":
         torch.set_num_threads(1)  # one process per core; more threads oversubscribe the CPU
+        os.environ["GI_THREADS"] = "1"  # the jobs' reconstructions too (they follow $GI_THREADS)
     run_jobs(cfg, root, jobs, fabric.global_rank, fabric.world_size, accelerator, fabric.local_rank)
     fabric.barrier()
     if fabric.global_rank == 0:
@@ -293,8 +337,21 @@ def _cluster_launched() -> bool:
     return TorchElasticEnvironment.detect() or SLURMEnvironment.detect()
 
 
+class JobsFailed(GIError):
+    """Some jobs of a sweep failed (the others finished and were aggregated)."""
+
+
+def check_failures(root: Path, jobs: list[Job]) -> None:
+    """Raise :class:`JobsFailed` ("N of M jobs failed, see <dir>/failed/") when any job has not finished."""
+    failed = [j for j in jobs if not is_done(root, j)]
+    if failed:
+        raise JobsFailed(f"{len(failed)} of {len(jobs)} jobs failed, see {root / 'failed'}/ (re-run the same command "
+                         "to retry them; finished jobs are kept)")
+
+
 def run_sweep(cfg: SweepConfig) -> Path:
-    """Run (or resume) the sweep and aggregate it; returns the sweep directory."""
+    """Run (or resume) the sweep and aggregate it; returns the sweep directory. Raises :class:`JobsFailed` after
+    the aggregation when any job failed."""
     root = Path(cfg.out or f"runs/sweep-{cfg.name}")
     root.mkdir(parents=True, exist_ok=True)
     jobs = expand_jobs(cfg)
@@ -302,11 +359,13 @@ def run_sweep(cfg: SweepConfig) -> Path:
     devices = _devices(cfg, accelerator)
     (root / "jobs").mkdir(exist_ok=True)
     (root / "sweep.json").write_text(json.dumps({"name": cfg.name, "command": cfg.command, "base": cfg.base,
-                                                 "jobs": [j.name for j in jobs]}, indent=1) + "\n")
+                                                 "jobs": [j.name for j in jobs],
+                                                 "dirs": [j.dirname for j in jobs]}, indent=1) + "\n")
     if devices * cfg.num_nodes == 1 and not _cluster_launched():
         run_jobs(cfg, root, jobs, 0, 1, accelerator)
         rows = aggregate(cfg, root, jobs)
         print(f"aggregated {len(rows)} row(s) into {root / 'aggregate.csv'}", flush=True)
+        check_failures(root, jobs)
         return root
     from lightning.fabric import Fabric
 
@@ -316,4 +375,5 @@ def run_sweep(cfg: SweepConfig) -> Path:
     strategy = "ddp" if _cluster_launched() else "ddp_spawn"
     fabric = Fabric(accelerator=accelerator, devices=devices, num_nodes=cfg.num_nodes, strategy=strategy)
     fabric.launch(_worker, cfg, root, jobs, accelerator)
+    check_failures(root, jobs)
     return root

@@ -17,14 +17,13 @@ direction-based attacks (Decaf) read its updates (:data:`LINEAR`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from gi.registry import registrar
 
-Tensor = torch.Tensor
-Rule = Callable[[Any, dict[str, Tensor], Tensor], Tensor]
+if TYPE_CHECKING:  # the rules use tensor methods only: importing the registry costs no torch import
+    from torch import Tensor
+Rule = Callable[[Any, dict[str, "Tensor"], "Tensor"], "Tensor"]
 RULES: dict[str, Rule] = {}
 register_rule = registrar(RULES, "local optimiser")
 LINEAR = ("sgd", "sgdm", "nesterov")
@@ -60,7 +59,7 @@ def _adadelta(protocol: Any, state: dict[str, Tensor], d: Tensor) -> Tensor:
     rho, eps = protocol.adadelta_rho, protocol.adadelta_eps
     sq = rho * state["square_avg"] + (1 - rho) * d * d if "square_avg" in state else (1 - rho) * d * d
     acc = state.get("acc_delta")
-    delta = torch.sqrt((eps if acc is None else acc + eps) / (sq + eps)) * d
+    delta = ((eps if acc is None else acc + eps) / (sq + eps)).sqrt() * d
     state["square_avg"] = sq
     state["acc_delta"] = (1 - rho) * delta * delta if acc is None else rho * acc + (1 - rho) * delta * delta
     return protocol.lr * delta

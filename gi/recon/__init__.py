@@ -1,12 +1,22 @@
-"""Optimisation-based reconstruction (gradient/update matching + features + priors), driven by Lightning."""
+"""Optimisation-based reconstruction (gradient/update matching + features + priors), driven by Lightning.
 
-from gi.recon.api import Reconstruction, labels_for_slots, reconstruct, reconstruct_many
+Only :class:`ReconConfig` loads with the package (configs are read without torch or Lightning); the rest on first
+use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from gi.recon.config import ReconConfig
-from gi.recon.inits import INITS, register_init
-from gi.recon.objectives import OBJECTIVES, register_objective
-from gi.recon.optim import OPTIMIZERS, register_optimizer
-from gi.recon.regularizers import REGULARIZERS, register_regularizer
-from gi.recon.simulate import SIMULATORS
+
+if TYPE_CHECKING:
+    from gi.recon.api import Reconstruction, labels_for_slots, reconstruct, reconstruct_many
+    from gi.recon.inits import INITS, register_init
+    from gi.recon.objectives import OBJECTIVES, register_objective
+    from gi.recon.optim import OPTIMIZERS, register_optimizer
+    from gi.recon.regularizers import REGULARIZERS, register_regularizer
+    from gi.recon.simulate import SIMULATORS
 
 __all__ = [
     "INITS",
@@ -24,3 +34,18 @@ __all__ = [
     "register_optimizer",
     "register_regularizer",
 ]
+
+_LAZY = {
+    "Reconstruction": "api", "labels_for_slots": "api", "reconstruct": "api", "reconstruct_many": "api",
+    "INITS": "inits", "register_init": "inits", "OBJECTIVES": "objectives", "register_objective": "objectives",
+    "OPTIMIZERS": "optim", "register_optimizer": "optim", "REGULARIZERS": "regularizers",
+    "register_regularizer": "regularizers", "SIMULATORS": "simulate",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"gi.recon.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'gi.recon' has no attribute {name!r}")

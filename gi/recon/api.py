@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -18,6 +17,7 @@ from typing import Any
 import lightning as L
 import torch
 
+from gi import env_threads
 from gi.capture import Capture
 from gi.errors import CaptureError, ConfigError, GIError
 from gi.label_result import LabelResult
@@ -155,11 +155,12 @@ def resolve_device(name: str) -> tuple[str, int | list[int]]:
 
 @contextlib.contextmanager
 def cpu_threads(threads: int | None, model: torch.nn.Module, accelerator: str) -> Iterator[int]:
-    """Set torch's CPU threads for the loop and restore them after. null: ``$GI_THREADS`` when set (keep the
-    command's setting), else 1 for small models on CPU (overhead-bound), else torch's default."""
+    """Set torch's CPU threads for the loop and restore them after. null: ``$GI_THREADS`` when set (the same in
+    the Python API as on the command line, whose ``--threads`` sets it), else 1 for small models on CPU
+    (overhead-bound), else torch's default."""
     before = torch.get_num_threads()
-    if threads is None and os.environ.get("GI_THREADS"):  # the user chose the threads for the whole command
-        threads = before
+    if threads is None:
+        threads = env_threads()
     if threads is None:
         small = sum(p.numel() for p in model.parameters()) < SMALL_MODEL
         threads = 1 if small and accelerator == "cpu" else before

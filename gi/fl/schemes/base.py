@@ -14,15 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from gi.errors import ConfigError
 
-Tensor = torch.Tensor
-State = dict[str, Tensor]
-History = Callable[[str], Tensor]  # history term name → that term's tensor for the parameter at hand
+if TYPE_CHECKING:  # schemes use tensor methods only: the registry loads without torch (fast config checks)
+    from torch import Tensor
+
+State = dict[str, "Tensor"]
+History = Callable[[str], "Tensor"]  # history term name → that term's tensor for the parameter at hand
 
 
 def _no_pull(protocol: Any) -> float:
@@ -91,4 +91,4 @@ def get_scheme(name: str, shares: str | None = None) -> Scheme:
 def history_of(history: State | None, term_prefix: str, like: Tensor) -> Tensor:
     """``history["<term>/<param>"]`` in the dtype and device of ``like`` (zeros when absent)."""
     t = (history or {}).get(term_prefix)
-    return torch.zeros_like(like) if t is None else t.to(like)
+    return like.new_zeros(like.shape) if t is None else t.to(like)

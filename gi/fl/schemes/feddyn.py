@@ -7,11 +7,12 @@ and the constant of the term is ``α Σ_{r<t} Δθ_k⁽ʳ⁾``. The server keeps
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from gi.fl.schemes.base import History, Scheme, State, register_scheme
 
-from gi.fl.schemes.base import History, Scheme, State, Tensor, register_scheme
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 def _constant(protocol: Any, history: History, num_steps: int) -> Tensor:
@@ -31,7 +32,7 @@ def _aggregate(protocol: Any, avg: State, weights: list[float], clients: dict[in
         return avg
     out = {}
     for name, step in avg.items():
-        h = server.setdefault(name, torch.zeros_like(step))
+        h = server.setdefault(name, step.new_zeros(step.shape))
         h -= a * step
         out[name] = step - h / a
     return out

@@ -7,9 +7,12 @@ weighted mean of the clients' controls, broadcast to all.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gi.fl.schemes.base import History, Scheme, State, Tensor, register_scheme
+from gi.fl.schemes.base import History, Scheme, State, register_scheme
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 def _constant(protocol: Any, history: History, num_steps: int) -> Tensor:
