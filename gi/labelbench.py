@@ -70,6 +70,11 @@ class BenchConfig:
             raise ConfigError(f"method_options for methods not in `methods`: {extra}")
         if self.trials < 1:
             raise ConfigError("trials must be >= 1")
+        from gi.metrics import LABEL_METRICS  # light: torch loads there, but before any trial runs
+
+        bad = [m for m in self.metrics if m not in LABEL_METRICS]
+        if bad or not self.metrics:
+            raise ConfigError(f"metrics={self.metrics}: unknown {bad}; valid: {list(LABEL_METRICS)}")
 
 
 def load_bench_config(path: str | Path, overrides: list[str] | None = None) -> BenchConfig:

@@ -255,6 +255,10 @@ def _proportions(counts: Tensor) -> Tensor:
     return torch.where(total > 0, counts / total.clamp_min(1e-300), uniform)
 
 
+# every key :func:`label_metrics` can report (the last two only for methods that recover soft labels)
+LABEL_METRICS = ("ok", "cls_acc", "ins_acc", "count_acc", "prop_mse", "prop_kl", "l1", "l2", "linf", "soft_l1", "top1")
+
+
 def label_metrics_from_counts(pred_counts: Any, true_counts: Any, pred_proportions: Any = None,
                               true_proportions: Any = None, kl_eps: float = KL_EPS) -> dict[str, Any]:
     """Batch label-recovery metrics from per-class counts (C,) → floats, or (N, C) → (N,) float64 tensors.
@@ -333,6 +337,7 @@ def label_metrics(result: Any, truth: Any, match_soft: bool = True, kl_eps: floa
 
 __all__ = [
     "KL_EPS",
+    "LABEL_METRICS",
     "MATCH_COSTS",
     "label_metrics",
     "label_metrics_from_counts",

@@ -19,6 +19,7 @@ import torch
 
 from gi import env_threads
 from gi.capture import Capture
+from gi.devices import resolve_device
 from gi.errors import CaptureError, ConfigError, GIError
 from gi.label_result import LabelResult
 from gi.recon.config import SMALL_MODEL, ReconConfig
@@ -140,17 +141,6 @@ def _quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=".*GPU available.*")
     warnings.filterwarnings("ignore", message=".*module\\(s\\) in eval mode.*")  # the victim keeps its mode
     warnings.filterwarnings("ignore", message=".*LeafSpec.*is deprecated.*")
-
-
-def resolve_device(name: str) -> tuple[str, int | list[int]]:
-    """``attack.device`` → Lightning ``(accelerator, devices)``: ``auto``, ``cpu``, ``gpu``/``cuda``, ``cuda:N``."""
-    if name == "auto":
-        return ("gpu" if torch.cuda.is_available() else "cpu"), 1
-    if name.startswith("cuda:"):
-        return "gpu", [int(name.split(":", 1)[1])]
-    if name in ("cpu", "gpu", "cuda", "mps"):
-        return {"cuda": "gpu"}.get(name, name), 1
-    raise ConfigError(f"attack.device={name!r} is not allowed; valid: auto, cpu, gpu, cuda, cuda:N, mps")
 
 
 @contextlib.contextmanager

@@ -98,6 +98,10 @@ class ReconConfig:
             raise ConfigError(f"attack.threads must be >= 1 or null, got {self.threads}")
         if self.log_every < 1:
             raise ConfigError(f"attack.log_every must be >= 1, got {self.log_every}")
+        if self.device not in ("auto", "cpu"):  # before any work: a GPU asked for where there is none
+            from gi.devices import resolve_device
+
+            resolve_device(self.device)
         if self.init_noise < 0:
             raise ConfigError(f"attack.init_noise must be >= 0, got {self.init_noise}")
         for key in ("regularizers", "layer_weights"):

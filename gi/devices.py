@@ -1,0 +1,40 @@
+"""Device names in configs (``attack.device``, ``sweep.accelerator``) → Lightning's ``(accelerator, devices)``.
+
+Checked when a config is loaded, so asking for a GPU on a machine without one is a one-line :class:`ConfigError`
+before any work; torch is imported only when a name needs it (``auto`` and ``cpu`` need nothing).
+"""
+
+from __future__ import annotations
+
+from gi.errors import ConfigError
+
+DEVICES = ("auto", "cpu", "gpu", "cuda", "cuda:N", "mps")
+
+
+def resolve_device(name: str, where: str = "attack.device") -> tuple[str, int | list[int]]:
+    """``auto`` (a GPU when one is visible, else the CPU), ``cpu``, ``gpu``/``cuda``, ``cuda:N``, ``mps``.
+
+    Raises :class:`ConfigError` for an unknown name or an accelerator this machine does not have.
+    """
+    if name == "cpu":
+        return "cpu", 1
+    if not isinstance(name, str) or not (name in DEVICES or (name.startswith("cuda:") and name[5:].isdigit())):
+        raise ConfigError(f"{where}={name!r} is not allowed; valid: {', '.join(DEVICES)}")
+    import torch
+
+    if name == "auto":
+        return ("gpu" if torch.cuda.is_available() else "cpu"), 1
+    if name == "mps":
+        if not torch.backends.mps.is_available():
+            raise ConfigError(f"{where}=mps but this machine has no MPS device; use {where}=cpu or auto")
+        return "mps", 1
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise ConfigError(f"{where}={name} but torch sees no GPU on this machine (torch.cuda.is_available() is "
+                          f"False); use {where}=cpu or {where}=auto")
+    if name.startswith("cuda:"):
+        index = int(name[5:])
+        if index >= count:
+            raise ConfigError(f"{where}={name} but this machine has {count} GPU(s): cuda:0 to cuda:{count - 1}")
+        return "gpu", [index]
+    return "gpu", 1
