@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from gi.capture import Capture
-from gi.errors import CaptureError, GIError
+from gi.core.errors import CaptureError, GIError
 from gi.label_result import LabelResult
 
 Tensor = torch.Tensor

@@ -23,7 +23,7 @@ from torch import nn
 
 from fcn_analytic.features import feature_source, output_gradient
 from gi.capture import Capture
-from gi.errors import CaptureError, GIError
+from gi.core.errors import CaptureError, GIError
 from gi.label_result import LabelResult
 
 Tensor = torch.Tensor

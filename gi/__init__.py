@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gi.errors import AssetError, CaptureError, ConfigError, GIError
+from gi.core.errors import AssetError, CaptureError, ConfigError, GIError
 from gi.fl.protocol import Protocol
 
 if TYPE_CHECKING:

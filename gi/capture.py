@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from gi.errors import CaptureError, ConfigError
+from gi.core.errors import CaptureError, ConfigError
 from gi.fl.protocol import Protocol
 
 Tensor = torch.Tensor

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from gi import env_threads
-from gi.errors import ConfigError, GIError
+from gi.core.errors import ConfigError, GIError
 
 EPILOG = """examples:
   gi run configs/demo.yaml                      end-to-end reconstruction of one CIFAR-10 sample
@@ -26,7 +26,7 @@ Overrides use dotted keys (attack.iterations=500); unknown keys are errors that 
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from gi.pipeline import load_run_config, run
+    from gi.experiments.pipeline import load_run_config, run
 
     cfg = load_run_config(args.config, args.overrides)
     _apply_threads()
@@ -40,9 +40,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_labels(args: argparse.Namespace) -> int:
-    from gi.labelbench import load_bench_config, run_bench
+    from gi.experiments.labelbench import load_label_bench_config, run_bench
 
-    cfg = load_bench_config(args.config, args.overrides)
+    cfg = load_label_bench_config(args.config, args.overrides)
     _apply_threads()
     out = run_bench(cfg)
     print(f"wrote {out}")
@@ -50,7 +50,7 @@ def _cmd_labels(args: argparse.Namespace) -> int:
 
 
 def _cmd_ablate(args: argparse.Namespace) -> int:
-    from gi.ablate import load_ablate_config, run_ablation
+    from gi.experiments.ablate import load_ablate_config, run_ablation
 
     cfg = load_ablate_config(args.config, args.overrides)
     _apply_threads()
@@ -60,7 +60,7 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from gi.sweep import load_sweep_config, run_sweep
+    from gi.experiments.sweep import load_sweep_config, run_sweep
 
     cfg = load_sweep_config(args.config, args.overrides)
     _apply_threads()
@@ -70,7 +70,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from gi.bench import format_report, load_bench_config, run_bench
+    from gi.experiments.bench import format_report, load_bench_config, run_bench
 
     config, overrides = args.config, list(args.overrides)
     if config and "=" in config and not os.path.exists(config):  # `gi bench key=value ...` without a config

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from gi import assets
-from gi.errors import AssetError, ConfigError
+from gi.core.errors import AssetError, ConfigError
 
 Tensor = torch.Tensor
 Size = int | tuple[int, int] | None

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from gi.errors import ConfigError
+from gi.core.errors import ConfigError
 
 Tensor = torch.Tensor
 

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from gi.assets import lpips_backbone_file
-from gi.errors import AssetError, ConfigError
+from gi.core.errors import AssetError, ConfigError
 
 # flax conv j of the backbone -> index in torchvision's ``features`` Sequential (which lpips slices).
 CONV_INDEX: dict[str, list[int]] = {

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 
-from gi.errors import ConfigError
+from gi.core.errors import ConfigError
 from gi.lpips_offline import CONV_INDEX, get_lpips
 
 Tensor = torch.Tensor

@@ -17,7 +17,7 @@ import torch
 import torchvision
 from torch import nn
 
-from gi.errors import ConfigError
+from gi.core.errors import ConfigError
 
 LAST_WEIGHT = "fc.weight"
 LAST_BIAS = "fc.bias"
@@ -272,7 +272,7 @@ def _init_uniform_last(model: GIModel) -> None:
             model.fc.bias.uniform_(-1, 1)
 
 
-INITS: dict[str, Callable[[GIModel], None]] = {
+WEIGHT_INITS: dict[str, Callable[[GIModel], None]] = {
     "default": lambda m: None,
     "uniform": _init_uniform,
     "zero-last": _init_zero_last,
@@ -310,8 +310,8 @@ def build(
     if activation not in ACTIVATIONS:
         raise ConfigError(f"unknown activation {activation!r}; valid: {sorted(ACTIVATIONS)}")
     init = init or "default"
-    if init not in INITS:
-        raise ConfigError(f"unknown init {init!r}; valid: {sorted(INITS)}")
+    if init not in WEIGHT_INITS:
+        raise ConfigError(f"unknown init {init!r}; valid: {sorted(WEIGHT_INITS)}")
     in_shape = tuple(int(s) for s in in_shape)
     if len(in_shape) != 3:
         raise ConfigError(f"in_shape must be (C, H, W), got {in_shape}")
@@ -329,7 +329,7 @@ def build(
         fc = nn.Linear(_flat_dim(body, in_shape), int(num_classes), bias=bias_last)
         mean, std = NORMALIZATIONS[norm]
         model = GIModel(Normalize(mean, std, in_shape[0]), body, fc, spec)
-        INITS[init](model)
+        WEIGHT_INITS[init](model)
     return model
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from gi.capture import Capture
-from gi.errors import CaptureError, ConfigError
+from gi.core.errors import CaptureError, ConfigError
 from gi.fl.protocol import Protocol
 from gi.losses import loss_for, posterior
 
@@ -144,7 +144,7 @@ class AuxStats:
         return torch.bincount(self.labels, minlength=self.num_classes)
 
 
-def _as_images_labels(aux: Any, method: str) -> tuple[Tensor, Tensor]:
+def aux_arrays(aux: Any, method: str) -> tuple[Tensor, Tensor]:
     if aux is None:
         raise ConfigError(f"label method {method!r} needs auxiliary data: pass aux=labels.aux.AuxData(images, labels, "
                           "num_classes) (a few labelled samples per class, disjoint from the victim's)")
@@ -208,7 +208,7 @@ def aux_forward(capture: Capture, aux: Any, dtype: torch.dtype | str = torch.flo
     The model runs in the protocol's mode (eval by default; in train mode BatchNorm uses the statistics of
     each ``chunk``, which only approximates the victim's batch statistics).
     """
-    images, labels = _as_images_labels(aux, method)
+    images, labels = aux_arrays(aux, method)
     dtype = as_dtype(dtype)
     num_classes = capture.num_classes
     if int(labels.max()) >= num_classes or int(labels.min()) < 0:

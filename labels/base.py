@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from gi.capture import Capture
-from gi.errors import CaptureError, ConfigError
+from gi.core.errors import CaptureError, ConfigError
 from gi.label_result import LabelResult
 
 Tensor = torch.Tensor
@@ -71,7 +71,7 @@ def check_call(method: str, capture: Capture, options: dict[str, Any]) -> None:
         raise CaptureError(f"labels.recover needs a gi.Capture, got {type(capture).__name__}")
     params = inspect.signature(METHODS[method]).parameters
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        valid = sorted(n for n in params if n not in ("capture", "aux"))
+        valid = sorted(n for n in params if n not in ("capture", "captures", "aux"))
         unknown = sorted(set(options) - set(valid))
         if unknown:
             raise ConfigError(f"label method {method!r} takes no option(s) {unknown}; valid: {valid}")

@@ -36,7 +36,7 @@ import torch
 from scipy.optimize import nnls
 
 from gi.capture import Capture
-from gi.errors import ConfigError
+from gi.core.errors import ConfigError
 from gi.label_result import LabelResult
 from labels.aux_stats import aux_forward, embedded_targets, label_embedding, logit_gradients
 from labels.base import register

@@ -41,12 +41,12 @@ from scipy.optimize import nnls
 from torch.func import functional_call
 
 from gi.capture import Capture
-from gi.errors import ConfigError
+from gi.core.errors import ConfigError
 from gi.fl import Protocol, local_train
 from gi.label_result import LabelResult
 from gi.losses import loss_for
 from gi.models import LAST_BIAS, LAST_WEIGHT
-from labels.aux_stats import _as_images_labels, class_means, model_last_layer
+from labels.aux_stats import aux_arrays, class_means, model_last_layer
 from labels.base import register
 from labels.counts import largest_remainder
 from labels.rlu import UpdateView, scheme_rho, update_view
@@ -122,7 +122,7 @@ def aux_runs(capture: Capture, aux: Any, steps: int) -> AuxRuns:
 
     Cached per (aux object, global state, steps), so all clients of one round share the runs.
     """
-    images, labels = _as_images_labels(aux, "the distribution estimators")
+    images, labels = aux_arrays(aux, "the distribution estimators")
     c = capture.num_classes
     # the runs depend on the protocol's rules, not on the client's own sample count: one key per round
     rules = dataclasses.replace(capture.protocol, num_samples=None)
@@ -189,7 +189,7 @@ def path_points(num_steps: int, points: int) -> list[float]:
 def path_softmax(capture: Capture, aux: Any, points: list[float], chunk: int = 512) -> Tensor:
     """Σ_path (C, C): column c the mean softmax of the class-c aux samples, averaged over the models
     θᵗ + s·Δθ at the given path points ``s`` (the whole update Δθ, every layer; softmax in float64)."""
-    images, labels = _as_images_labels(aux, "dist-soft-label-path")
+    images, labels = aux_arrays(aux, "dist-soft-label-path")
     c = capture.num_classes
     present = torch.bincount(labels, minlength=c)
     if present.numel() > c or bool((present == 0).any()):
@@ -265,7 +265,7 @@ def init_bias_over_rounds(captures: list[Capture], normalize: str = "steps") -> 
 
 
 @register("dist-soft-label", "Ramakrishna & Dán eq. 34: (I − Σ_aux) p = Δb/(η·steps), Σ_aux from per-class aux runs")
-def recover_soft_label(capture: Capture, aux=None, aux_steps: str | int = "epochs", solver: str = "nnls",
+def recover_dist_soft_label(capture: Capture, aux=None, aux_steps: str | int = "epochs", solver: str = "nnls",
                        normalize: str = "steps") -> LabelResult:
     """Soft-label estimator (eq. 34): Σ_aux's column c is the mean softmax along a local run on class-c aux
     data (eq. 28, 31); solved with the sum-to-one row (I − Σ_aux is singular, Note 1)."""
@@ -281,7 +281,7 @@ def recover_soft_label(capture: Capture, aux=None, aux_steps: str | int = "epoch
 
 
 @register("dist-soft-label-path", "ours: eq. 34 with Σ_aux along the client's path θᵗ + s·Δθ (no aux runs)")
-def recover_soft_label_path(capture: Capture, aux=None, points: int = 8, solver: str = "nnls",
+def recover_dist_soft_label_path(capture: Capture, aux=None, points: int = 8, solver: str = "nnls",
                             normalize: str = "steps") -> LabelResult:
     """Soft-label estimator (eq. 34) with a path-matched Σ_aux; ours, not in the paper.
 
@@ -396,7 +396,7 @@ __all__ = [
     "recover_aux_weight_grad",
     "recover_exact",
     "recover_init_bias",
-    "recover_soft_label",
-    "recover_soft_label_path",
+    "recover_dist_soft_label",
+    "recover_dist_soft_label_path",
     "recover_uniform_guess",
 ]

@@ -35,7 +35,7 @@ def recover_idlg(capture: Capture, aux=None) -> LabelResult:
     return LabelResult.from_counts("idlg", counts, info=info)
 
 
-def _presence_counts(present: torch.Tensor, score: torch.Tensor, n: int) -> torch.Tensor:
+def presence_counts(present: torch.Tensor, score: torch.Tensor, n: int) -> torch.Tensor:
     """One slot per present class, most negative score first, at most ``n`` classes; the rest of the
     batch goes to the most negative class (these methods cannot see duplicates)."""
     order = torch.argsort(score)
@@ -55,7 +55,7 @@ def recover_idlg_batch(capture: Capture, aux=None) -> LabelResult:
     score = w.sum(1)
     if not torch.any(score != 0):
         return LabelResult.failure("idlg-batch", capture.num_classes, "last-layer gradient is zero")
-    counts = _presence_counts(score < 0, score, capture.num_samples)
+    counts = presence_counts(score < 0, score, capture.num_samples)
     return LabelResult.from_counts("idlg-batch", counts, info={"present": (score < 0).tolist()})
 
 
@@ -66,5 +66,5 @@ def recover_yin(capture: Capture, aux=None) -> LabelResult:
     score = w.min(1).values
     if not torch.any(w != 0):
         return LabelResult.failure("yin", capture.num_classes, "last-layer gradient is zero")
-    counts = _presence_counts(score < 0, score, capture.num_samples)
+    counts = presence_counts(score < 0, score, capture.num_samples)
     return LabelResult.from_counts("yin", counts, info={"present": (score < 0).tolist()})

@@ -50,7 +50,7 @@ import time
 import torch
 
 from gi.capture import Capture
-from gi.errors import ConfigError
+from gi.core.errors import ConfigError
 from gi.label_result import LabelResult
 from gi.losses import posterior
 from labels.aux_stats import fedsgd_view, label_embedding, model_last_layer

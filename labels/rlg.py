@@ -26,7 +26,7 @@ from gi.capture import Capture
 from gi.label_result import LabelResult
 from labels.aux_stats import fedsgd_view
 from labels.base import register
-from labels.hard import _presence_counts
+from labels.hard import presence_counts
 
 
 def separable_classes(basis: np.ndarray) -> np.ndarray:
@@ -62,6 +62,6 @@ def recover_rlg(capture: Capture, aux=None, rtol: float = 1e-6) -> LabelResult:
     if not present.any():
         return LabelResult.failure("rlg", c, "no class passed the LP feasibility check", rank=rank)
     score = view.bias if view.bias is not None else view.weight.sum(1)
-    counts = _presence_counts(present, score, view.batch_size)
+    counts = presence_counts(present, score, view.batch_size)
     return LabelResult.from_counts("rlg", counts, info={"present": present.tolist(), "rank": rank,
                                                         "solver_seconds": time.perf_counter() - start})

@@ -40,7 +40,7 @@ import torch
 from scipy.optimize import minimize, nnls
 
 from gi.capture import Capture
-from gi.errors import CaptureError, ConfigError
+from gi.core.errors import CaptureError, ConfigError
 from gi.fl import LINEAR, LocalOptimizer, get_scheme, local_schedule, local_train
 from gi.fl.local import scheme_constants
 from gi.label_result import LabelResult

@@ -41,6 +41,7 @@ non-negative, so when every entry of g_r has one sign only λ of that sign is a 
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -49,7 +50,7 @@ from typing import Any
 import torch
 
 from gi.capture import Capture
-from gi.errors import CaptureError, ConfigError
+from gi.core.errors import CaptureError, ConfigError
 from gi.label_result import LabelResult
 from labels.base import register, register_batch
 
@@ -775,6 +776,9 @@ def _lambda_route(prob: Problem, sign: Tensor, kinds: list[str], stages: list[st
 def recover_soft_label(capture: Capture, aux: Any = None, **options: Any) -> LabelResult:
     """One capture: :func:`recover_soft_labels` with a batch of one (same options)."""
     return recover_soft_labels([capture], aux=aux, **options)[0]
+
+
+recover_soft_label.__signature__ = inspect.signature(recover_soft_labels)  # its options, for labels.recover's check
 
 
 @register_batch(METHOD)

@@ -20,7 +20,7 @@ import time
 import torch
 
 from gi.capture import Capture
-from gi.errors import ConfigError
+from gi.core.errors import ConfigError
 from gi.label_result import LabelResult
 from labels.aux_stats import AuxStats, aux_forward, class_posteriors, dummy_forward, fedsgd_view, label_embedding
 from labels.base import register

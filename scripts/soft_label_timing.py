@@ -18,7 +18,7 @@ import time
 import torch
 
 import labels
-from gi.labelbench import grid_points, load_bench_config
+from gi.experiments.labelbench import grid_points, load_label_bench_config
 from gi.scenarios import get_scenario
 
 
@@ -31,14 +31,14 @@ def main() -> None:
     ap.add_argument("--only", default="", help="run only grid points whose label contains this text")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    cfg = load_bench_config(args.config, args.overrides)
+    cfg = load_label_bench_config(args.config, args.overrides)
     options = cfg.method_options.get(args.method, {})
     print(f"| point | n | top-1 | mean L1 | wall ms/sample (median of {args.reps}) | CPU ms/sample |")
     print("|---|---|---|---|---|---|")
     for index, (point, setup) in enumerate(grid_points(cfg)):
         if args.only not in point:
             continue
-        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + index)  # as gi.labelbench.run_bench
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + index)  # as gi.experiments.labelbench.run_bench
         trials = [t for i in range(cfg.trials) for t in get_scenario(cfg.scenario)(copy.deepcopy(setup), gen, i)]
         captures = [t.capture for t in trials]
         walls, cpus = [], []

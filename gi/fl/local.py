@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from gi.errors import CaptureError
+from gi.core.errors import CaptureError
 from gi.fl.optim import LocalOptimizer
 from gi.fl.schemes import get_scheme, history_of
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from gi.registry import registrar
+from gi.core.registry import registrar
 
 if TYPE_CHECKING:  # the rules use tensor methods only: importing the registry costs no torch import
     from torch import Tensor

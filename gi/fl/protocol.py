@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from gi.errors import ConfigError
+from gi.core.errors import ConfigError
 from gi.fl.optim import RULES
 from gi.fl.schemes import SCHEMES, get_scheme
 
@@ -109,6 +109,6 @@ class Protocol:
         if bad:
             raise ConfigError(f"unknown protocol.extra key(s) {bad}; these settings are fields now: "
                               f"{list(_LEGACY_EXTRA)}")
-        from gi.config import from_dict  # typed: every value checked against its field's type
+        from gi.core.config import from_dict  # typed: every value checked against its field's type
 
         return from_dict(cls, {**legacy, **data}, "protocol")

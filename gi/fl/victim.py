@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from gi.capture import Capture, Truth
-from gi.errors import CaptureError, ConfigError
+from gi.core.errors import CaptureError, ConfigError
 from gi.fl.dp import privatize, step_noise
 from gi.fl.local import local_schedule, local_train
 from gi.fl.protocol import Protocol

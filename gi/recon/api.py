@@ -19,8 +19,8 @@ import torch
 
 from gi import env_threads
 from gi.capture import Capture
-from gi.devices import resolve_device
-from gi.errors import CaptureError, ConfigError, GIError
+from gi.core.devices import resolve_device
+from gi.core.errors import CaptureError, ConfigError, GIError
 from gi.label_result import LabelResult
 from gi.recon.config import SMALL_MODEL, ReconConfig
 from gi.recon.module import Context, GradientInversion
@@ -134,7 +134,7 @@ def bn_targets(capture: Capture, model: torch.nn.Module, source: str) -> dict[st
     return out
 
 
-def _quiet_lightning() -> None:
+def quiet_lightning() -> None:
     for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning"):
         logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
@@ -247,7 +247,7 @@ def reconstruct_many(
         ctx.bn_targets = bn_targets(first, model, cfg.bn_stats)
     image_shape = tuple(int(s) for s in first.model_spec["in_shape"])
     module = GradientInversion(ctx, target, soft, cfg, image_shape, num_samples=b, features=feats, prior=prior)
-    _quiet_lightning()
+    quiet_lightning()
     accelerator, devices = resolve_device(cfg.device)
     trainer = L.Trainer(
         max_steps=cfg.iterations, max_epochs=1, accelerator=accelerator, devices=devices,

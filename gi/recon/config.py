@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gi.errors import ConfigError
+from gi.core.errors import ConfigError
 
 SCHEDULES = ("multistep", "constant", "cosine")
-LABEL_MODES = ("fixed", "joint")
+LABEL_KINDS = ("fixed", "joint")
 BATCHINGS = ("auto", "vmap", "loop")
 SMALL_MODEL = 2_000_000  # parameters under which one CPU thread and vmap-batched restarts are the defaults
 BN_SOURCES = ("shared", "running")
@@ -77,7 +77,7 @@ class ReconConfig:
 
         checks = (("objective", self.objective, OBJECTIVES), ("init", self.init, INITS),
                   ("schedule", self.schedule, SCHEDULES), ("optimizer", self.optimizer, OPTIMIZERS),
-                  ("labels", self.labels, LABEL_MODES), ("bn_stats", self.bn_stats, BN_SOURCES),
+                  ("labels", self.labels, LABEL_KINDS), ("bn_stats", self.bn_stats, BN_SOURCES),
                   ("batching", self.batching, BATCHINGS))
         for key, value, allowed in checks:
             if value not in allowed:
@@ -99,7 +99,7 @@ class ReconConfig:
         if self.log_every < 1:
             raise ConfigError(f"attack.log_every must be >= 1, got {self.log_every}")
         if self.device not in ("auto", "cpu"):  # before any work: a GPU asked for where there is none
-            from gi.devices import resolve_device
+            from gi.core.devices import resolve_device
 
             resolve_device(self.device)
         if self.init_noise < 0:

@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 import torch
 
-from gi.errors import ConfigError
-from gi.registry import registrar
+from gi.core.errors import ConfigError
+from gi.core.registry import registrar
 
 Tensor = torch.Tensor
 Init = Callable[[tuple[int, ...], torch.Generator, Tensor | None, float], Tensor]

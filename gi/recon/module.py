@@ -18,7 +18,7 @@ import torch
 from torch.func import vmap
 from torch.utils.data import DataLoader, Dataset
 
-from gi.errors import ConfigError
+from gi.core.errors import ConfigError
 from gi.fl.protocol import Protocol
 from gi.models import LAST_BIAS, LAST_WEIGHT
 from gi.recon.config import SMALL_MODEL, ReconConfig

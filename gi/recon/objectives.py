@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from gi.registry import registrar
+from gi.core.registry import registrar
 
 Tensor = torch.Tensor
 Grads = dict[str, Tensor]

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from gi.registry import registrar
+from gi.core.registry import registrar
 
 Tensor = torch.Tensor
 OPTIMIZERS: dict[str, Callable[[list[dict[str, Any]], Any], torch.optim.Optimizer]] = {}

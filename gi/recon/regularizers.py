@@ -12,8 +12,8 @@ from typing import Any
 import kornia
 import torch
 
-from gi.errors import ConfigError
-from gi.registry import registrar
+from gi.core.errors import ConfigError
+from gi.core.registry import registrar
 
 Tensor = torch.Tensor
 Regularizer = Callable[[Tensor, Any], Tensor]

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad
 
-from gi.errors import ConfigError
+from gi.core.errors import ConfigError
 from gi.fl.local import local_train, slot_schedule
 from gi.fl.protocol import Protocol
 from gi.losses import loss_for

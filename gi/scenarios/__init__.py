@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from gi.capture import Capture, Truth
-from gi.errors import ConfigError
-from gi.registry import registrar
+from gi.core.errors import ConfigError
+from gi.core.registry import registrar
 
 
 @dataclass

@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from gi.capture import capture_gradients
-from gi.errors import ConfigError
+from gi.core.errors import ConfigError
 from gi.fl.protocol import Protocol
 from gi.scenarios import Trial, check_keys, register_scenario
 

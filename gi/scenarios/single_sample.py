@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from gi.capture import capture_gradients
-from gi.errors import ConfigError
-from gi.fl.protocol import Protocol
+from gi.core.errors import ConfigError
+from gi.fl.protocol import LABEL_AUGS, Protocol
 from gi.models import LAST_BIAS, LAST_WEIGHT, build
 from gi.scenarios import Trial, check_keys, register_scenario
 
@@ -49,7 +49,6 @@ MODEL_DEFAULTS: dict[str, Any] = {"name": "lenet", "activation": None, "init": N
 TRAIN_DEFAULTS: dict[str, Any] = {"dataset": "same", "split": "train", "epochs": 1.0, "lr": 0.01, "momentum": 0.9,
                                   "batch_size": 64, "max_samples": None}
 NOISE_DEFAULTS: dict[str, Any] = {"kind": "gaussian", "variance": 0.0}
-LABEL_AUGS = ("onehot", "smoothing", "smoothing-alt", "mixup")
 SHARED = ("all", "last")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import json
 
-from gi.ablate import load_ablate_config, run_ablation
+from gi.experiments.ablate import load_ablate_config, run_ablation
 
 
 def test_ablation_smoke_on_real_samples(tmp_path):
@@ -33,7 +33,7 @@ def test_ablation_smoke_on_real_samples(tmp_path):
 def test_interrupted_ablation_resumes_without_redoing_finished_rows(tmp_path, monkeypatch):
     import pytest
 
-    import gi.ablate as ablate
+    import gi.experiments.ablate as ablate
 
     over = [f"out={tmp_path / 'abl'}", "trials=1", "attack.iterations=3", "attack.restarts=1",
             "only=[mixup/L2/untrained]", "modes=[truth,hard,recovered]"]

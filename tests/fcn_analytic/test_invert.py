@@ -8,7 +8,7 @@ import torch
 import fcn_analytic
 import labels
 from gi.capture import Capture, capture_gradients
-from gi.errors import CaptureError, GIError
+from gi.core.errors import CaptureError, GIError
 from gi.fl.protocol import Protocol
 from gi.metrics import psnr
 from gi.models import build

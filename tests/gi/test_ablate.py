@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gi.ablate import AblateConfig, _paper_value, load_ablate_config, setting_config
-from gi.errors import ConfigError
+from gi.core.errors import ConfigError
+from gi.experiments.ablate import AblateConfig, _paper_value, load_ablate_config, setting_config
 
 
 def test_table_configs_load_and_settings_override_the_base():

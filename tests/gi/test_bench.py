@@ -6,9 +6,17 @@ import json
 
 import pytest
 
-import gi.bench as bench
-from gi.bench import BenchConfig, entries, format_report, load_bench_config, measure, measure_restarts, run_bench
-from gi.errors import ConfigError
+import gi.experiments.bench as bench
+from gi.core.errors import ConfigError
+from gi.experiments.bench import (
+    BenchConfig,
+    entries,
+    format_report,
+    load_bench_config,
+    measure,
+    measure_restarts,
+    run_bench,
+)
 from gi.recon.config import ReconConfig
 
 

@@ -3,7 +3,7 @@ import torch
 
 import gi
 from gi.capture import Capture, Truth, capture_gradients
-from gi.errors import CaptureError
+from gi.core.errors import CaptureError
 from gi.fl.protocol import Protocol
 from gi.models import build
 

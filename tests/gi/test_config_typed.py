@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from gi.ablate import load_ablate_config, setting_config
 from gi.cli import main
-from gi.config import apply_overrides, from_dict, load_yaml, parse_override, to_dict
-from gi.errors import ConfigError
-from gi.labelbench import grid_points
-from gi.labelbench import load_bench_config as load_labels_config
-from gi.pipeline import RunConfig, load_run_config
-from gi.sweep import expand_jobs, load_sweep_config
+from gi.core.config import apply_overrides, from_dict, load_yaml, parse_override, to_dict
+from gi.core.errors import ConfigError
+from gi.experiments.ablate import load_ablate_config, setting_config
+from gi.experiments.labelbench import grid_points
+from gi.experiments.labelbench import load_label_bench_config as load_labels_config
+from gi.experiments.pipeline import RunConfig, load_run_config
+from gi.experiments.sweep import expand_jobs, load_sweep_config
 
 DEMO = "configs/demo.yaml"
 
@@ -109,7 +109,7 @@ def test_value_ranges_are_checked_at_load_time(override, key):
 
 @pytest.mark.parametrize("override", ["restarts=[0]", "iterations.lenet=0", "timing_repeats=0", "threads=0"])
 def test_bench_counts_are_checked_at_load_time(override):
-    from gi.bench import load_bench_config
+    from gi.experiments.bench import load_bench_config
 
     with pytest.raises(ConfigError, match=override.split("=")[0].split(".")[0] + ".*>= 1"):
         load_bench_config(None, [override])
@@ -180,10 +180,10 @@ def test_defaults_errors(tmp_path):
 
 
 def _loader(path: Path):
-    from gi.ablate import load_ablate_config
-    from gi.bench import load_bench_config
-    from gi.labelbench import load_bench_config as load_labels
-    from gi.sweep import load_sweep_config
+    from gi.experiments.ablate import load_ablate_config
+    from gi.experiments.bench import load_bench_config
+    from gi.experiments.labelbench import load_label_bench_config as load_labels
+    from gi.experiments.sweep import load_sweep_config
 
     if any(part.startswith("_") for part in path.parts):  # fragments composed by `defaults:`, not configs
         return load_yaml

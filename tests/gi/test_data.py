@@ -16,7 +16,7 @@ from PIL import Image
 
 from gi import assets
 from gi import data as gd
-from gi.errors import AssetError, ConfigError
+from gi.core.errors import AssetError, ConfigError
 
 SAMPLE_SETS = {
     # name: (file prefix, image shape, num_classes)

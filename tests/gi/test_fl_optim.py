@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import labels
-from gi.errors import ConfigError
+from gi.core.errors import ConfigError
 from gi.fl.optim import LINEAR, RULES, LocalOptimizer
 from gi.fl.protocol import Protocol
 from gi.fl.victim import simulate_client

@@ -1,6 +1,6 @@
 import pytest
 
-from gi.errors import ConfigError
+from gi.core.errors import ConfigError
 from gi.fl.protocol import Protocol
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from gi.errors import ConfigError
+from gi.core.errors import ConfigError
 from gi.fl import SCHEMES, Protocol, Scheme, get_scheme, local_train, register_scheme
 from gi.fl.victim import run_federation, simulate_client
 from gi.recon.simulate import update_simulator

@@ -9,7 +9,7 @@ import torch
 
 import gi
 from gi.capture import Capture
-from gi.errors import CaptureError, ConfigError
+from gi.core.errors import CaptureError, ConfigError
 from gi.fl import SCHEMES, local_schedule
 from gi.fl.protocol import Protocol
 from gi.fl.victim import run_federation, simulate_client

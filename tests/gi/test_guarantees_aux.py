@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import gi.data as gdata
-import gi.pipeline as pipeline
-from gi.ablate import _captures, load_ablate_config, setting_config
-from gi.pipeline import load_run_config, run
+import gi.experiments.pipeline as pipeline
+from gi.experiments.ablate import _captures, load_ablate_config, setting_config
+from gi.experiments.pipeline import load_run_config, run
 
 
 def _shared_images(aux_images: torch.Tensor, victim_images: torch.Tensor) -> int:

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import save_file
 
 from gi.capture import Capture, Truth, capture_gradients
-from gi.errors import CaptureError
+from gi.core.errors import CaptureError
 from gi.fl.protocol import Protocol
 from gi.models import build
 

@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
-from gi.devices import resolve_device
-from gi.errors import ConfigError
+from gi.core.devices import resolve_device
+from gi.core.errors import ConfigError
 
 NO_GPU = not torch.cuda.is_available()
 
@@ -37,7 +37,8 @@ def test_device_names():
 
 
 def test_unknown_label_metric_is_an_error_at_load():
-    from gi.labelbench import load_bench_config
+
+    from gi.experiments.labelbench import load_label_bench_config
 
     with pytest.raises(ConfigError, match=r"metrics=\['nosuch'\]: unknown \['nosuch'\]; valid: \['ok', 'cls_acc'"):
-        load_bench_config("configs/labels/rlu-table4-fedprox.yaml", ["metrics=[nosuch]"])
+        load_label_bench_config("configs/labels/rlu-table4-fedprox.yaml", ["metrics=[nosuch]"])

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-import gi.report as report
-from gi.errors import ConfigError
-from gi.report import staged_output
+import gi.experiments.report as report
+from gi.core.errors import ConfigError
+from gi.experiments.report import staged_output
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -79,7 +79,7 @@ def test_overwrite_killed_between_the_two_renames_loses_nothing(tmp_path):
     out = tmp_path / "run"
     _write(out, "old")
     script = textwrap.dedent(f"""
-        import os, gi.report as r
+        import os, gi.experiments.report as r
         real = r._rename_noreplace
         def dying(src, dst):
             if os.path.basename(str(src)).startswith(".run.partial-"):
@@ -130,11 +130,11 @@ def test_out_naming_a_file_or_an_unwritable_place_fails_before_any_work(tmp_path
 
 @pytest.mark.parametrize("name", ["../../x", "a/b", "..", "a\\b", ""])
 def test_run_names_stay_inside_the_runs_folder(name):
-    from gi.ablate import load_ablate_config
-    from gi.bench import load_bench_config as load_speed_config
-    from gi.labelbench import load_bench_config
-    from gi.pipeline import load_run_config
-    from gi.sweep import load_sweep_config
+    from gi.experiments.ablate import load_ablate_config
+    from gi.experiments.bench import load_bench_config as load_speed_config
+    from gi.experiments.labelbench import load_label_bench_config
+    from gi.experiments.pipeline import load_run_config
+    from gi.experiments.sweep import load_sweep_config
 
     with pytest.raises(ConfigError, match="name"):
         load_run_config("configs/demo.yaml", [f"name={name!r}"])
@@ -143,13 +143,13 @@ def test_run_names_stay_inside_the_runs_folder(name):
     with pytest.raises(ConfigError, match="name"):
         load_sweep_config("configs/sweep/demo-cpu.yaml", [f"name={name!r}"])
     with pytest.raises(ConfigError, match="name"):
-        load_bench_config("configs/labels/ramakrishna-table1.yaml", [f"name={name!r}"])
+        load_label_bench_config("configs/labels/ramakrishna-table1.yaml", [f"name={name!r}"])
     with pytest.raises(ConfigError, match="name"):
         load_speed_config(None, [f"name={name!r}"])
 
 
 def test_bench_report_is_not_clobbered(tmp_path):
-    from gi.bench import BenchConfig, check_report_path
+    from gi.experiments.bench import BenchConfig, check_report_path
 
     path = tmp_path / "b.json"
     path.write_text("{}")

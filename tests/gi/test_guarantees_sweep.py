@@ -8,10 +8,10 @@ from pathlib import Path
 
 import yaml
 
-import gi.sweep as sweep
+import gi.experiments.sweep as sweep
 from gi.cli import main
-from gi.errors import ConfigError
-from gi.report import staged_output, write_json
+from gi.core.errors import ConfigError
+from gi.experiments.report import staged_output, write_json
 
 
 def _kind(calls: list[str], fail: dict[str, BaseException] | None = None):

@@ -16,7 +16,7 @@ import torch
 
 import gi
 from gi.cli import main
-from gi.errors import ConfigError
+from gi.core.errors import ConfigError
 from gi.models import build
 from gi.recon import ReconConfig
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from gi.capture import capture_gradients
-from gi.errors import ConfigError
+from gi.core.errors import ConfigError
+from gi.experiments.labelbench import LabelBenchConfig, grid_points, run_bench
 from gi.fl.protocol import Protocol
-from gi.labelbench import BenchConfig, grid_points, run_bench
 from gi.models import build
 from gi.scenarios import SCENARIOS, Trial, register_scenario
 
@@ -22,7 +22,7 @@ if "test-single-onehot" not in SCENARIOS:
 
 
 def test_bench_writes_tables_with_every_method_on_the_same_captures(tmp_path):
-    cfg = BenchConfig(name="t", scenario="test-single-onehot", trials=4, out=str(tmp_path / "b"),
+    cfg = LabelBenchConfig(name="t", scenario="test-single-onehot", trials=4, out=str(tmp_path / "b"),
                       grid={"activation": ["sigmoid", "relu"]}, methods=["idlg", "yin"],
                       metrics=["ins_acc", "cls_acc"], paper={"*": {"idlg": 1.0}}, progress=False)
     out = run_bench(cfg)
@@ -36,7 +36,7 @@ def test_bench_writes_tables_with_every_method_on_the_same_captures(tmp_path):
 
 
 def test_grid_expands_dotted_keys():
-    cfg = BenchConfig(scenario="test-single-onehot", methods=["idlg"], setup={"model": {"name": "a"}},
+    cfg = LabelBenchConfig(scenario="test-single-onehot", methods=["idlg"], setup={"model": {"name": "a"}},
                       grid={"model.name": ["x", "y"], "b": [1, 2]})
     points = grid_points(cfg)
     assert [p for p, _ in points] == ["name=x, b=1", "name=x, b=2", "name=y, b=1", "name=y, b=2"]
@@ -49,4 +49,4 @@ def test_grid_expands_dotted_keys():
                                            ({"scenario": "test-single-onehot", "methods": []}, "methods is empty")])
 def test_bad_bench_configs(kwargs, match):
     with pytest.raises(ConfigError, match=match):
-        BenchConfig(**kwargs)
+        LabelBenchConfig(**kwargs)

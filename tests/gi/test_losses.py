@@ -3,7 +3,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gi.errors import ConfigError
+from gi.core.errors import ConfigError
 from gi.fl.protocol import Protocol
 from gi.losses import as_soft_targets, binary_cross_entropy, focal_loss, loss_for, soft_cross_entropy
 

@@ -16,7 +16,7 @@ from torchvision.io import read_image
 from gi import lpips_offline
 from gi.assets import foolbox_samples_dir
 from gi.capture import Truth
-from gi.errors import ConfigError
+from gi.core.errors import ConfigError
 from gi.metrics import (
     label_metrics,
     label_metrics_from_counts,

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from gi.errors import ConfigError
+from gi.core.errors import ConfigError
 from gi.models import ACTIVATIONS, BODIES, build, from_spec
 
 
@@ -64,7 +64,7 @@ def test_registries_cover_design_names():
 
 
 def test_unknown_model_options_are_config_errors_listing_the_valid_ones():
-    from gi.errors import ConfigError
+    from gi.core.errors import ConfigError
     from gi.models import body_options
 
     msg = r"model 'fcn4' takes no option\(s\) \['width'\]; valid: \['bias', 'widths'\]"

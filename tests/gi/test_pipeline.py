@@ -6,8 +6,8 @@ import torch
 
 import gi.assets
 import gi.lpips_offline
-from gi.errors import AssetError, ConfigError
-from gi.pipeline import load_run_config, run
+from gi.core.errors import AssetError, ConfigError
+from gi.experiments.pipeline import load_run_config, run
 
 FAST = ["attack.iterations=150", "attack.progress=false", "metrics.lpips_vgg=false", "attack.log_every=25"]
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gi.capture import Capture, capture_gradients
-from gi.errors import ConfigError
+from gi.core.errors import ConfigError
 from gi.fl import SCHEMES
 from gi.fl.protocol import Protocol
 from gi.fl.victim import simulate_client
@@ -99,7 +99,7 @@ def test_bn_regulariser_is_zero_at_the_client_batch_statistics():
     model = _cnn(batch_norm=True).eval()
     x = _images(3)
     capture, _ = capture_gradients(model, x, _labels(3), Protocol(batch_size=3))
-    from gi.pipeline import share_bn_statistics
+    from gi.experiments.pipeline import share_bn_statistics
 
     share_bn_statistics(model, x, capture)
     targets = bn_targets(capture, model, "shared")
@@ -340,7 +340,7 @@ def test_cpu_threads_are_restored():
 
 
 def test_bad_captures_are_capture_errors():
-    from gi.errors import CaptureError
+    from gi.core.errors import CaptureError
 
     model = _cnn()
     capture, truth = capture_gradients(model, _images(1), _labels(1), Protocol())

@@ -2,9 +2,9 @@
 
 import pytest
 
+from gi.core.registry import registrar
 from gi.recon import OBJECTIVES
 from gi.recon.objectives import register_objective
-from gi.registry import registrar
 
 
 def test_registrar_adds_under_the_name_and_refuses_duplicates():

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gi.errors import ConfigError
+from gi.core.errors import ConfigError
 from gi.scenarios.fedavg_client import _simplex_partition, _table_partition
 from labels.counts import largest_remainder
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gi.errors import ConfigError
+from gi.core.errors import ConfigError
 from gi.scenarios import get_scenario
 from gi.scenarios.fedsgd_batch import synthetic_labels
 

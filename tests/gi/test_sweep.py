@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-import gi.sweep as sweep
-from gi.errors import ConfigError
-from gi.report import staged_output, write_json
-from gi.sweep import SweepConfig, expand_jobs, load_sweep_config, run_sweep
+import gi.experiments.sweep as sweep
+from gi.core.errors import ConfigError
+from gi.experiments.report import staged_output, write_json
+from gi.experiments.sweep import SweepConfig, expand_jobs, load_sweep_config, run_sweep
 
 
 def test_jobs_are_the_grid_times_seeds_in_a_fixed_order():

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import labels
-from gi.errors import ConfigError
+from gi.core.errors import ConfigError
 from gi.fl.protocol import Protocol
 from gi.fl.victim import simulate_client
 from gi.models import build

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import labels
 from gi.capture import capture_gradients
-from gi.errors import CaptureError, ConfigError
+from gi.core.errors import CaptureError, ConfigError
 from gi.fl.protocol import Protocol
 from gi.models import build
 

@@ -10,7 +10,7 @@ import torch
 
 import labels
 from gi.capture import capture_gradients
-from gi.errors import CaptureError
+from gi.core.errors import CaptureError
 from gi.fl.protocol import Protocol
 from gi.fl.victim import simulate_client
 from gi.models import build

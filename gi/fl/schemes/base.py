@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gi.errors import ConfigError
+from gi.core.errors import ConfigError
 
 if TYPE_CHECKING:  # schemes use tensor methods only: the registry loads without torch (fast config checks)
     from torch import Tensor

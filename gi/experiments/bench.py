@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gi.config import apply_overrides, from_dict, load_yaml, require, to_dict
-from gi.errors import ConfigError
+from gi.core.config import apply_overrides, from_dict, load_yaml, require, to_dict
+from gi.core.errors import ConfigError
+from gi.experiments.report import check_output_file, check_run_name, publish_file
 from gi.recon.config import ReconConfig
-from gi.report import check_output_file, check_run_name, publish_file
 
 SCHEMA = 1
 
@@ -81,7 +81,7 @@ def load_bench_config(path: str | Path | None, overrides: list[str] | None = Non
 class StepTimer:
     """Lightning callback: wall time of every optimisation step."""
 
-    def __new__(cls):  # subclass lazily so importing gi.bench does not import lightning
+    def __new__(cls):  # subclass lazily so importing gi.experiments.bench does not import lightning
         import lightning as L
 
         class _Timer(L.Callback):
@@ -234,7 +234,7 @@ def run_bench(cfg: BenchConfig) -> Path:
     """Run every entry (one fresh process each) and write the JSON report; returns its path."""
     import torch
 
-    from gi.report import write_json
+    from gi.experiments.report import write_json
 
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     path = check_report_path(cfg, stamp)

@@ -15,11 +15,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gi.config import apply_overrides, from_dict, load_yaml, require, to_dict
-from gi.errors import ConfigError
+from gi.core.config import apply_overrides, from_dict, load_yaml, require, to_dict
+from gi.core.errors import ConfigError
+from gi.experiments.report import (
+    check_run_name,
+    save_grid,
+    save_line_plot,
+    staged_output,
+    write_csv,
+    write_json,
+    write_yaml,
+)
 from gi.fl.protocol import Protocol
 from gi.recon.config import ReconConfig
-from gi.report import check_run_name, save_grid, save_line_plot, staged_output, write_csv, write_json, write_yaml
 
 if TYPE_CHECKING:  # torch, the data, models and Lightning load on first use: config errors answer at once
     import torch

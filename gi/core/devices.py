@@ -6,7 +6,7 @@ before any work; torch is imported only when a name needs it (``auto`` and ``cpu
 
 from __future__ import annotations
 
-from gi.errors import ConfigError
+from gi.core.errors import ConfigError
 
 DEVICES = ("auto", "cpu", "gpu", "cuda", "cuda:N", "mps")
 

@@ -11,9 +11,9 @@ machine, ``devices`` worker processes), and across machines through Lightning's 
 Job i runs on global rank ``i mod world_size``. A job is identified by its name (grid values and seed) and a hash
 of its fully resolved config (the base file's content with every override applied; not ``out``, ``overwrite``,
 ``attack.progress`` or the device): its directory is ``jobs/<name>-<hash>``. Every job writes that directory
-atomically (:func:`gi.report.staged_output`): a killed sweep leaves no half-written job, a re-run skips every job
-whose directory holds ``metrics.json``, and other overrides or an edited base config run the jobs again instead
-of reusing stale results. A job that raises (anything, not only a ``GIError``) is recorded in
+atomically (:func:`gi.experiments.report.staged_output`): a killed sweep leaves no half-written job, a re-run skips
+every job whose directory holds ``metrics.json``, and other overrides or an edited base config run the jobs again
+instead of reusing stale results. A job that raises (anything, not only a ``GIError``) is recorded in
 ``failed/<name>-<hash>.txt`` (message or traceback) and the sweep goes on; at the end the sweep fails with
 "N of M jobs failed, see <dir>/failed/". After a barrier, rank 0 writes ``aggregate.csv`` (one row per job of the
 current config, or per table row for ablation jobs), ``summary.md`` and ``summary.png`` (mean ± std over seeds
@@ -35,11 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gi.config import apply_overrides, format_override, from_dict, load_yaml, parse_override, to_dict
-from gi.errors import ConfigError, GIError
-from gi.report import check_run_name
+from gi.core.config import apply_overrides, format_override, from_dict, load_yaml, parse_override, to_dict
+from gi.core.errors import ConfigError, GIError
+from gi.experiments.report import check_run_name
 
-log = logging.getLogger("gi.sweep")
+log = logging.getLogger("gi.experiments.sweep")
 DONE = "metrics.json"
 
 
@@ -90,9 +90,9 @@ def load_sweep_config(path: str | Path, overrides: list[str] | None = None) -> S
 def check_jobs(cfg: SweepConfig) -> None:
     """Load every job's config (base, overrides, grid point, seed) now: a bad value fails before any job runs."""
     if cfg.command == "run":
-        from gi.pipeline import load_run_config as load
+        from gi.experiments.pipeline import load_run_config as load
     else:
-        from gi.ablate import load_ablate_config as load
+        from gi.experiments.ablate import load_ablate_config as load
     for job in expand_jobs(cfg):
         try:
             load(cfg.base, list(job.overrides))
@@ -151,13 +151,13 @@ def job_key(command: str, base: str, overrides: list[str]) -> str:
 
 
 def _run_config(base: str, overrides: list[str]) -> Any:
-    from gi.pipeline import load_run_config
+    from gi.experiments.pipeline import load_run_config
 
     return load_run_config(base, overrides)
 
 
 def _ablate_config(base: str, overrides: list[str]) -> Any:
-    from gi.ablate import load_ablate_config
+    from gi.experiments.ablate import load_ablate_config
 
     return load_ablate_config(base, overrides)
 
@@ -166,13 +166,13 @@ JOB_CONFIGS: dict[str, Callable[[str, list[str]], Any]] = {"run": _run_config, "
 
 
 def _run_job(base: str, overrides: list[str]) -> dict[str, Any]:
-    from gi.pipeline import load_run_config, run
+    from gi.experiments.pipeline import load_run_config, run
 
     return run(load_run_config(base, overrides)).metrics
 
 
 def _ablate_job(base: str, overrides: list[str]) -> dict[str, Any]:
-    from gi.ablate import load_ablate_config, run_ablation
+    from gi.experiments.ablate import load_ablate_config, run_ablation
 
     out = run_ablation(load_ablate_config(base, overrides))
     return json.loads((out / DONE).read_text())
@@ -369,9 +369,9 @@ def run_sweep(cfg: SweepConfig) -> Path:
         return root
     from lightning.fabric import Fabric
 
-    from gi.recon.api import _quiet_lightning
+    from gi.recon.api import quiet_lightning
 
-    _quiet_lightning()
+    quiet_lightning()
     strategy = "ddp" if _cluster_launched() else "ddp_spawn"
     fabric = Fabric(accelerator=accelerator, devices=devices, num_nodes=cfg.num_nodes, strategy=strategy)
     fabric.launch(_worker, cfg, root, jobs, accelerator)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from gi.errors import ConfigError
+from gi.core.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch

@@ -47,7 +47,7 @@ from typing import Any, TypeVar, get_type_hints
 
 import yaml
 
-from gi.errors import ConfigError
+from gi.core.errors import ConfigError
 
 T = TypeVar("T")
 MAX_NODES = 100_000  # YAML nodes a config may expand to through aliases (the largest shipped config has < 1000)

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gi.config import apply_overrides, from_dict, load_yaml, to_dict
-from gi.errors import ConfigError
-from gi.report import (
+from gi.core.config import apply_overrides, from_dict, load_yaml, to_dict
+from gi.core.errors import ConfigError
+from gi.experiments.report import (
     check_run_name,
     save_bar_plot,
     staged_output,
@@ -36,7 +36,7 @@ log = logging.getLogger("gi.labels")
 
 
 @dataclass
-class BenchConfig:
+class LabelBenchConfig:
     """A label-recovery benchmark. ``grid`` maps dotted setup keys to lists of values; ``paper`` maps a grid
     point label (or ``"*"``) to ``{method: value}`` of the paper's reported ``metrics[0]``."""
 
@@ -77,8 +77,8 @@ class BenchConfig:
             raise ConfigError(f"metrics={self.metrics}: unknown {bad}; valid: {list(LABEL_METRICS)}")
 
 
-def load_bench_config(path: str | Path, overrides: list[str] | None = None) -> BenchConfig:
-    return from_dict(BenchConfig, apply_overrides(load_yaml(path), list(overrides or []), BenchConfig))
+def load_label_bench_config(path: str | Path, overrides: list[str] | None = None) -> LabelBenchConfig:
+    return from_dict(LabelBenchConfig, apply_overrides(load_yaml(path), list(overrides or []), LabelBenchConfig))
 
 
 def _set_dotted(d: dict[str, Any], key: str, value: Any) -> None:
@@ -90,7 +90,7 @@ def _set_dotted(d: dict[str, Any], key: str, value: Any) -> None:
     d[keys[-1]] = value
 
 
-def grid_points(cfg: BenchConfig) -> list[tuple[str, dict[str, Any]]]:
+def grid_points(cfg: LabelBenchConfig) -> list[tuple[str, dict[str, Any]]]:
     """``[(label, setup)]``, one per combination of grid values (the label reads ``key=value, …``)."""
     if not cfg.grid:
         return [("all", copy.deepcopy(cfg.setup))]
@@ -105,14 +105,14 @@ def grid_points(cfg: BenchConfig) -> list[tuple[str, dict[str, Any]]]:
     return points
 
 
-def _paper_value(cfg: BenchConfig, point: str, method: str) -> float | None:
+def _paper_value(cfg: LabelBenchConfig, point: str, method: str) -> float | None:
     for key in (point, "*"):
         if key in cfg.paper and method in cfg.paper[key]:
             return cfg.paper[key][method]
     return None
 
 
-def run_bench(cfg: BenchConfig) -> Path:
+def run_bench(cfg: LabelBenchConfig) -> Path:
     """Run the benchmark and write its output directory; returns the directory."""
     import torch
     from tqdm.auto import tqdm
@@ -166,7 +166,7 @@ def run_bench(cfg: BenchConfig) -> Path:
     return out
 
 
-def summarize_rows(cfg: BenchConfig, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def summarize_rows(cfg: LabelBenchConfig, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Means per (grid point, method) of the chosen metrics, success rate, median seconds, paper value."""
     out = []
     keyed: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
@@ -187,7 +187,7 @@ def summarize_rows(cfg: BenchConfig, rows: list[dict[str, Any]]) -> list[dict[st
     return out
 
 
-def _plot(path: Path, cfg: BenchConfig, summary: list[dict[str, Any]], points: list[tuple[str, Any]]) -> None:
+def _plot(path: Path, cfg: LabelBenchConfig, summary: list[dict[str, Any]], points: list[tuple[str, Any]]) -> None:
     metric = cfg.metrics[0]
     labels_ = [p for p, _ in points]
     series = {m: [next((r[metric] for r in summary if r["point"] == p and r["method"] == m), float("nan"))

@@ -1,9 +1,10 @@
 """``gi ablate CONFIG``: how much does label (and feature) knowledge help the reconstruction?
 
 The same captures are reconstructed under every label-knowledge mode (``truth``, ``recovered``, ``hard``,
-``joint``, ``recovered+joint``; :data:`gi.pipeline.LABEL_MODES`) and every α/β variant of the soft-label paper's
-eq. 8, giving its Tables 3 and 4 (Wang, Liang & He 2024, §4.3 and §5.1): PSNR / SSIM / LPIPS and the label error
-L_r (Σ_c |ŷ_c − y_c| per image, rows matched one-to-one), with per-image values and a PNG grid per row.
+``joint``, ``recovered+joint``; :data:`gi.experiments.pipeline.LABEL_MODES`) and every α/β variant of the
+soft-label paper's eq. 8, giving its Tables 3 and 4 (Wang, Liang & He 2024, §4.3 and §5.1): PSNR / SSIM /
+LPIPS and the label error L_r (Σ_c |ŷ_c − y_c| per image, rows matched one-to-one), with per-image values and
+a PNG grid per row.
 
 A config holds one base experiment (``data``, ``model``, ``protocol``, ``labels``, ``attack`` as in ``gi run``),
 ``settings`` (named dotted overrides of the base that change the captures, e.g. mixup vs smoothing, trained vs
@@ -31,10 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gi.config import DOTTED_KEYS, apply_overrides, from_dict, load_yaml, set_dotted, to_dict
-from gi.errors import ConfigError, GIError
-from gi.fl.protocol import Protocol
-from gi.pipeline import (
+from gi.core.config import DOTTED_KEYS, apply_overrides, from_dict, load_yaml, set_dotted, to_dict
+from gi.core.errors import ConfigError, GIError
+from gi.experiments.pipeline import (
     LABEL_MODES,
     DataConfig,
     LabelConfig,
@@ -45,10 +45,19 @@ from gi.pipeline import (
     make_aux,
     used_labels,
 )
+from gi.experiments.report import (
+    check_run_name,
+    save_grid,
+    staged_output,
+    write_csv,
+    write_json,
+    write_markdown_table,
+    write_yaml,
+)
+from gi.fl.protocol import Protocol
 from gi.recon.config import ReconConfig
-from gi.report import check_run_name, save_grid, staged_output, write_csv, write_json, write_markdown_table, write_yaml
 
-log = logging.getLogger("gi.ablate")
+log = logging.getLogger("gi.experiments.ablate")
 METRIC_KEYS = ("psnr", "ssim", "lpips", "L_r")
 
 
@@ -188,7 +197,7 @@ def _save_cell(cache: Path | None, key: str, row: Row, grid: Path) -> None:
 
 
 def reconstruct_many(*args: Any, **kwargs: Any) -> Any:
-    """:func:`gi.recon.reconstruct_many`, imported on first use (importing gi.ablate loads no torch/Lightning)."""
+    """:func:`gi.recon.reconstruct_many`, imported on first use (importing this module loads no torch/Lightning)."""
     from gi.recon import reconstruct_many as reconstruct
 
     return reconstruct(*args, **kwargs)
