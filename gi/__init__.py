@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from gi.core.devices import env_threads
 from gi.core.errors import AssetError, CaptureError, ConfigError, GIError
 from gi.fl.protocol import Protocol
 
@@ -29,19 +30,6 @@ __all__ = [
     "reconstruct",
     "simulate_client",
 ]
-
-
-def env_threads() -> int | None:
-    """torch's CPU threads asked for by ``$GI_THREADS`` (None when unset), for the whole job: the command line
-    (``gi --threads N`` sets it) and the Python API (:func:`gi.reconstruct`) read it the same way."""
-    import os
-
-    text = os.environ.get("GI_THREADS", "").strip()
-    if not text:
-        return None
-    if not text.isdigit() or int(text) < 1:
-        raise ConfigError(f"GI_THREADS={text!r} must be a positive integer (torch CPU threads), e.g. GI_THREADS=1")
-    return int(text)
 
 
 _LAZY = {"Capture": ("gi.capture", "Capture"), "Truth": ("gi.capture", "Truth"),

@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from gi import env_threads
+from gi.core.devices import env_threads
 from gi.core.errors import ConfigError, GIError
 
 EPILOG = """examples:

@@ -1,4 +1,5 @@
-"""Device names in configs (``attack.device``, ``sweep.accelerator``) → Lightning's ``(accelerator, devices)``.
+"""Threads and devices: ``$GI_THREADS`` (:func:`env_threads`), and device names in configs (``attack.device``)
+→ Lightning's ``(accelerator, devices)`` (:func:`resolve_device`).
 
 Checked when a config is loaded, so asking for a GPU on a machine without one is a one-line :class:`ConfigError`
 before any work; torch is imported only when a name needs it (``auto`` and ``cpu`` need nothing).
@@ -38,3 +39,16 @@ def resolve_device(name: str, where: str = "attack.device") -> tuple[str, int | 
             raise ConfigError(f"{where}={name} but this machine has {count} GPU(s): cuda:0 to cuda:{count - 1}")
         return "gpu", [index]
     return "gpu", 1
+
+
+def env_threads() -> int | None:
+    """torch's CPU threads asked for by ``$GI_THREADS`` (None when unset), for the whole job: the command line
+    (``gi --threads N`` sets it) and the Python API (:func:`gi.reconstruct`) read it the same way."""
+    import os
+
+    text = os.environ.get("GI_THREADS", "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"GI_THREADS={text!r} must be a positive integer (torch CPU threads), e.g. GI_THREADS=1")
+    return int(text)

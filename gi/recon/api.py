@@ -17,9 +17,8 @@ from typing import Any
 import lightning as L
 import torch
 
-from gi import env_threads
 from gi.capture import Capture
-from gi.core.devices import resolve_device
+from gi.core.devices import env_threads, resolve_device
 from gi.core.errors import CaptureError, ConfigError, GIError
 from gi.label_result import LabelResult
 from gi.recon.config import SMALL_MODEL, ReconConfig
