@@ -66,17 +66,15 @@ class ClientRun:
     final_loss: float
 
 
-def _targets(labels: Tensor, num_classes: int, protocol: Protocol) -> Tensor:
-    onehot = F.one_hot(labels, num_classes).float()
-    eps = protocol.label_eps or 0.0
-    if protocol.label_aug == "onehot" or eps == 0.0:
-        return onehot
-    if protocol.label_aug == "smoothing":
-        return (1 - eps) * onehot + eps / num_classes
-    if protocol.label_aug == "smoothing-alt":
-        return (1 - eps) * onehot + eps / (num_classes - 1) * (1 - onehot)
-    raise ConfigError(f"protocol.label_aug={protocol.label_aug!r} is not supported for local training; "
-                      "valid: ['onehot', 'smoothing', 'smoothing-alt']")
+def _targets(labels: Tensor, num_classes: int, protocol: Protocol, dtype: torch.dtype) -> Tensor:
+    """The client's soft targets per ``protocol.label_aug`` (:func:`gi.data.make_targets`; mixup needs pairs)."""
+    from gi.data import make_targets
+
+    if protocol.label_aug == "mixup":
+        raise ConfigError("protocol.label_aug='mixup' is not supported for local training; valid: "
+                          "['onehot', 'smoothing', 'smoothing-alt']")
+    kind = "onehot" if not protocol.label_eps else protocol.label_aug
+    return make_targets(labels, num_classes, kind, protocol.label_eps, dtype=dtype)
 
 
 def _train_client(
@@ -123,7 +121,7 @@ def _train_client(
         live = {k: t.detach().requires_grad_() for k, t in theta.items()}
         with torch.enable_grad():
             loss = loss_fn(functional_call(local, live, (images[idx],)),
-                           _targets(y, num_classes, protocol).to(images.dtype))
+                           _targets(y, num_classes, protocol, images.dtype))
             grads = torch.autograd.grad(loss, list(live.values()))
         if bias_grads is not None:
             bias_grads[step] = grads[bias_idx].double()
