@@ -31,7 +31,7 @@ from gi.experiments.report import (
     write_markdown_table,
     write_yaml,
 )
-from gi.experiments.setup import load_config, upgrade
+from gi.experiments.setup import deprecated, load_config, upgrade
 
 log = logging.getLogger("gi.labels")
 
@@ -103,6 +103,8 @@ def grid_points(cfg: LabelBenchConfig) -> list[tuple[str, dict[str, Any]]]:
     for values in itertools.product(*(cfg.grid[k] for k in keys)):
         setup = copy.deepcopy(base)
         for k, v in zip(keys, values):
+            if scenario.key(k) != k:
+                deprecated("grid", k, scenario.key(k))
             set_dotted(setup, scenario.key(k).split("."), copy.deepcopy(v), scenario.setup, f"grid key {k!r}")
         label = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in zip(keys, values))
         points.append((label, setup))

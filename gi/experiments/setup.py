@@ -128,6 +128,11 @@ class AuxConfig:
         require(self.per_class >= 0, "aux.per_class", self.per_class, ">= 0")
 
 
+# old flat spellings of the shared sections in the ``gi labels`` scenarios' setups (each adds its own)
+SCENARIO_LEGACY: dict[str, str] = {"dataset": "data.name", "size": "data.size", "channels": "data.channels",
+                                   "aux_split": "aux.split"}
+
+
 def section(cls: type[T], **defaults: Any) -> Any:
     """A dataclass field of section type ``cls`` with this command's ``defaults``: they make the section when it
     is not given (or null) and fill the keys a given section leaves out."""

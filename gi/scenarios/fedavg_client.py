@@ -44,6 +44,7 @@ from gi.core.errors import ConfigError
 from gi.experiments.setup import (
     AUX,
     LRU,
+    SCENARIO_LEGACY,
     AuxConfig,
     DataConfig,
     ModelConfig,
@@ -67,9 +68,8 @@ DTYPES = ("float32", "float64")
 class FedAvgClientSetup(VictimSetup):
     """The ``fedavg-client`` setup (module docstring)."""
 
-    LEGACY: ClassVar[dict[str, str]] = {
-        "dataset": "data.name", "split": "data.split", "size": "data.size", "channels": "data.channels",
-        "aux_split": "aux.split", "aux_per_class": "aux.per_class", "local_steps": "protocol.local_steps"}
+    LEGACY: ClassVar[dict[str, str]] = {**SCENARIO_LEGACY, "split": "data.split", "aux_per_class": "aux.per_class",
+                                        "local_steps": "protocol.local_steps"}
 
     data: DataConfig = section(DataConfig, name="fashion-mnist", split="train")
     model: ModelConfig = section(ModelConfig, name="cnn")

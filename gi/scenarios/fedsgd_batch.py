@@ -52,6 +52,7 @@ from gi.core.errors import ConfigError
 from gi.experiments.setup import (  # noqa: F401  (synthetic_labels: importable from here too)
     AUX,
     DATA,
+    SCENARIO_LEGACY,
     AuxConfig,
     DataConfig,
     ModelConfig,
@@ -75,10 +76,8 @@ Tensor = torch.Tensor
 class FedSGDBatchSetup(VictimSetup):
     """The ``fedsgd-batch`` setup (module docstring)."""
 
-    LEGACY: ClassVar[dict[str, str]] = {
-        "dataset": "data.name", "root": "data.root", "size": "data.size", "channels": "data.channels",
-        "victim_split": "data.split", "aux_split": "aux.split", "train_split": "train.split",
-        "batch_size": "protocol.batch_size"}
+    LEGACY: ClassVar[dict[str, str]] = {**SCENARIO_LEGACY, "root": "data.root", "victim_split": "data.split",
+                                        "train_split": "train.split", "batch_size": "protocol.batch_size"}
 
     data: DataConfig = section(DataConfig, name="fashion-mnist", split="train")
     model: ModelConfig = section(ModelConfig, name="lenet5")

@@ -32,6 +32,7 @@ from gi.capture import capture_gradients
 from gi.core.config import require, to_dict
 from gi.core.errors import ConfigError
 from gi.experiments.setup import (
+    SCENARIO_LEGACY,
     SECTION,
     ModelConfig,
     TrainConfig,
@@ -64,10 +65,9 @@ class NoiseConfig:
 class SingleSampleSetup(VictimSetup):
     """The ``single-sample`` setup (module docstring)."""
 
-    LEGACY: ClassVar[dict[str, str]] = {
-        "dataset": "data.name", "split": "data.split", "size": "data.size", "label_aug": "protocol.label_aug",
-        "loss": "protocol.loss", "temperature": "protocol.temperature", "model.reseed_every": "reseed_every",
-        "train.max_samples": "train.samples"}
+    LEGACY: ClassVar[dict[str, str]] = {**SCENARIO_LEGACY, "split": "data.split", "label_aug": "protocol.label_aug",
+                                        "loss": "protocol.loss", "temperature": "protocol.temperature",
+                                        "model.reseed_every": "reseed_every", "train.max_samples": "train.samples"}
 
     model: ModelConfig = section(ModelConfig, bias_last=False)
     # a given train section trains 1 epoch by default; none at all: untrained (epochs 0)
@@ -87,6 +87,7 @@ class SingleSampleSetup(VictimSetup):
             require(len(bounds) == 2 and 0.0 <= bounds[0] <= bounds[1] <= 1.0, f"setup.{key}", bounds,
                     "[low, high] within [0, 1]")
         require(self.reseed_every >= 1, "setup.reseed_every", self.reseed_every, ">= 1")
+        require(self.aux.per_class == 0, "setup.aux.per_class", self.aux.per_class, "0 (no aux set here)")
         require(self.shared in SHARED, "setup.shared", self.shared, f"one of {list(SHARED)}")
         if self.noise is not None:
             require(self.noise.kind in NOISES and self.noise.variance >= 0, "setup.noise", to_dict(self.noise),
