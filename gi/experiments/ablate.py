@@ -118,6 +118,12 @@ class AblateConfig(RunConfig):
                 raise ConfigError(f"settings.{name} must map dotted keys to values, e.g. {{protocol.label_aug: mixup}}")
             setting_config(self, name)  # validates the overrides now, not halfway through a table
 
+    def written(self) -> dict[str, Any]:
+        """As :meth:`RunConfig.written`, without ``attack.labels``: each row derives it from its mode."""
+        data = super().written()
+        data["attack"].pop("labels")
+        return data
+
 
 def _upgraded_keys(over: Any, where: str) -> Any:
     """A setting's dotted keys in their new spelling (``model.train_epochs`` → ``train.epochs``)."""
@@ -138,16 +144,9 @@ def load_ablate_config(path: str | Path, overrides: list[str] | None = None) -> 
     return load_config(AblateConfig, path, overrides)
 
 
-def as_written(cfg: AblateConfig) -> dict[str, Any]:
-    """The config as ``config.yaml`` records it: every setting, without ``attack.labels`` (each row derives it)."""
-    data = to_dict(cfg)
-    data["attack"].pop("labels")
-    return data
-
-
 def setting_config(cfg: AblateConfig, name: str) -> AblateConfig:
     """The base config with setting ``name``'s dotted overrides applied (settings/variants/paper dropped)."""
-    base = as_written(cfg)
+    base = cfg.written()
     for key in ("settings", "variants", "paper", "only", "mode_attack"):
         base.pop(key)
     try:
@@ -333,7 +332,7 @@ def run_ablation(cfg: AblateConfig) -> Path:
     cache = out.parent / f".{out.name}.cells"
     with staged_output(out, overwrite=cfg.overwrite) as tmp:
         t0 = time.perf_counter()
-        write_yaml(tmp / "config.yaml", as_written(cfg))
+        write_yaml(tmp / "config.yaml", cfg.written())
         rows: list[Row] = []
         for setting in cfg.only or cfg.settings or {"base": {}}:
             rows += run_setting(cfg, setting, tmp, cache)

@@ -125,6 +125,12 @@ class RunConfig(VictimSetup):
             raise ConfigError("protocol.label_aug=mixup is FedSGD-only here (gi.fl.victim trains with one-hot or "
                               "smoothed labels); use protocol.scheme=fedsgd or another label_aug")
 
+    def written(self) -> dict[str, Any]:
+        """The config as its ``config.yaml`` records it: every setting (derived ones as they ran), the run's own
+        keys (name, seed, out, overwrite) first."""
+        data = to_dict(self)
+        return {**{k: data.pop(k) for k in ("name", "seed", "out", "overwrite")}, **data}
+
 
 def check_attack_labels(data: Any) -> None:
     """``attack.labels`` follows from ``labels.mode`` (fixed or joint labels); an explicit other value is refused
@@ -405,7 +411,7 @@ def run(cfg: RunConfig) -> RunResult:
             "device": "cuda" if torch.cuda.is_available() and cfg.attack.device != "cpu" else "cpu",
             "torch": torch.__version__,
         }
-        write_yaml(tmp / "config.yaml", to_dict(cfg))
+        write_yaml(tmp / "config.yaml", cfg.written())
         write_json(tmp / "metrics.json", metrics)
         rows = [{"image": i, "psnr": scores["psnr"][i], "ssim": scores["ssim"][i],
                  "lpips_alex": scores["lpips_alex"][i], "matched_reconstruction": scores["perm"][i],

@@ -261,9 +261,6 @@ class LRU:
         self.items: OrderedDict[Any, Any] = OrderedDict()
         self.pinned: dict[Any, Any] = {}
 
-    def __contains__(self, key: Any) -> bool:
-        return key in self.pinned or key in self.items
-
     def get(self, key: Any, make: Callable[[], Any], pin: bool = False) -> Any:
         if key in self.pinned:
             return self.pinned[key]
@@ -278,10 +275,6 @@ class LRU:
         while len(self.items) > self.size:
             self.items.popitem(last=False)
         return value
-
-    def clear(self) -> None:
-        self.items.clear()
-        self.pinned.clear()
 
 
 DATA = LRU(4)  # datasets (whole splits, relabelled, channel-expanded) and victim pools
