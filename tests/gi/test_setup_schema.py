@@ -103,7 +103,8 @@ def test_config_yaml_written_by_gi_run_is_what_ran(tmp_path, monkeypatch):
     assert to_dict(load_run_config(tmp_path / "run" / "config.yaml")) == written  # re-loads as-is
 
 
-def test_old_spellings_load_to_the_same_settings_with_a_notice(caplog):
+def test_old_spellings_load_to_the_same_settings_with_a_notice(caplog, monkeypatch):
+    monkeypatch.setattr(setup, "_WARNED", set())  # the notice comes once per process
     old = load_run_config("configs/demo.yaml", ["model.train_epochs=2", "model.train_lr=0.5",
                                                 "labels.aux_per_class=3"])
     new = load_run_config("configs/demo.yaml", ["train.epochs=2", "train.lr=0.5", "aux.per_class=3"])
