@@ -35,6 +35,7 @@ import hashlib
 import json
 import logging
 import os
+import typing
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable
@@ -188,8 +189,6 @@ def with_defaults(cls: type, data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _section_type(cls: type, name: str) -> Any:
-    import typing
-
     return typing.get_type_hints(cls)[name]
 
 
