@@ -32,21 +32,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gi.core.config import DOTTED_KEYS, apply_overrides, from_dict, load_yaml, set_dotted, to_dict
+from gi.core.config import DOTTED_KEYS, from_dict, set_dotted, to_dict
 from gi.core.errors import ConfigError, GIError
 from gi.experiments.pipeline import (
     LABEL_MODES,
-    DataConfig,
-    LabelConfig,
     MetricConfig,
-    ModelConfig,
+    RunConfig,
     build_victim,
     capture_client,
     make_aux,
     used_labels,
 )
 from gi.experiments.report import (
-    check_run_name,
     save_grid,
     staged_output,
     write_csv,
@@ -54,7 +51,7 @@ from gi.experiments.report import (
     write_markdown_table,
     write_yaml,
 )
-from gi.fl.protocol import Protocol
+from gi.experiments.setup import deprecated, load_config, upgrade_key
 from gi.recon.config import ReconConfig
 
 log = logging.getLogger("gi.experiments.ablate")
@@ -62,26 +59,20 @@ METRIC_KEYS = ("psnr", "ssim", "lpips", "L_r")
 
 
 @dataclass
-class AblateConfig:
-    """One ablation table. ``trials``: captures per setting (each one client batch of ``protocol.batch_size``).
-    ``settings``: {name: {dotted.key: value}} overrides of this config per setting (default: one setting named
-    ``base``); ``variants``: {name: {attack key: value}} (default: one variant ``base``); ``modes``: label modes;
-    ``paper``: reference numbers {"setting/variant/mode" (any part may be ``*``; "setting/mode" too):
+class AblateConfig(RunConfig):
+    """One ablation table: a ``gi run`` config (:class:`~gi.experiments.pipeline.RunConfig`: its victim setup,
+    ``labels``, ``attack``, ``metrics``) plus the table. ``trials``: captures per setting (each one client batch of
+    ``protocol.batch_size``). ``settings``: {name: {dotted.key: value}} overrides of this config per setting
+    (default: one setting named ``base``); ``variants``: {name: {attack key: value}} (default: one variant
+    ``base``); ``modes``: label modes (each row's ``attack.labels`` follows from its mode, so the config gives
+    none); ``paper``: reference numbers {"setting/variant/mode" (any part may be ``*``; "setting/mode" too):
     {psnr, ssim, lpips, L_r}};
     ``only``: run just these settings; ``mode_attack``: {mode: {attack key: value}} per label mode (e.g. a smaller
     ``label_lr`` when joint labels start from recovered ones)."""
 
     name: str = "ablate"
-    seed: int = 0
-    out: str | None = None
-    overwrite: bool = False
-    trials: int = 4
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    protocol: Protocol = field(default_factory=Protocol)
-    labels: LabelConfig = field(default_factory=LabelConfig)
-    attack: ReconConfig = field(default_factory=ReconConfig)
     metrics: MetricConfig = field(default_factory=lambda: MetricConfig(lpips_vgg=False))
+    trials: int = 4
     modes: list[str] = field(default_factory=lambda: list(LABEL_MODES))
     settings: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={DOTTED_KEYS: 1})
     variants: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -89,8 +80,18 @@ class AblateConfig:
     only: list[str] | None = None
     mode_attack: dict[str, dict[str, Any]] = field(default_factory=dict)
 
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any] | None, where: str = "") -> Any:
+        if isinstance(data, dict) and isinstance(data.get("attack"), dict) and "labels" in data["attack"]:
+            raise ConfigError(f"attack.labels={data['attack']['labels']!r}: gi ablate derives it from each row's "
+                              f"label mode (modes); leave it out")
+        if isinstance(data, dict) and isinstance(data.get("settings"), dict):
+            data = {**data, "settings": {name: _upgraded_keys(over, f"settings.{name}")
+                                         for name, over in data["settings"].items()}}
+        return super().from_mapping(data, where)
+
     def __post_init__(self) -> None:
-        check_run_name(self.name)
+        super().__post_init__()
         unknown = sorted(set(self.only or []) - set(self.settings))
         if unknown:
             raise ConfigError(f"only names unknown setting(s) {unknown}; valid: {sorted(self.settings)}")
@@ -99,7 +100,7 @@ class AblateConfig:
             raise ConfigError(f"modes has unknown {bad}; valid: {list(LABEL_MODES)}")
         if self.trials < 1:
             raise ConfigError(f"trials must be >= 1, got {self.trials}")
-        valid_attack = {f.name for f in dataclasses.fields(ReconConfig)}
+        valid_attack = {f.name for f in dataclasses.fields(ReconConfig)} - {"labels"}  # labels: the row's mode
         for name, over in self.variants.items():
             if not isinstance(over, dict):
                 raise ConfigError(f"variants.{name} must map attack keys to values")
@@ -117,21 +118,41 @@ class AblateConfig:
                 raise ConfigError(f"settings.{name} must map dotted keys to values, e.g. {{protocol.label_aug: mixup}}")
             setting_config(self, name)  # validates the overrides now, not halfway through a table
 
+    def written(self) -> dict[str, Any]:
+        """As :meth:`RunConfig.written`, without ``attack.labels``: each row derives it from its mode."""
+        data = super().written()
+        data["attack"].pop("labels")
+        return data
+
+
+def _upgraded_keys(over: Any, where: str) -> Any:
+    """A setting's dotted keys in their new spelling (``model.train_epochs`` → ``train.epochs``)."""
+    if not isinstance(over, dict):
+        return over
+    out = {}
+    for key, value in over.items():
+        new = upgrade_key(key, AblateConfig.LEGACY)
+        if new != key:
+            deprecated(where, key, new)
+        if new in out and out[new] != value:
+            raise ConfigError(f"{where}: {key} and {new} are both given; keep {new} only")
+        out[new] = value
+    return out
+
 
 def load_ablate_config(path: str | Path, overrides: list[str] | None = None) -> AblateConfig:
-    data = apply_overrides(load_yaml(path), list(overrides or []), AblateConfig)
-    return from_dict(AblateConfig, data)
+    return load_config(AblateConfig, path, overrides)
 
 
 def setting_config(cfg: AblateConfig, name: str) -> AblateConfig:
     """The base config with setting ``name``'s dotted overrides applied (settings/variants/paper dropped)."""
-    base = to_dict(cfg)
+    base = cfg.written()
     for key in ("settings", "variants", "paper", "only", "mode_attack"):
         base.pop(key)
     try:
         for key, value in cfg.settings.get(name, {}).items():
             set_dotted(base, key.split("."), copy.deepcopy(value), AblateConfig, key)
-        return from_dict(AblateConfig, base)
+        return AblateConfig.from_mapping(base)
     except ConfigError as exc:
         raise ConfigError(f"settings.{name}: {exc}") from None
 
@@ -209,7 +230,7 @@ def _captures(cfg: AblateConfig) -> tuple[list, list, Any]:
     dataset, model = build_victim(cfg)
     gen = torch.Generator().manual_seed(cfg.seed)
     pairs = [capture_client(cfg, dataset, model, gen) for _ in range(cfg.trials)]
-    aux = make_aux(cfg.labels, dataset, gen, [p[1] for p in pairs])
+    aux = make_aux(cfg, dataset, gen, [p[1] for p in pairs])
     return [p[0] for p in pairs], [p[1] for p in pairs], aux
 
 
@@ -311,7 +332,7 @@ def run_ablation(cfg: AblateConfig) -> Path:
     cache = out.parent / f".{out.name}.cells"
     with staged_output(out, overwrite=cfg.overwrite) as tmp:
         t0 = time.perf_counter()
-        write_yaml(tmp / "config.yaml", to_dict(cfg))
+        write_yaml(tmp / "config.yaml", cfg.written())
         rows: list[Row] = []
         for setting in cfg.only or cfg.settings or {"base": {}}:
             rows += run_setting(cfg, setting, tmp, cache)

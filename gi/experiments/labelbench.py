@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gi.core.config import apply_overrides, from_dict, load_yaml, to_dict
+from gi.core.config import set_dotted, to_dict
 from gi.core.errors import ConfigError
 from gi.experiments.report import (
     check_run_name,
@@ -31,6 +31,7 @@ from gi.experiments.report import (
     write_markdown_table,
     write_yaml,
 )
+from gi.experiments.setup import deprecated, load_config, upgrade
 
 log = logging.getLogger("gi.labels")
 
@@ -59,7 +60,7 @@ class LabelBenchConfig:
         from gi.scenarios import get_scenario
 
         check_run_name(self.name)
-        get_scenario(self.scenario)
+        scenario = get_scenario(self.scenario)
         if not self.methods:
             raise ConfigError("methods is empty; list label methods to compare, e.g. [idlg, yin]")
         unknown = [m for m in self.methods if m not in labels.METHODS]
@@ -75,31 +76,36 @@ class LabelBenchConfig:
         bad = [m for m in self.metrics if m not in LABEL_METRICS]
         if bad or not self.metrics:
             raise ConfigError(f"metrics={self.metrics}: unknown {bad}; valid: {list(LABEL_METRICS)}")
+        for point, setup in grid_points(self):  # every grid point's setup is typed and checked now, not mid-run
+            try:
+                scenario.resolve(setup)
+            except ConfigError as exc:
+                raise ConfigError(f"grid point {point!r}: {exc}" if self.grid else str(exc)) from None
 
 
 def load_label_bench_config(path: str | Path, overrides: list[str] | None = None) -> LabelBenchConfig:
-    return from_dict(LabelBenchConfig, apply_overrides(load_yaml(path), list(overrides or []), LabelBenchConfig))
-
-
-def _set_dotted(d: dict[str, Any], key: str, value: Any) -> None:
-    keys = key.split(".")
-    for k in keys[:-1]:
-        d = d.setdefault(k, {})
-        if not isinstance(d, dict):
-            raise ConfigError(f"grid key {key!r}: {k!r} is not a mapping in setup")
-    d[keys[-1]] = value
+    return load_config(LabelBenchConfig, path, overrides)
 
 
 def grid_points(cfg: LabelBenchConfig) -> list[tuple[str, dict[str, Any]]]:
-    """``[(label, setup)]``, one per combination of grid values (the label reads ``key=value, …``)."""
+    """``[(label, setup)]``, one per combination of grid values (the label reads ``key=value, …`` of the grid keys
+    as written; old spellings of setup keys are set under their new ones)."""
+    from gi.scenarios import get_scenario
+
+    scenario = get_scenario(cfg.scenario)
+    base = copy.deepcopy(cfg.setup)
+    if scenario.setup is not None:
+        upgrade(base, scenario.setup.LEGACY, "setup")
     if not cfg.grid:
-        return [("all", copy.deepcopy(cfg.setup))]
+        return [("all", base)]
     keys = list(cfg.grid)
     points = []
     for values in itertools.product(*(cfg.grid[k] for k in keys)):
-        setup = copy.deepcopy(cfg.setup)
+        setup = copy.deepcopy(base)
         for k, v in zip(keys, values):
-            _set_dotted(setup, k, v)
+            if scenario.key(k) != k:
+                deprecated("grid", k, scenario.key(k))
+            set_dotted(setup, scenario.key(k).split("."), copy.deepcopy(v), scenario.setup, f"grid key {k!r}")
         label = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in zip(keys, values))
         points.append((label, setup))
     return points

@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from gi.core.config import apply_overrides, from_dict, load_yaml, require, to_dict
+from gi.core.config import require, to_dict
 from gi.core.errors import ConfigError
 from gi.experiments.report import (
     check_run_name,
@@ -26,7 +26,16 @@ from gi.experiments.report import (
     write_json,
     write_yaml,
 )
-from gi.fl.protocol import Protocol
+from gi.experiments.setup import (  # noqa: F401  (DataConfig, ModelConfig: the sections, importable from here too)
+    DataConfig,
+    ModelConfig,
+    VictimSetup,
+    build_model,
+    draw_aux,
+    load_config,
+    load_data,
+    train_on,
+)
 from gi.recon.config import ReconConfig
 
 if TYPE_CHECKING:  # torch, the data, models and Lightning load on first use: config errors answer at once
@@ -40,52 +49,26 @@ log = logging.getLogger("gi.run")
 
 
 @dataclass
-class DataConfig:
-    """Which real samples the client holds and how its targets are augmented.
+class RunDataConfig(DataConfig):
+    """The shared :class:`~gi.experiments.setup.DataConfig` plus how ``gi run`` draws the client's batch.
 
     ``indices``: dataset indices of the client's batch (length = protocol.batch_size); null draws them
     with the run seed. ``eps``: label-smoothing ε (null: U(0, eps_max) per sample, as the soft-label
     paper). ``mixup_lam``: mixup λ (null: U(0, 1)).
     """
 
-    name: str = "cifar10-samples"
-    split: str = "test"
-    root: str | None = None
-    size: int | None = None
     indices: list[int] | None = None
     eps: float | None = None
     eps_max: float = 0.5
     mixup_lam: float | None = None
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         require(self.indices is None or all(i >= 0 for i in self.indices), "data.indices", self.indices,
                 "dataset indices >= 0")
-        require(self.size is None or self.size >= 1, "data.size", self.size, ">= 1 or null")
         for key in ("eps", "eps_max", "mixup_lam"):
             value = getattr(self, key)
             require(value is None or 0 <= value <= 1, f"data.{key}", value, "a number in [0, 1]")
-
-
-@dataclass
-class ModelConfig:
-    """``gi.models.build`` arguments; ``num_classes`` null takes the dataset's; ``train_epochs`` > 0 trains
-    the model briefly on the dataset's train split (or the samples) before the attack."""
-
-    name: str = "lenet"
-    num_classes: int | None = None
-    activation: str | None = None
-    init: str | None = None
-    bias_last: bool = True
-    norm: str | None = None
-    options: dict[str, Any] = field(default_factory=dict)
-    train_epochs: float = 0.0
-    train_lr: float = 0.01
-
-    def __post_init__(self) -> None:
-        require(self.num_classes is None or self.num_classes >= 1, "model.num_classes", self.num_classes,
-                ">= 1 or null")
-        require(self.train_epochs >= 0, "model.train_epochs", self.train_epochs, ">= 0")
-        require(self.train_lr > 0, "model.train_lr", self.train_lr, "> 0")
 
 
 @dataclass
@@ -93,17 +76,13 @@ class LabelConfig:
     """``mode`` (a name of :data:`LABEL_MODES`): ``truth`` (oracle), ``recovered`` (``method`` of the label
     registry; soft labels are soft targets, counts become per-slot one-hot labels), ``hard`` (one-hot labels of
     ``hard_method``, iDLG by default), ``joint`` (DLG: labels optimised with the images from a random start),
-    ``recovered+joint`` (joint, initialised from ``method``'s labels). ``aux_per_class`` auxiliary samples per
-    class for methods that need them."""
+    ``recovered+joint`` (joint, initialised from ``method``'s labels). The attack's ``labels`` (fixed or joint)
+    follows from ``mode``; methods that need auxiliary samples get the ``aux`` section's."""
 
     mode: str = "recovered"
     method: str = "idlg"
     hard_method: str = "idlg"
     options: dict[str, Any] = field(default_factory=dict)
-    aux_per_class: int = 0
-
-    def __post_init__(self) -> None:
-        require(self.aux_per_class >= 0, "labels.aux_per_class", self.aux_per_class, ">= 0")
 
 
 @dataclass
@@ -113,30 +92,61 @@ class MetricConfig:
 
 
 @dataclass
-class RunConfig:
+class RunConfig(VictimSetup):
+    """``gi run``: the victim setup (:class:`~gi.experiments.setup.VictimSetup`: ``data``, ``model``, ``train``,
+    ``aux``, ``protocol``), the label stage, the attack and the scores. ``attack.labels`` is derived from
+    ``labels.mode`` (an explicit different value is a ConfigError)."""
+
+    LEGACY: ClassVar[dict[str, str]] = {"model.train_epochs": "train.epochs", "model.train_lr": "train.lr",
+                                        "labels.aux_per_class": "aux.per_class"}
+
     name: str = "run"
     seed: int = 0
     out: str | None = None
     overwrite: bool = False
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    protocol: Protocol = field(default_factory=Protocol)
+    data: RunDataConfig = field(default_factory=RunDataConfig)
     labels: LabelConfig = field(default_factory=LabelConfig)
     attack: ReconConfig = field(default_factory=ReconConfig)
     metrics: MetricConfig = field(default_factory=MetricConfig)
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any] | None, where: str = "") -> Any:
+        check_attack_labels(data)
+        return super().from_mapping(data, where)
 
     def __post_init__(self) -> None:
         check_run_name(self.name)
         if self.labels.mode not in LABEL_MODES:
             raise ConfigError(f"labels.mode={self.labels.mode!r} is not allowed; valid: {list(LABEL_MODES)}")
+        kind = LABEL_MODES[self.labels.mode].kind
+        if self.attack.labels != kind:  # derived: the loaders refuse an explicit other value
+            self.attack = dataclasses.replace(self.attack, labels=kind)
         if self.protocol.is_update and self.protocol.label_aug == "mixup":
             raise ConfigError("protocol.label_aug=mixup is FedSGD-only here (gi.fl.victim trains with one-hot or "
                               "smoothed labels); use protocol.scheme=fedsgd or another label_aug")
 
+    def written(self) -> dict[str, Any]:
+        """The config as its ``config.yaml`` records it: every setting (derived ones as they ran), the run's own
+        keys (name, seed, out, overwrite) first."""
+        data = to_dict(self)
+        return {**{k: data.pop(k) for k in ("name", "seed", "out", "overwrite")}, **data}
+
+
+def check_attack_labels(data: Any) -> None:
+    """``attack.labels`` follows from ``labels.mode`` (fixed or joint labels); an explicit other value is refused
+    instead of being replaced silently."""
+    if not isinstance(data, dict) or not isinstance(data.get("attack"), dict) or "labels" not in data["attack"]:
+        return
+    labels = data.get("labels")
+    mode = labels.get("mode", LabelConfig.mode) if isinstance(labels, dict) else LabelConfig.mode
+    given = data["attack"]["labels"]
+    if mode in LABEL_MODES and given != LABEL_MODES[mode].kind:
+        raise ConfigError(f"attack.labels={given!r} contradicts labels.mode={mode!r} (its labels are "
+                          f"{LABEL_MODES[mode].kind!r}); attack.labels follows from labels.mode: leave it out")
+
 
 def load_run_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
-    data = apply_overrides(load_yaml(path), list(overrides or []), RunConfig)
-    return from_dict(RunConfig, data)
+    return load_config(RunConfig, path, overrides)
 
 
 # ----------------------------------------------------------------------------- stages
@@ -177,28 +187,17 @@ def oracle_labels(truth: Truth) -> LabelResult:
 
 
 def build_victim(cfg: Any) -> tuple[Any, torch.nn.Module]:
-    """The client's dataset and the global model (trained briefly when ``model.train_epochs`` > 0).
+    """The client's dataset and the global model (trained briefly when ``train.epochs`` > 0).
 
-    ``cfg`` is any config with ``data``, ``model`` and ``seed`` sections (a RunConfig or an ablation config).
+    ``cfg`` is a victim setup with a ``seed`` (a RunConfig or an AblateConfig): the model is initialised with
+    ``seed`` (or ``model.seed``) and trained with a generator seeded ``seed + 1``.
     """
     import torch
 
-    from gi import data as gdata
-    from gi.models import build
-
-    dataset = gdata.load(cfg.data.name, split=cfg.data.split, root=cfg.data.root, size=cfg.data.size)
-    num_classes = cfg.model.num_classes or dataset.num_classes
-    in_shape = tuple(dataset.images.shape[1:])
-    model = build(cfg.model.name, num_classes, activation=cfg.model.activation, in_shape=in_shape,
-                  bias_last=cfg.model.bias_last, init=cfg.model.init, norm=cfg.model.norm, seed=cfg.seed,
-                  **cfg.model.options)
-    if cfg.model.train_epochs > 0:
-        from gi.train import train_model
-
-        pool = gdata.load(cfg.data.name, split="train", root=cfg.data.root, size=cfg.data.size) \
-            if cfg.data.name == "fashion-mnist" else dataset
-        stats = train_model(model, pool.images, pool.labels, cfg.model.train_epochs, lr=cfg.model.train_lr,
-                            generator=torch.Generator().manual_seed(cfg.seed + 1))
+    dataset = load_data(cfg.data)
+    model = build_model(cfg.model, dataset, cfg.seed)
+    if cfg.train.epochs > 0:
+        stats = train_on(model, cfg.train, cfg.data, dataset, torch.Generator().manual_seed(cfg.seed + 1))
         log.info("trained model: %s", stats)
     return dataset, model
 
@@ -300,17 +299,15 @@ def attack_labels(lcfg: LabelConfig, capture: Capture, truth: Truth,
     return mode.labels(lcfg, capture, truth, aux), mode.kind
 
 
-def make_aux(lcfg: LabelConfig, dataset: Any, gen: torch.Generator, truths: list[Truth]) -> Any:
-    """The attacker's aux set (``aux_per_class`` per class), drawn from ``dataset`` without any sample of the
-    victims' batches (``truth.meta["indices"]`` of every truth in ``truths``)."""
-    if lcfg.aux_per_class <= 0:
+def make_aux(cfg: VictimSetup, dataset: Any, gen: torch.Generator, truths: list[Truth]) -> Any:
+    """The attacker's aux set (``aux.per_class`` per class of ``aux.split``), drawn with ``gen``; from the victim's
+    ``dataset`` it holds no sample of the victims' batches (``truth.meta["indices"]`` of every truth in ``truths``)."""
+    if cfg.aux.per_class <= 0:
         return None
-    from gi import data as gdata
-    from labels.aux import AuxData
-
+    if cfg.aux.split not in (None, cfg.data.split):
+        return draw_aux(load_data(cfg.data, cfg.aux.split), cfg.aux.per_class, gen)[0]
     victims = [i for t in truths for i in t.meta["indices"]]
-    ax, ay, _ = gdata.sample_aux(dataset, lcfg.aux_per_class, gen, exclude=victims)
-    return AuxData(ax, ay, dataset.num_classes)
+    return draw_aux(dataset, cfg.aux.per_class, gen, exclude=victims)[0]
 
 
 def used_labels(rec: Reconstruction, mode: str) -> LabelResult:
@@ -378,12 +375,13 @@ def run(cfg: RunConfig) -> RunResult:
                  truth.images.shape[0])
 
         # ---- attack side: capture (+ aux) only; the oracle mode alone reads truth, by request
-        aux = make_aux(cfg.labels, dataset, gen, [truth])
+        aux = make_aux(cfg, dataset, gen, [truth])
         label_result, label_kind = attack_labels(cfg.labels, capture, truth, aux)
         if label_result is not None:
             log.info("labels (%s): ok=%s counts=%s", label_result.method, label_result.ok,
                      label_result.counts.tolist())
-        attack = dataclasses.replace(cfg.attack, labels=label_kind)
+        attack = cfg.attack  # attack.labels is label_kind: RunConfig derives it from labels.mode
+        assert attack.labels == label_kind, (attack.labels, label_kind)
         monitor = truth_monitor(truth.images, cfg.attack.log_every)
         features = None if label_result is None else label_result.features
         rec = reconstruct(capture, label_result, features=features, config=attack, callbacks=[monitor])
@@ -413,7 +411,7 @@ def run(cfg: RunConfig) -> RunResult:
             "device": "cuda" if torch.cuda.is_available() and cfg.attack.device != "cpu" else "cpu",
             "torch": torch.__version__,
         }
-        write_yaml(tmp / "config.yaml", to_dict(cfg))
+        write_yaml(tmp / "config.yaml", cfg.written())
         write_json(tmp / "metrics.json", metrics)
         rows = [{"image": i, "psnr": scores["psnr"][i], "ssim": scores["ssim"][i],
                  "lpips_alex": scores["lpips_alex"][i], "matched_reconstruction": scores["perm"][i],

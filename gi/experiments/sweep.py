@@ -35,9 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gi.core.config import apply_overrides, format_override, from_dict, load_yaml, parse_override, to_dict
+from gi.core.config import format_override, parse_override, to_dict
 from gi.core.errors import ConfigError, GIError
 from gi.experiments.report import check_run_name
+from gi.experiments.setup import load_config
 
 log = logging.getLogger("gi.experiments.sweep")
 DONE = "metrics.json"
@@ -82,20 +83,26 @@ class SweepConfig:
 
 
 def load_sweep_config(path: str | Path, overrides: list[str] | None = None) -> SweepConfig:
-    cfg = from_dict(SweepConfig, apply_overrides(load_yaml(path), list(overrides or []), SweepConfig))
+    cfg = load_config(SweepConfig, path, overrides)
     check_jobs(cfg)
     return cfg
 
 
+def job_config(command: str, base: str, overrides: list[str]) -> Any:
+    """A job's config: the ``gi run`` (RunConfig) or ``gi ablate`` (AblateConfig) config ``base`` with ``overrides``,
+    loaded as those commands load it."""
+    if command == "run":
+        from gi.experiments.pipeline import RunConfig as cls
+    else:
+        from gi.experiments.ablate import AblateConfig as cls
+    return load_config(cls, base, overrides)
+
+
 def check_jobs(cfg: SweepConfig) -> None:
     """Load every job's config (base, overrides, grid point, seed) now: a bad value fails before any job runs."""
-    if cfg.command == "run":
-        from gi.experiments.pipeline import load_run_config as load
-    else:
-        from gi.experiments.ablate import load_ablate_config as load
     for job in expand_jobs(cfg):
         try:
-            load(cfg.base, list(job.overrides))
+            job_config(cfg.command, cfg.base, list(job.overrides))
         except ConfigError as exc:
             raise ConfigError(f"job {job.name}: {exc}") from None
 
@@ -139,7 +146,7 @@ def job_key(command: str, base: str, overrides: list[str]) -> str:
     """Hash of the job's fully resolved config (what determines its results; not where or how verbosely it is
     written). A config that does not load hashes its text: the job then fails when it runs and is reported."""
     try:
-        data = to_dict(JOB_CONFIGS[command](base, overrides))
+        data = to_dict(job_config(command, base, overrides))
         for name in ("out", "overwrite"):
             data.pop(name, None)
         if isinstance(data.get("attack"), dict):
@@ -150,31 +157,16 @@ def job_key(command: str, base: str, overrides: list[str]) -> str:
     return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 
-def _run_config(base: str, overrides: list[str]) -> Any:
-    from gi.experiments.pipeline import load_run_config
-
-    return load_run_config(base, overrides)
-
-
-def _ablate_config(base: str, overrides: list[str]) -> Any:
-    from gi.experiments.ablate import load_ablate_config
-
-    return load_ablate_config(base, overrides)
-
-
-JOB_CONFIGS: dict[str, Callable[[str, list[str]], Any]] = {"run": _run_config, "ablate": _ablate_config}
-
-
 def _run_job(base: str, overrides: list[str]) -> dict[str, Any]:
-    from gi.experiments.pipeline import load_run_config, run
+    from gi.experiments.pipeline import run
 
-    return run(load_run_config(base, overrides)).metrics
+    return run(job_config("run", base, overrides)).metrics
 
 
 def _ablate_job(base: str, overrides: list[str]) -> dict[str, Any]:
-    from gi.experiments.ablate import load_ablate_config, run_ablation
+    from gi.experiments.ablate import run_ablation
 
-    out = run_ablation(load_ablate_config(base, overrides))
+    out = run_ablation(job_config("ablate", base, overrides))
     return json.loads((out / DONE).read_text())
 
 

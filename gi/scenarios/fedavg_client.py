@@ -5,99 +5,107 @@ real dataset, train ``round − 1`` rounds from the initial model, and every cli
 ``round`` is captured (one :class:`Trial` per client). All randomness of a trial (partition, model
 initialisation, batch order, DP noise) comes from ``seed`` and the trial index, so grid points that only
 change ``round`` (or the attack) see the *same* federation: it is simulated once up to
-``federation_rounds`` and cached in-process. Setup keys (defaults in :data:`DEFAULTS`):
+``federation_rounds`` and cached in-process. The setup (:class:`FedAvgClientSetup`) is the shared victim setup
+(:mod:`gi.experiments.setup`) with these defaults and fields:
 
-- ``dataset`` / ``split`` / ``aux_split`` / ``size`` / ``channels``: client data from
-  ``gi.data.load(dataset, split)``; the attacker's aux set (``aux_per_class`` per class) from ``aux_split``
-  (disjoint: a different split, or the same split minus every client's samples).
+- ``data``: the clients' data, ``gi.data.load(data.name, data.split)`` (default Fashion-MNIST ``train``;
+  ``data.size``, ``data.channels`` as everywhere); ``aux``: the attacker's aux set (``aux.per_class``, default
+  100 per class) from ``aux.split`` (default ``test``; disjoint: a different split, or the same split minus every
+  client's samples).
 - ``partition``: ``dirichlet`` (RLU App. B.5: per-class Dir(``alpha``), ``min_size`` per client, default
   ``B·local_steps``; ``balance`` the reference code's rule), ``simplex`` (Ramakrishna & Dán §6: client size
   ``N_k ~ U[client_size]``, proportions uniform on the simplex, disjoint draws) or ``table`` (Decaf
   Tables III–VII: fixed ``compositions`` — one list of C proportions or percentages per client — of
   ``client_size`` samples each).
-- ``model``: ``{name, activation, init, bias_last, norm, options}`` for :func:`gi.models.build`;
-  ``dtype``: ``float32`` or ``float64`` (model and images).
-- ``protocol``: :class:`gi.Protocol` fields of the clients (scheme defaults to ``fedavg``);
-  ``local_steps`` sets ``protocol.local_steps`` (RLU's "epochs": that many steps on fresh batches).
+- ``model`` (default ``cnn``); ``dtype``: ``float32`` or ``float64`` (the model).
+- ``protocol``: :class:`gi.Protocol` fields of the clients (``scheme`` defaults to ``fedavg``);
+  ``protocol.local_steps`` is RLU's "epochs": that many steps on fresh batches.
 - ``round`` (captured round, 1 = the untrained initial model), ``federation_rounds`` (how far the cached
   federation is simulated; default ``round``), ``clients`` (captured clients; default all).
-- ``eval_samples``: test images for the global accuracy stored in ``capture.meta['global_acc']`` (0: skip).
+- ``eval_samples``: test images (of ``aux.split``) for the global accuracy stored in
+  ``capture.meta['global_acc']`` (0: skip).
 - ``group``: row label of the trials (default ``"round <t>"``).
+
+Old spellings (``dataset``, ``split``, ``size``, ``channels``, ``aux_split``, ``aux_per_class``, ``local_steps``)
+are read with a deprecation notice (:data:`FedAvgClientSetup.LEGACY`).
 """
 
 from __future__ import annotations
 
 import copy
-import json
-from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
 
+from gi.core.config import require, to_dict
 from gi.core.errors import ConfigError
+from gi.experiments.setup import (
+    AUX,
+    LRU,
+    SCENARIO_LEGACY,
+    AuxConfig,
+    DataConfig,
+    ModelConfig,
+    VictimSetup,
+    build_model,
+    draw_aux,
+    key_of,
+    load_data,
+    section,
+)
 from gi.fl.protocol import Protocol
-from gi.scenarios import Trial, check_keys, register_scenario
+from gi.scenarios import Trial, register_scenario
 
 Tensor = torch.Tensor
 
-DEFAULTS: dict[str, Any] = {
-    "dataset": "fashion-mnist",
-    "split": "train",
-    "aux_split": "test",
-    "size": None,
-    "channels": None,
-    "aux_per_class": 100,
-    "num_clients": 10,
-    "partition": "dirichlet",
-    "alpha": 0.5,
-    "balance": False,
-    "min_size": None,
-    "client_size": [100, 1500],
-    "compositions": None,
-    "model": {},
-    "dtype": "float32",
-    "protocol": {},
-    "local_steps": None,
-    "round": 1,
-    "federation_rounds": None,
-    "clients": None,
-    "eval_samples": 1000,
-    "seed": 0,
-    "group": None,
-}
-MODEL_DEFAULTS: dict[str, Any] = {"name": "cnn", "activation": None, "init": None, "bias_last": True, "norm": None,
-                                  "options": {}}
 PARTITIONS = ("dirichlet", "simplex", "table")
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
-_DATA: OrderedDict[tuple, Any] = OrderedDict()
-_AUX: OrderedDict[str, Any] = OrderedDict()
-_FEDERATIONS: OrderedDict[str, Any] = OrderedDict()
-_CACHE_SIZE = 3
+DTYPES = ("float32", "float64")
 
 
-def _remember(cache: OrderedDict, key: Any, value: Any) -> Any:
-    cache[key] = value
-    while len(cache) > _CACHE_SIZE:
-        cache.popitem(last=False)
-    return value
+@dataclass
+class FedAvgClientSetup(VictimSetup):
+    """The ``fedavg-client`` setup (module docstring)."""
 
+    LEGACY: ClassVar[dict[str, str]] = {**SCENARIO_LEGACY, "split": "data.split", "aux_per_class": "aux.per_class",
+                                        "local_steps": "protocol.local_steps"}
 
-def _dataset(setup: dict[str, Any], split: str, dtype: torch.dtype) -> Any:
-    from gi.data import ImageDataset, load
+    data: DataConfig = section(DataConfig, name="fashion-mnist", split="train")
+    model: ModelConfig = section(ModelConfig, name="cnn")
+    aux: AuxConfig = section(AuxConfig, per_class=100, split="test")
+    protocol: Protocol = section(Protocol, scheme="fedavg")
+    num_clients: int = 10
+    partition: str = "dirichlet"
+    alpha: float = 0.5
+    balance: bool = False
+    min_size: int | None = None
+    client_size: int | list[int] = field(default_factory=lambda: [100, 1500])
+    compositions: list[list[float]] | None = None
+    dtype: str = "float32"
+    round: int = 1
+    federation_rounds: int | None = None
+    clients: list[int] | None = None
+    eval_samples: int = 1000
+    seed: int = 0
+    group: str | None = None
 
-    key = (setup["dataset"], split, json.dumps(setup["size"]), setup["channels"], str(dtype))
-    if key in _DATA:
-        return _DATA[key]
-    data = load(setup["dataset"], split=split, size=setup["size"])
-    images = data.images
-    if setup["channels"] is not None:
-        if images.shape[1] != 1 or int(setup["channels"]) != 3:
-            raise ConfigError(f"channels={setup['channels']!r}: only grey → RGB (channels: 3) is supported")
-        images = images.repeat(1, 3, 1, 1)
-    data = ImageDataset(images.to(dtype), data.labels, data.num_classes, data.name, data.classes, split)
-    return _remember(_DATA, key, data)
+    def __post_init__(self) -> None:
+        require(self.dtype in DTYPES, "setup.dtype", self.dtype, f"one of {list(DTYPES)}")
+        require(self.partition in PARTITIONS, "setup.partition", self.partition, f"one of {list(PARTITIONS)}")
+        require(self.num_clients >= 1, "setup.num_clients", self.num_clients, ">= 1")
+        if not self.protocol.is_update:
+            raise ConfigError(f"fedavg-client needs an update scheme; protocol.scheme={self.protocol.scheme!r}")
+        if self.round > self.rounds:
+            raise ConfigError(f"round={self.round} is beyond federation_rounds={self.rounds}")
+        if self.train.epochs > 0:
+            raise ConfigError("setup.train: the fedavg-client federation starts from the untrained model; "
+                              "capture a later round instead")
+
+    @property
+    def rounds(self) -> int:
+        """How far the federation is simulated (derived: ``federation_rounds``, default ``round``)."""
+        return int(self.federation_rounds or self.round)
 
 
 class _ClassPools:
@@ -155,103 +163,76 @@ def _table_partition(labels: Tensor, compositions: list[list[float]], size: int,
     return parts
 
 
-def _protocol(setup: dict[str, Any]) -> Protocol:
-    fields = {"scheme": "fedavg", **setup["protocol"]}
-    if setup["local_steps"] is not None:
-        fields["local_steps"] = int(setup["local_steps"])
-    protocol = Protocol.from_dict(fields)
-    if not protocol.is_update:
-        raise ConfigError(f"fedavg-client needs an update scheme; protocol.scheme={protocol.scheme!r}")
-    return protocol
-
-
-def _partition(setup: dict[str, Any], data: Any, protocol: Protocol, gen: torch.Generator) -> list[Tensor]:
-    kind, k = setup["partition"], int(setup["num_clients"])
-    if kind not in PARTITIONS:
-        raise ConfigError(f"partition={kind!r} is not allowed; valid: {list(PARTITIONS)}")
+def _partition(s: FedAvgClientSetup, data: Any, gen: torch.Generator) -> list[Tensor]:
+    kind, k, protocol = s.partition, s.num_clients, s.protocol
     if kind == "dirichlet":
         from gi.data import dirichlet_partition
 
-        min_size = setup["min_size"]
+        min_size = s.min_size
         if min_size is None:
             min_size = protocol.batch_size * int(protocol.local_steps or 1)
-        return dirichlet_partition(data.labels, k, float(setup["alpha"]), gen, min_size=int(min_size),
-                                   balance=bool(setup["balance"]))
+        return dirichlet_partition(data.labels, k, float(s.alpha), gen, min_size=int(min_size), balance=s.balance)
     if kind == "simplex":
-        sizes = setup["client_size"]
-        if not isinstance(sizes, list | tuple) or len(sizes) != 2:
+        sizes = s.client_size
+        if not isinstance(sizes, list) or len(sizes) != 2:
             raise ConfigError(f"client_size for the simplex partition is [low, high], got {sizes!r}")
         return _simplex_partition(data.labels, k, (int(sizes[0]), int(sizes[1])), data.num_classes, gen)
-    comps = setup["compositions"]
+    comps = s.compositions
     if not comps or len(comps) != k:
         raise ConfigError(f"partition=table needs `compositions` with one row per client ({k}); got "
                           f"{None if comps is None else len(comps)} rows")
-    size = setup["client_size"]
+    size = s.client_size
     if not isinstance(size, int):
         raise ConfigError(f"partition=table needs an integer client_size (samples per client), got {size!r}")
     return _table_partition(data.labels, comps, size, data.num_classes, gen)
 
 
-def _aux(setup: dict[str, Any], dtype: torch.dtype, exclude: Tensor | None) -> Any:
-    from gi.data import sample_aux
-    from labels.aux import AuxData
-
-    key = json.dumps({k: setup[k] for k in ("dataset", "aux_split", "aux_per_class", "seed", "size", "channels")}
-                     | {"dtype": str(dtype), "exclude": None if exclude is None else int(exclude.sum())})
-    if key in _AUX:
-        return _AUX[key]
-    data = _dataset(setup, setup["aux_split"], dtype)
-    gen = torch.Generator().manual_seed(int(setup["seed"]) * 7919 + 17)
-    images, labels, _ = sample_aux(data, int(setup["aux_per_class"]), gen, exclude=exclude)
-    return _remember(_AUX, key, AuxData(images, labels, data.num_classes))
+def _aux(s: FedAvgClientSetup, exclude: Tensor | None) -> Any:
+    key = key_of("fedavg-client aux", s.data, s.aux, s.seed, None if exclude is None else int(exclude.sum()))
+    return AUX.get(key, lambda: draw_aux(load_data(s.data, s.aux.split), s.aux.per_class,
+                                         torch.Generator().manual_seed(int(s.seed) * 7919 + 17), exclude)[0])
 
 
-def _federation(setup: dict[str, Any], trial: int) -> tuple[Any, Any, Any]:
+_FEDERATIONS = LRU(3)
+
+
+def _federation(s: FedAvgClientSetup, trial: int) -> tuple[Any, Any, Any]:
     """The (cached) federation of this setup and trial: ``(Federation, dataset, model)``."""
     from gi.fl.victim import run_federation
-    from gi.models import build
 
-    rounds = int(setup["federation_rounds"] or setup["round"])
-    if int(setup["round"]) > rounds:
-        raise ConfigError(f"round={setup['round']} is beyond federation_rounds={rounds}")
-    key_setup = {k: v for k, v in setup.items() if k not in ("round", "clients", "group", "aux_per_class")}
-    key = json.dumps({"setup": key_setup, "rounds": rounds, "trial": trial}, sort_keys=True, default=str)
-    if key in _FEDERATIONS:
-        return _FEDERATIONS[key]
-    dtype = DTYPES[setup["dtype"]]
-    data = _dataset(setup, setup["split"], dtype)
-    protocol = _protocol(setup)
-    gen = torch.Generator().manual_seed(int(setup["seed"]) * 1_000_003 + trial)
-    parts = _partition(setup, data, protocol, gen)
-    m = {**MODEL_DEFAULTS, **setup["model"]}
-    unknown = sorted(set(m) - set(MODEL_DEFAULTS))
-    if unknown:
-        raise ConfigError(f"unknown key(s) {unknown} in setup.model; valid: {sorted(MODEL_DEFAULTS)}")
-    model = build(m["name"], data.num_classes, activation=m["activation"], in_shape=tuple(data.image_shape),
-                  bias_last=m["bias_last"], init=m["init"], norm=m["norm"],
-                  seed=int(setup["seed"]) * 1_000_003 + trial, **m["options"]).to(dtype)
-    eval_data = None
-    if int(setup["eval_samples"]) > 0:
-        test = _dataset(setup, setup["aux_split"], dtype)
-        n = min(int(setup["eval_samples"]), len(test.labels))
-        eval_data = (test.images[:n], test.labels[:n])
-    fed = run_federation(model, data, protocol, len(parts), rounds, None, gen, partition=parts,
-                         capture_rounds=range(1, rounds + 1), eval_data=eval_data)
-    return _remember(_FEDERATIONS, key, (fed, data, model))
+    what = to_dict(s)  # what makes the federation: not the round captured, the clients kept, the aux set's size
+    for name in ("round", "clients", "group"):
+        what.pop(name)
+    what["aux"].pop("per_class")
+    key = key_of("fedavg-client federation", what, s.rounds, trial)
+
+    def make() -> tuple[Any, Any, Any]:
+        data = load_data(s.data)
+        seed = int(s.seed) * 1_000_003 + trial
+        gen = torch.Generator().manual_seed(seed)
+        parts = _partition(s, data, gen)
+        model = build_model(s.model, data, seed, dtype=getattr(torch, s.dtype))
+        eval_data = None
+        if s.eval_samples > 0:
+            test = load_data(s.data, s.aux.split)
+            n = min(s.eval_samples, len(test.labels))
+            eval_data = (test.images[:n], test.labels[:n])
+        fed = run_federation(model, data, s.protocol, len(parts), s.rounds, None, gen, partition=parts,
+                             capture_rounds=range(1, s.rounds + 1), eval_data=eval_data)
+        return fed, data, model
+
+    return _FEDERATIONS.get(key, make)
 
 
-@register_scenario("fedavg-client")
-def fedavg_client(setup: dict[str, Any], generator: torch.Generator, trial: int) -> list[Trial]:
+@register_scenario("fedavg-client", setup=FedAvgClientSetup)
+def fedavg_client(s: FedAvgClientSetup, generator: torch.Generator, trial: int) -> list[Trial]:
     """Every captured client's update at ``round`` of one simulated federation (see the module docstring)."""
-    setup = check_keys(setup, DEFAULTS, "setup (fedavg-client)")
-    if setup["dtype"] not in DTYPES:
-        raise ConfigError(f"dtype={setup['dtype']!r} is not allowed; valid: {sorted(DTYPES)}")
-    fed, data, _ = _federation(setup, trial)
-    exclude = torch.cat(fed.partition) if setup["aux_split"] == setup["split"] else None
-    aux = _aux(setup, DTYPES[setup["dtype"]], exclude)
-    t = int(setup["round"])
-    wanted = None if setup["clients"] is None else {int(c) for c in setup["clients"]}
-    group = setup["group"] or f"round {t}"
+    fed, data, _ = _federation(s, trial)
+    exclude = torch.cat(fed.partition) if (s.aux.split or s.data.split) == s.data.split else None
+    aux = _aux(s, exclude)
+    t = s.round
+    wanted = None if s.clients is None else set(s.clients)
+    group = s.group or f"round {t}"
     trials = []
     for r, client, capture, truth in fed.captures:
         if r != t or (wanted is not None and client not in wanted):

@@ -1,55 +1,105 @@
 """Single-sample FedSGD captures with augmented labels (soft-label paper, Wang, Liang & He 2024, §4.1, §5.2).
 
-One scenario call builds one model (a fresh initialisation every ``model.reseed_every`` trials, or one
+One scenario call builds one model (a fresh initialisation every ``reseed_every`` trials, or one
 model throughout when ``model.seed`` fixes it), optionally trains it briefly (once per model), and
 captures ``samples`` one-image gradients:
 
-- ``label_aug: smoothing`` (or ``smoothing-alt``): a random image, ε ~ U(``eps``) per sample;
-- ``label_aug: mixup``: two images of different classes, x = (1−λ)x₁ + λx₂ with λ ~ U(``mix``);
-- ``label_aug: onehot``: a random image with its one-hot label.
+- ``protocol.label_aug: smoothing`` (or ``smoothing-alt``): a random image, ε ~ U(``eps``) per sample;
+- ``protocol.label_aug: mixup``: two images of different classes, x = (1−λ)x₁ + λx₂ with λ ~ U(``mix``);
+- ``protocol.label_aug: onehot``: a random image with its one-hot label.
 
+The setup (:class:`SingleSampleSetup`) is the shared victim setup (:mod:`gi.experiments.setup`; ``data``
+defaults to the CIFAR-10 samples, ``model`` to the bias-free ``lenet``, ``protocol`` to one-image FedSGD with
+``label_aug: smoothing``; a given ``train`` section trains 1 epoch unless it says otherwise, none leaves the
+model untrained) plus ``samples``, ``eps``, ``mix``, ``reseed_every``, ``noise`` and ``shared``.
 ``noise`` adds Gaussian or Laplace noise of the given variance to every last-layer gradient (§5.2).
 ``shared: last`` shares only the last layer (the label methods need nothing else; the body is frozen
 so the capture is fast); ``all`` shares every gradient (what ``fcn_analytic`` and reconstruction need).
+
+Old spellings (``dataset``, ``split``, ``size``, ``label_aug``, ``loss``, ``temperature``, ``model.reseed_every``,
+``train.max_samples``) are read with a deprecation notice (:data:`SingleSampleSetup.LEGACY`).
 """
 
 from __future__ import annotations
 
-import json
 import math
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
 
 from gi.capture import capture_gradients
+from gi.core.config import require, to_dict
 from gi.core.errors import ConfigError
-from gi.fl.protocol import LABEL_AUGS, Protocol
-from gi.models import LAST_BIAS, LAST_WEIGHT, build
-from gi.scenarios import Trial, check_keys, register_scenario
+from gi.experiments.setup import (
+    SCENARIO_LEGACY,
+    SECTION,
+    ModelConfig,
+    TrainConfig,
+    VictimSetup,
+    build_model,
+    key_of,
+    load_data,
+    section,
+    train_on,
+    trained_model,
+)
+from gi.fl.protocol import Protocol
+from gi.models import LAST_BIAS, LAST_WEIGHT
+from gi.scenarios import Trial, register_scenario
 
 Tensor = torch.Tensor
 
-DEFAULTS: dict[str, Any] = {
-    "dataset": "cifar10-samples",  # gi.data.load name
-    "split": "test",
-    "size": None,  # resize the images (int or [H, W]); None keeps the dataset's size
-    "model": {},  # see MODEL_DEFAULTS
-    "label_aug": "smoothing",  # onehot | smoothing | smoothing-alt | mixup
-    "eps": [0.0, 0.5],  # smoothing ε ~ U(eps[0], eps[1]) per sample
-    "mix": [0.0, 1.0],  # mixup λ ~ U(mix[0], mix[1]) per sample
-    "samples": 20,  # captures per trial (one model per trial)
-    "loss": "ce",
-    "temperature": 1.0,
-    "train": None,  # None (untrained) or a mapping, see TRAIN_DEFAULTS
-    "noise": None,  # None or a mapping, see NOISE_DEFAULTS
-    "shared": "all",  # all | last
-}
-MODEL_DEFAULTS: dict[str, Any] = {"name": "lenet", "activation": None, "init": None, "bias_last": False,
-                                  "norm": None, "seed": None, "reseed_every": 1, "options": {}}
-TRAIN_DEFAULTS: dict[str, Any] = {"dataset": "same", "split": "train", "epochs": 1.0, "lr": 0.01, "momentum": 0.9,
-                                  "batch_size": 64, "max_samples": None}
-NOISE_DEFAULTS: dict[str, Any] = {"kind": "gaussian", "variance": 0.0}
 SHARED = ("all", "last")
+
+
+@dataclass
+class NoiseConfig:
+    """Noise of ``variance`` added to every last-layer gradient: ``gaussian`` or ``laplace``."""
+
+    kind: str = "gaussian"
+    variance: float = 0.0
+
+
+@dataclass
+class SingleSampleSetup(VictimSetup):
+    """The ``single-sample`` setup (module docstring)."""
+
+    LEGACY: ClassVar[dict[str, str]] = {**SCENARIO_LEGACY, "split": "data.split", "label_aug": "protocol.label_aug",
+                                        "loss": "protocol.loss", "temperature": "protocol.temperature",
+                                        "model.reseed_every": "reseed_every", "train.max_samples": "train.samples"}
+
+    model: ModelConfig = section(ModelConfig, bias_last=False)
+    # a given train section trains 1 epoch by default; none at all: untrained (epochs 0)
+    train: TrainConfig = field(default_factory=TrainConfig, metadata={SECTION: {"epochs": 1.0}})
+    protocol: Protocol = section(Protocol, label_aug="smoothing")
+    samples: int = 20
+    eps: list[float] = field(default_factory=lambda: [0.0, 0.5])
+    mix: list[float] = field(default_factory=lambda: [0.0, 1.0])
+    reseed_every: int = 1
+    noise: NoiseConfig | None = None
+    shared: str = "all"
+
+    def __post_init__(self) -> None:
+        require(self.samples >= 1, "setup.samples", self.samples, ">= 1")
+        for key in ("eps", "mix"):
+            bounds = getattr(self, key)
+            require(len(bounds) == 2 and 0.0 <= bounds[0] <= bounds[1] <= 1.0, f"setup.{key}", bounds,
+                    "[low, high] within [0, 1]")
+        require(self.reseed_every >= 1, "setup.reseed_every", self.reseed_every, ">= 1")
+        require(self.aux.per_class == 0, "setup.aux.per_class", self.aux.per_class, "0 (no aux set here)")
+        require(self.shared in SHARED, "setup.shared", self.shared, f"one of {list(SHARED)}")
+        if self.noise is not None:
+            require(self.noise.kind in NOISES and self.noise.variance >= 0, "setup.noise", to_dict(self.noise),
+                    f"kind in {sorted(NOISES)} and variance >= 0")
+        if self.protocol.scheme != "fedsgd" or self.protocol.batch_size != 1 or self.protocol.label_eps is not None:
+            raise ConfigError("setup.protocol: single-sample captures are one-image FedSGD gradients with a label ε "
+                              "drawn per sample (eps); leave scheme, batch_size and label_eps out")
+
+    @property
+    def shares_model(self) -> bool:
+        """One model serves several trials (derived): its seed is fixed, or it is re-seeded every k > 1 trials."""
+        return self.model.seed is not None or self.reseed_every > 1
 
 
 def _noise_gaussian(shape: torch.Size, variance: float, generator: torch.Generator) -> Tensor:
@@ -64,115 +114,70 @@ def _noise_laplace(shape: torch.Size, variance: float, generator: torch.Generato
 
 
 NOISES = {"gaussian": _noise_gaussian, "laplace": _noise_laplace}
-_TRAINED: dict[str, tuple[dict[str, Tensor], dict[str, Any]]] = {}  # trained states of models shared by several trials
 _SEEDS: dict[tuple[str, int], int] = {}  # (setup, trial // reseed_every) → model seed
 
 
-def _uniform(bounds: Any, n: int, generator: torch.Generator, what: str) -> Tensor:
+def _uniform(bounds: list[float], n: int, generator: torch.Generator) -> Tensor:
     lo, hi = (float(b) for b in bounds)
-    if not 0.0 <= lo <= hi <= 1.0:
-        raise ConfigError(f"single-sample {what} must be [low, high] within [0, 1], got {bounds!r}")
     return lo + (hi - lo) * torch.rand(n, generator=generator)
 
 
-def _make_samples(ds: Any, setup: dict[str, Any], generator: torch.Generator) -> tuple[Tensor, Tensor, dict]:
+def _make_samples(ds: Any, s: SingleSampleSetup, generator: torch.Generator) -> tuple[Tensor, Tensor, dict]:
     """Images (n, C, H, W) in [0, 1], soft targets (n, C) and their draw parameters, all vectorised."""
     from gi import data
 
-    n, c, aug = int(setup["samples"]), ds.num_classes, setup["label_aug"]
+    n, c, aug = s.samples, ds.num_classes, s.protocol.label_aug
     if aug == "mixup":
         i1, i2 = data.sample_mixup_pairs(ds, n, generator)
-        lam = _uniform(setup["mix"], n, generator, "mix")
+        lam = _uniform(s.mix, n, generator)
         x, y = data.mixup(ds.images[i1], ds.labels[i1], ds.images[i2], ds.labels[i2], lam, c)
         return x.clamp(0, 1), y, {"indices": torch.stack([i1, i2], 1).tolist(), "mix_lambda": lam.tolist()}
     idx = torch.randint(len(ds), (n,), generator=generator)
     if aug == "onehot":
         return ds.images[idx], data.onehot(ds.labels[idx], c), {"indices": idx.tolist()}
-    eps = _uniform(setup["eps"], n, generator, "eps")
+    eps = _uniform(s.eps, n, generator)
     y = data.smooth_labels(ds.labels[idx], c, eps, convention=aug)
     return ds.images[idx], y, {"indices": idx.tolist(), "eps": eps.tolist()}
 
 
-def _train(model: torch.nn.Module, ds: Any, attack_name: str, attack_split: str, cfg: dict[str, Any],
-           generator: torch.Generator) -> dict[str, Any]:
-    """Brief SGD training (gi.train.train_model) on ``cfg['dataset']`` / ``cfg['split']``; ``same`` is the
-    attacked dataset's ``split`` (the attacked samples themselves when that split does not exist)."""
-    from gi import data
-    from gi.train import train_model
-
-    name = attack_name if cfg["dataset"] == "same" else cfg["dataset"]
-    if name not in data.DATASETS:
-        raise ConfigError(f"train.dataset {name!r} is unknown; valid: {sorted(data.DATASETS)} or 'same'")
-    if cfg["split"] not in data.DATASETS[name].splits or (name == attack_name and cfg["split"] == attack_split):
-        images, labels, source = ds.images, ds.labels, f"{attack_name}/{attack_split} (the attacked samples)"
-    else:
-        source = f"{name}/{cfg['split']}"
-        train_ds = data.load(name, split=cfg["split"], size=tuple(ds.images.shape[-2:]))
-        if train_ds.images.shape[1:] != ds.images.shape[1:] or train_ds.num_classes != ds.num_classes:
-            raise ConfigError(f"train.dataset {cfg['dataset']!r} has images {tuple(train_ds.images.shape[1:])} and "
-                              f"{train_ds.num_classes} classes; the attacked dataset has "
-                              f"{tuple(ds.images.shape[1:])} and {ds.num_classes}")
-        images, labels = train_ds.images, train_ds.labels
-    if cfg["max_samples"]:
-        keep = torch.randperm(labels.shape[0], generator=generator)[: int(cfg["max_samples"])]
-        images, labels = images[keep], labels[keep]
-    stats = train_model(model, images, labels, epochs=float(cfg["epochs"]), batch_size=int(cfg["batch_size"]),
-                        lr=float(cfg["lr"]), momentum=float(cfg["momentum"]), generator=generator)
-    return {**{k: cfg[k] for k in ("epochs", "lr", "momentum", "batch_size", "max_samples")}, "data": source,
-            "train_samples": int(labels.shape[0]), **stats}
+def _train(model: torch.nn.Module, s: SingleSampleSetup, ds: Any, generator: torch.Generator) -> dict[str, Any]:
+    """Brief SGD training (:func:`gi.experiments.setup.train_on`) with the trial's generator; the record kept in
+    ``capture.meta['trained']``."""
+    t = s.train
+    info = train_on(model, t, s.data, ds, generator)
+    return {"epochs": t.epochs, "lr": t.lr, "momentum": t.momentum, "batch_size": t.batch_size,
+            "max_samples": t.samples, **info}
 
 
-@register_scenario("single-sample")
-def single_sample(setup: dict, generator: torch.Generator, trial: int) -> list[Trial]:
+@register_scenario("single-sample", setup=SingleSampleSetup)
+def single_sample(s: SingleSampleSetup, generator: torch.Generator, trial: int) -> list[Trial]:
     """One model, ``samples`` single-image FedSGD captures with smoothing / mixup / one-hot labels."""
-    from gi import data
-
-    setup = check_keys(setup, DEFAULTS, "single-sample setup")
-    mcfg = check_keys(setup["model"] or {}, MODEL_DEFAULTS, "single-sample setup.model")
-    tcfg = None if setup["train"] is None else check_keys(setup["train"], TRAIN_DEFAULTS, "single-sample setup.train")
-    ncfg = None if setup["noise"] is None else check_keys(setup["noise"], NOISE_DEFAULTS, "single-sample setup.noise")
-    if setup["label_aug"] not in LABEL_AUGS:
-        raise ConfigError(f"single-sample label_aug={setup['label_aug']!r}; valid: {list(LABEL_AUGS)}")
-    if setup["shared"] not in SHARED:
-        raise ConfigError(f"single-sample shared={setup['shared']!r}; valid: {list(SHARED)}")
-    if ncfg is not None and (ncfg["kind"] not in NOISES or float(ncfg["variance"]) < 0):
-        raise ConfigError(f"single-sample noise needs kind in {sorted(NOISES)} and variance >= 0, got {ncfg}")
-    if int(setup["samples"]) < 1:
-        raise ConfigError(f"single-sample samples must be >= 1, got {setup['samples']}")
-
-    size = setup["size"]
-    ds = data.load(setup["dataset"], split=setup["split"], size=tuple(size) if isinstance(size, list) else size)
-    every = int(mcfg["reseed_every"])
-    if every < 1:
-        raise ConfigError(f"single-sample model.reseed_every must be >= 1, got {every}")
+    ds = load_data(s.data)
+    every = s.reseed_every
     drawn = int(torch.randint(2**31 - 1, (1,), generator=generator))
-    slot = (json.dumps(setup, sort_keys=True, default=str), trial // every)
-    seed = mcfg["seed"] if mcfg["seed"] is not None else _SEEDS.setdefault(slot, drawn)
-    shared_model = mcfg["seed"] is not None or every > 1
-    model = build(mcfg["name"], ds.num_classes, activation=mcfg["activation"], in_shape=tuple(ds.images.shape[1:]),
-                  bias_last=bool(mcfg["bias_last"]), init=mcfg["init"], norm=mcfg["norm"], seed=int(seed),
-                  **(mcfg["options"] or {}))
+    slot = (key_of(s), trial // every)
+    seed = s.model.seed if s.model.seed is not None else _SEEDS.setdefault(slot, drawn)
     trained = None
-    if tcfg is not None and float(tcfg["epochs"]) > 0:
-        key = json.dumps([model.spec, tcfg, setup["dataset"]], sort_keys=True, default=str)
-        if shared_model and key in _TRAINED:
-            model.load_state_dict(_TRAINED[key][0])
-            trained = _TRAINED[key][1]
-        else:
-            trained = _train(model, ds, setup["dataset"], setup["split"], tcfg, generator)
-            if shared_model:
-                _TRAINED[key] = ({k: v.clone() for k, v in model.state_dict().items()}, trained)
+    if s.train.epochs > 0 and s.shares_model:  # trained once per model, with the first trial's generator
+        key = key_of("single-sample trained", s.model, seed, s.train, s.data)
+        model, trained = trained_model(key, lambda: build_model(s.model, ds, seed),
+                                       lambda m: _train(m, s, ds, generator), pin=True)
+    else:
+        model = build_model(s.model, ds, seed)
+        if s.train.epochs > 0:
+            trained = _train(model, s, ds, generator)
     model.eval()
-    if setup["shared"] == "last":
+    if s.shared == "last":
         for p in model.body.parameters():
             p.requires_grad_(False)
 
-    images, targets, draws = _make_samples(ds, setup, generator)
-    protocol = Protocol(label_aug=setup["label_aug"], loss=setup["loss"], temperature=float(setup["temperature"]))
-    variance = float(ncfg["variance"]) if ncfg else 0.0
-    group = f"{mcfg['name']}/{'trained' if trained else 'untrained'}/{setup['label_aug']}"
+    images, targets, draws = _make_samples(ds, s, generator)
+    protocol = s.protocol
+    noise = s.noise
+    variance = float(noise.variance) if noise else 0.0
+    group = f"{s.model.name}/{'trained' if trained else 'untrained'}/{protocol.label_aug}"
     if variance > 0:
-        group += f"/{ncfg['kind']}:{variance:g}"
+        group += f"/{noise.kind}:{variance:g}"
     trials = []
     state = None
     for i in range(images.shape[0]):
@@ -185,9 +190,9 @@ def single_sample(setup: dict, generator: torch.Generator, trial: int) -> list[T
             for name in (LAST_WEIGHT, LAST_BIAS):
                 if name in capture.gradients:
                     g = capture.gradients[name]
-                    g += NOISES[ncfg["kind"]](g.shape, variance, generator).to(g.dtype)
-        capture.meta.update(model_seed=int(seed), trained=trained, shared=setup["shared"])
-        truth.meta.update({k: v[i] for k, v in draws.items()}, dataset=setup["dataset"], trial=trial,
-                          noise=None if variance == 0 else {"kind": ncfg["kind"], "variance": variance})
+                    g += NOISES[noise.kind](g.shape, variance, generator).to(g.dtype)
+        capture.meta.update(model_seed=int(seed), trained=trained, shared=s.shared)
+        truth.meta.update({k: v[i] for k, v in draws.items()}, dataset=s.data.name, trial=trial,
+                          noise=None if variance == 0 else {"kind": noise.kind, "variance": variance})
         trials.append(Trial(capture=capture, truth=truth, aux=None, group=group))
     return trials

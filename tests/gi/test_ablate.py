@@ -12,9 +12,9 @@ def test_table_configs_load_and_settings_override_the_base():
     cfg = load_ablate_config("configs/ablate/table3.yaml")
     assert len(cfg.settings) == 8 and cfg.modes == ["truth", "hard", "joint", "recovered", "recovered+joint"]
     s = setting_config(cfg, "smoothing/cosine/trained")
-    assert (s.protocol.label_aug, s.attack.objective, s.attack.regularizers, s.model.train_epochs) == \
+    assert (s.protocol.label_aug, s.attack.objective, s.attack.regularizers, s.train.epochs) == \
         ("smoothing", "cosine", {"tv": 1e-3}, 50)
-    assert setting_config(cfg, "mixup/L2/untrained").model.train_epochs == 0
+    assert setting_config(cfg, "mixup/L2/untrained").train.epochs == 0
     t4 = load_ablate_config("configs/ablate/table4.yaml")
     assert t4.variants["a0-b2"] == {"last_layer_weight": 0.0, "feature_weight": 2.0}
 
