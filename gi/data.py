@@ -92,7 +92,12 @@ def _imagenet_classes() -> list[str]:
 
 
 class ImageDataset(Dataset):
-    """Images ``(N, C, H, W)`` float32 in [0, 1] with labels ``(N,)`` long; ``dataset[i]`` is ``(image, label)``."""
+    """Images ``(N, C, H, W)`` in [0, 1] with labels ``(N,)`` long; ``dataset[i]`` is ``(image, label)``.
+
+    The one image-set type: a victim's data, a loaded dataset and the attacker's auxiliary data (``aux=`` of
+    :func:`labels.recover`) alike. Floating images keep their dtype (float64 aux sets stay exact); others become
+    float32.
+    """
 
     def __init__(self, images: Tensor, labels: Tensor, num_classes: int, name: str = "",
                  classes: list[str] | None = None, split: str = "test") -> None:
@@ -102,7 +107,7 @@ class ImageDataset(Dataset):
         if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
             raise ConfigError(f"dataset {name!r}: labels must lie in [0, {num_classes}), "
                               f"got [{int(labels.min())}, {int(labels.max())}]")
-        self.images = images.float()
+        self.images = images if images.is_floating_point() else images.float()
         self.labels = labels.long()
         self.num_classes = int(num_classes)
         self.name = name
@@ -118,6 +123,15 @@ class ImageDataset(Dataset):
     def __repr__(self) -> str:
         return (f"ImageDataset(name={self.name!r}, split={self.split!r}, n={len(self)}, "
                 f"shape={tuple(self.image_shape)}, num_classes={self.num_classes})")
+
+    def of_class(self, c: int) -> Tensor:
+        """The images of class ``c``."""
+        return self.images[self.labels == c]
+
+    @property
+    def per_class(self) -> Tensor:
+        """Samples per class, (C,)."""
+        return torch.bincount(self.labels, minlength=self.num_classes)
 
     @property
     def image_shape(self) -> tuple[int, int, int]:

@@ -146,8 +146,8 @@ class AuxStats:
 
 def aux_arrays(aux: Any, method: str) -> tuple[Tensor, Tensor]:
     if aux is None:
-        raise ConfigError(f"label method {method!r} needs auxiliary data: pass aux=labels.aux.AuxData(images, labels, "
-                          "num_classes) (a few labelled samples per class, disjoint from the victim's)")
+        raise ConfigError(f"label method {method!r} needs auxiliary data: pass aux=gi.data.ImageDataset(images, "
+                          "labels, num_classes) (a few labelled samples per class, disjoint from the victim's)")
     images, labels = getattr(aux, "images", None), getattr(aux, "labels", None)
     if not isinstance(images, Tensor) or not isinstance(labels, Tensor):
         raise ConfigError(f"aux for {method!r} must have tensors .images (N, C, H, W) and .labels (N,); "
@@ -204,7 +204,7 @@ def aux_forward(capture: Capture, aux: Any, dtype: torch.dtype | str = torch.flo
 
     ``dtype`` is the precision of the model body (``"float32"`` is 3–4× faster for VGG/ResNet on CPU); the
     last layer and every statistic are float64.
-    ``aux`` is a :class:`labels.aux.AuxData` (or any object with ``.images`` in [0, 1] and ``.labels``).
+    ``aux`` is a :class:`gi.data.ImageDataset` (or any object with ``.images`` in [0, 1] and ``.labels``).
     The model runs in the protocol's mode (eval by default; in train mode BatchNorm uses the statistics of
     each ``chunk``, which only approximates the victim's batch statistics).
     """
@@ -246,7 +246,7 @@ def dummy_forward(capture: Capture, count: int, seed: int = 0, dtype: torch.dtyp
     Labels are ``arange(count) mod C`` (dummy data has no class; methods relabel it as they need). The
     dummy set of one (shape, count, seed) is kept, so its forward is cached like an aux set's.
     """
-    from labels.aux import AuxData
+    from gi.data import ImageDataset
 
     in_shape = tuple(int(s) for s in capture.model_spec["in_shape"])
     key = (in_shape, int(count), int(seed), capture.num_classes)
@@ -254,7 +254,7 @@ def dummy_forward(capture: Capture, count: int, seed: int = 0, dtype: torch.dtyp
     if data is None:
         gen = torch.Generator().manual_seed(int(seed))
         images = torch.rand((int(count), *in_shape), generator=gen)
-        data = AuxData(images, torch.arange(int(count)) % capture.num_classes, capture.num_classes)
+        data = ImageDataset(images, torch.arange(int(count)) % capture.num_classes, capture.num_classes, "noise")
         _DUMMY[key] = data
         while len(_DUMMY) > 4:
             _DUMMY.popitem(last=False)

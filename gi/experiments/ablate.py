@@ -51,8 +51,8 @@ from gi.experiments.report import (
     write_markdown_table,
     write_yaml,
 )
-from gi.experiments.setup import deprecated, load_config, upgrade_key
 from gi.recon.config import ReconConfig
+from gi.victim_setup import deprecated, load_config, upgrade_key
 
 log = logging.getLogger("gi.experiments.ablate")
 METRIC_KEYS = ("psnr", "ssim", "lpips", "L_r")

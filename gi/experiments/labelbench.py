@@ -31,7 +31,7 @@ from gi.experiments.report import (
     write_markdown_table,
     write_yaml,
 )
-from gi.experiments.setup import deprecated, load_config, upgrade
+from gi.victim_setup import deprecated, load_config, upgrade
 
 log = logging.getLogger("gi.labels")
 

@@ -26,7 +26,8 @@ from gi.experiments.report import (
     write_json,
     write_yaml,
 )
-from gi.experiments.setup import (  # noqa: F401  (DataConfig, ModelConfig: the sections, importable from here too)
+from gi.recon.config import ReconConfig
+from gi.victim_setup import (  # noqa: F401  (DataConfig, ModelConfig: the sections, importable from here too)
     DataConfig,
     ModelConfig,
     VictimSetup,
@@ -36,7 +37,6 @@ from gi.experiments.setup import (  # noqa: F401  (DataConfig, ModelConfig: the 
     load_data,
     train_on,
 )
-from gi.recon.config import ReconConfig
 
 if TYPE_CHECKING:  # torch, the data, models and Lightning load on first use: config errors answer at once
     import torch
@@ -50,7 +50,7 @@ log = logging.getLogger("gi.run")
 
 @dataclass
 class RunDataConfig(DataConfig):
-    """The shared :class:`~gi.experiments.setup.DataConfig` plus how ``gi run`` draws the client's batch.
+    """The shared :class:`~gi.victim_setup.DataConfig` plus how ``gi run`` draws the client's batch.
 
     ``indices``: dataset indices of the client's batch (length = protocol.batch_size); null draws them
     with the run seed. ``eps``: label-smoothing ε (null: U(0, eps_max) per sample, as the soft-label
@@ -93,7 +93,7 @@ class MetricConfig:
 
 @dataclass
 class RunConfig(VictimSetup):
-    """``gi run``: the victim setup (:class:`~gi.experiments.setup.VictimSetup`: ``data``, ``model``, ``train``,
+    """``gi run``: the victim setup (:class:`~gi.victim_setup.VictimSetup`: ``data``, ``model``, ``train``,
     ``aux``, ``protocol``), the label stage, the attack and the scores. ``attack.labels`` is derived from
     ``labels.mode`` (an explicit different value is a ConfigError)."""
 

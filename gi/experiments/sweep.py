@@ -38,7 +38,7 @@ from typing import Any
 from gi.core.config import format_override, parse_override, to_dict
 from gi.core.errors import ConfigError, GIError
 from gi.experiments.report import check_run_name
-from gi.experiments.setup import load_config
+from gi.victim_setup import load_config
 
 log = logging.getLogger("gi.experiments.sweep")
 DONE = "metrics.json"

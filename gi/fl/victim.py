@@ -40,7 +40,7 @@ State = dict[str, Tensor]
 
 # --------------------------------------------------------------------------- data access
 def _as_arrays(dataset: Any) -> tuple[Tensor, Tensor, int]:
-    """``(images, labels, num_classes)`` from a gi.data dataset, an AuxData, or an ``(images, labels)`` pair."""
+    """``(images, labels, num_classes)`` from a :class:`gi.data.ImageDataset` or an ``(images, labels)`` pair."""
     if isinstance(dataset, tuple | list) and len(dataset) == 2:
         images, labels = dataset
         return images, labels.long(), int(labels.max()) + 1

@@ -1,7 +1,7 @@
 """Victim scenarios for the label benchmark (``gi labels``): each makes the captures of one trial.
 
 A scenario is ``fn(setup, generator: torch.Generator, trial: int) -> list[Trial]`` registered with
-:func:`register_scenario` together with its setup class: a :class:`gi.experiments.setup.VictimSetup` subclass
+:func:`register_scenario` together with its setup class: a :class:`gi.victim_setup.VictimSetup` subclass
 (the shared ``data`` / ``model`` / ``train`` / ``aux`` / ``protocol`` sections plus the scenario's own fields).
 Calling the registered scenario with the config's ``setup`` mapping builds that class first (typed checks,
 an unknown key is a :class:`gi.ConfigError`, old spellings are mapped with a deprecation notice); a scenario
@@ -24,7 +24,7 @@ import torch
 from gi.capture import Capture, Truth
 from gi.core.errors import ConfigError
 from gi.core.registry import registrar
-from gi.experiments.setup import upgrade, upgrade_key
+from gi.victim_setup import upgrade, upgrade_key
 
 
 @dataclass

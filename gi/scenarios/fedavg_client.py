@@ -6,7 +6,7 @@ real dataset, train ``round − 1`` rounds from the initial model, and every cli
 initialisation, batch order, DP noise) comes from ``seed`` and the trial index, so grid points that only
 change ``round`` (or the attack) see the *same* federation: it is simulated once up to
 ``federation_rounds`` and cached in-process. The setup (:class:`FedAvgClientSetup`) is the shared victim setup
-(:mod:`gi.experiments.setup`) with these defaults and fields:
+(:mod:`gi.victim_setup`) with these defaults and fields:
 
 - ``data``: the clients' data, ``gi.data.load(data.name, data.split)`` (default Fashion-MNIST ``train``;
   ``data.size``, ``data.channels`` as everywhere); ``aux``: the attacker's aux set (``aux.per_class``, default
@@ -41,7 +41,9 @@ import torch
 
 from gi.core.config import require, to_dict
 from gi.core.errors import ConfigError
-from gi.experiments.setup import (
+from gi.fl.protocol import Protocol
+from gi.scenarios import Trial, register_scenario
+from gi.victim_setup import (
     AUX,
     LRU,
     SCENARIO_LEGACY,
@@ -55,8 +57,6 @@ from gi.experiments.setup import (
     load_data,
     section,
 )
-from gi.fl.protocol import Protocol
-from gi.scenarios import Trial, register_scenario
 
 Tensor = torch.Tensor
 

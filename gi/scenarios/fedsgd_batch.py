@@ -3,7 +3,7 @@
 One trial = one client batch of B real images, one FedSGD gradient of the mean loss through the global
 model, and the attacker's auxiliary set (``aux.per_class`` labelled samples per class, disjoint from every
 victim batch). The setup (:class:`FedSGDBatchSetup`) is the shared victim setup
-(:mod:`gi.experiments.setup`) with these defaults and fields:
+(:mod:`gi.victim_setup`) with these defaults and fields:
 
 - ``data``: real data from :func:`gi.data.load` (default Fashion-MNIST ``train``); ``data.size`` resizes (e.g.
   Fashion-MNIST 28 → 32 for VGG/ResNet), ``data.channels: 3`` repeats a grey channel into RGB.
@@ -49,7 +49,9 @@ import torch
 from gi.capture import capture_gradients
 from gi.core.config import require
 from gi.core.errors import ConfigError
-from gi.experiments.setup import (  # noqa: F401  (synthetic_labels: importable from here too)
+from gi.fl.protocol import Protocol
+from gi.scenarios import Trial, register_scenario
+from gi.victim_setup import (  # noqa: F401  (synthetic_labels: importable from here too)
     AUX,
     DATA,
     SCENARIO_LEGACY,
@@ -67,8 +69,6 @@ from gi.experiments.setup import (  # noqa: F401  (synthetic_labels: importable 
     train_on,
     trained_model,
 )
-from gi.fl.protocol import Protocol
-from gi.scenarios import Trial, register_scenario
 
 Tensor = torch.Tensor
 

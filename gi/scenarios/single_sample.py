@@ -8,7 +8,7 @@ captures ``samples`` one-image gradients:
 - ``protocol.label_aug: mixup``: two images of different classes, x = (1−λ)x₁ + λx₂ with λ ~ U(``mix``);
 - ``protocol.label_aug: onehot``: a random image with its one-hot label.
 
-The setup (:class:`SingleSampleSetup`) is the shared victim setup (:mod:`gi.experiments.setup`; ``data``
+The setup (:class:`SingleSampleSetup`) is the shared victim setup (:mod:`gi.victim_setup`; ``data``
 defaults to the CIFAR-10 samples, ``model`` to the bias-free ``lenet``, ``protocol`` to one-image FedSGD with
 ``label_aug: smoothing``; a given ``train`` section trains 1 epoch unless it says otherwise, none leaves the
 model untrained) plus ``samples``, ``eps``, ``mix``, ``reseed_every``, ``noise`` and ``shared``.
@@ -31,7 +31,10 @@ import torch
 from gi.capture import capture_gradients
 from gi.core.config import require, to_dict
 from gi.core.errors import ConfigError
-from gi.experiments.setup import (
+from gi.fl.protocol import Protocol
+from gi.models import LAST_BIAS, LAST_WEIGHT
+from gi.scenarios import Trial, register_scenario
+from gi.victim_setup import (
     SCENARIO_LEGACY,
     SECTION,
     ModelConfig,
@@ -44,9 +47,6 @@ from gi.experiments.setup import (
     train_on,
     trained_model,
 )
-from gi.fl.protocol import Protocol
-from gi.models import LAST_BIAS, LAST_WEIGHT
-from gi.scenarios import Trial, register_scenario
 
 Tensor = torch.Tensor
 
@@ -141,7 +141,7 @@ def _make_samples(ds: Any, s: SingleSampleSetup, generator: torch.Generator) -> 
 
 
 def _train(model: torch.nn.Module, s: SingleSampleSetup, ds: Any, generator: torch.Generator) -> dict[str, Any]:
-    """Brief SGD training (:func:`gi.experiments.setup.train_on`) with the trial's generator; the record kept in
+    """Brief SGD training (:func:`gi.victim_setup.train_on`) with the trial's generator; the record kept in
     ``capture.meta['trained']``."""
     t = s.train
     info = train_on(model, t, s.data, ds, generator)

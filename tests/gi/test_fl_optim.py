@@ -7,11 +7,11 @@ import torch
 
 import labels
 from gi.core.errors import ConfigError
+from gi.data import ImageDataset
 from gi.fl.optim import LINEAR, RULES, LocalOptimizer
 from gi.fl.protocol import Protocol
 from gi.fl.victim import simulate_client
 from gi.models import build
-from labels.aux import AuxData
 
 TORCH = {
     "sgd": lambda p, pr: torch.optim.SGD(p, lr=pr.lr),
@@ -66,11 +66,11 @@ def test_adadelta_client_matches_torch_and_only_decaf_reads_it():
         opt.step()
     for name, p in reference.named_parameters():
         assert torch.allclose(capture.update[name], p.detach() - model.state_dict()[name], atol=1e-12)
-    decaf = labels.recover(capture, "decaf", aux=AuxData(images, y, 4))
+    decaf = labels.recover(capture, "decaf", aux=ImageDataset(images, y, 4))
     assert decaf.ok and float(decaf.proportions.sum()) == pytest.approx(1.0)
     for method in ("rlu", "dist-init-bias", "dist-soft-label-path"):
         with pytest.raises(ConfigError, match="linear"):
-            labels.recover(capture, method, aux=AuxData(images, y, 4))
+            labels.recover(capture, method, aux=ImageDataset(images, y, 4))
 
 
 def test_bad_adadelta_settings():
@@ -82,4 +82,4 @@ def test_bad_adadelta_settings():
     capture, _ = simulate_client(model, (images, y), Protocol(scheme="fedprox", prox_mu=0.1, optimizer="adadelta",
                                                               batch_size=8), torch.Generator().manual_seed(0))
     with pytest.raises(ConfigError, match="FedAvg"):
-        labels.recover(capture, "decaf", aux=AuxData(images, y, 4))
+        labels.recover(capture, "decaf", aux=ImageDataset(images, y, 4))

@@ -1,5 +1,5 @@
 """One typed victim-setup schema (issue 11, item 3): gi run, gi ablate, gi sweep and the gi labels scenarios share
-gi.experiments.setup's sections; derived settings are derived, never stored over a user's value; old spellings
+gi.victim_setup's sections; derived settings are derived, never stored over a user's value; old spellings
 still load, with a notice, to the same settings."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-import gi.experiments.setup as setup
+import gi.victim_setup as setup
 from gi.core.config import to_dict
 from gi.core.errors import ConfigError
 from gi.experiments import pipeline

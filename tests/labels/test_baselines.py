@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 import labels
 from gi import Capture, ConfigError, Protocol, capture_gradients
+from gi.data import ImageDataset
 from gi.models import build
-from labels.aux import AuxData
 from labels.ilrg import common_embedding, mean_embeddings, split_embeddings
 from labels.llg import greedy_fill
 from labels.rlg import separable_classes
@@ -27,10 +27,10 @@ def _capture(model, batch: int, seed: int, protocol: Protocol | None = None, lab
     return capture_gradients(model, x, y, protocol or Protocol(batch_size=batch))
 
 
-def _aux(num_classes: int = C, per_class: int = 3, shape=SHAPE, seed: int = 99) -> AuxData:
+def _aux(num_classes: int = C, per_class: int = 3, shape=SHAPE, seed: int = 99) -> ImageDataset:
     gen = torch.Generator().manual_seed(seed)
     n = per_class * num_classes
-    return AuxData(torch.rand((n, *shape), generator=gen), torch.arange(n) % num_classes, num_classes)
+    return ImageDataset(torch.rand((n, *shape), generator=gen), torch.arange(n) % num_classes, num_classes)
 
 
 # --------------------------------------------------------------------------- LLG greedy fill

@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 
 import labels
 from gi.core.errors import ConfigError
+from gi.data import ImageDataset
 from gi.fl.protocol import Protocol
 from gi.fl.victim import simulate_client
 from gi.models import build
-from labels.aux import AuxData
 from labels.decaf import decompose, null_classes
 
 C = 5
@@ -41,7 +41,7 @@ def test_null_classes_found_exactly_on_relu(counts):
     images, labels_ = _client(counts)
     protocol = Protocol(scheme="fedavg", batch_size=8, lr=0.05, local_epochs=2, drop_last=False)
     cap, truth = simulate_client(_cnn(), (images, labels_), protocol, torch.Generator().manual_seed(0))
-    result = labels.recover(cap, "decaf", aux=AuxData(*_data(200, 9), C))
+    result = labels.recover(cap, "decaf", aux=ImageDataset(*_data(200, 9), C))
     assert result.ok
     assert result.info["null"] == [c for c, k in enumerate(counts) if k == 0]
     assert all(float(result.proportions[c]) == 0.0 for c, k in enumerate(counts) if k == 0)
@@ -54,7 +54,7 @@ def test_one_full_batch_step_with_the_clients_own_samples_is_exact():
     images, labels_ = _client([9, 3, 0, 14, 6], seed=1)
     cap, truth = simulate_client(_cnn(), (images, labels_), Protocol(scheme="fedavg", batch_size=10_000, lr=0.1),
                                  torch.Generator().manual_seed(0))
-    aux = AuxData(images, labels_, C)
+    aux = ImageDataset(images, labels_, C)
     for solver in ("nnls", "gd"):
         result = labels.recover(cap, "decaf", aux=aux, solver=solver, epochs=20000)
         assert torch.allclose(result.proportions, truth.proportions, atol=1e-6 if solver == "nnls" else 1e-3), solver
@@ -72,7 +72,7 @@ def test_threshold_for_leaky_activations():
     loose = null_classes(target, 0.0)
     strict = null_classes(target, float(target.amax()) + 1.0)
     assert strict.all() and loose.sum() <= strict.sum()
-    result = labels.recover(cap, "decaf", aux=AuxData(*_data(200, 9), C), threshold=float(target.amax()) + 1.0)
+    result = labels.recover(cap, "decaf", aux=ImageDataset(*_data(200, 9), C), threshold=float(target.amax()) + 1.0)
     assert not result.ok and "null" in result.info["reason"]
 
 
@@ -91,14 +91,14 @@ def test_clear_errors():
     images, labels_ = _client([5, 5, 5, 5, 5])
     cap, _ = simulate_client(_cnn(), (images, labels_), Protocol(scheme="fedavg", batch_size=8),
                              torch.Generator().manual_seed(0))
-    aux = AuxData(*_data(100, 9), C)
+    aux = ImageDataset(*_data(100, 9), C)
     with pytest.raises(ConfigError, match="solver"):
         labels.recover(cap, "decaf", aux=aux, solver="adam")
     with pytest.raises(ConfigError, match="calibrator"):
         labels.recover(cap, "decaf", aux=aux, calibrator="median")
     with pytest.raises(ConfigError, match="aux"):
         labels.recover(cap, "decaf", aux=None)
-    few = AuxData(aux.images[aux.labels != 2], aux.labels[aux.labels != 2], C)
+    few = ImageDataset(aux.images[aux.labels != 2], aux.labels[aux.labels != 2], C)
     result = labels.recover(cap, "decaf", aux=few)
     assert not result.ok and "2" in result.info["reason"]
 
@@ -109,7 +109,7 @@ def test_calibrator_does_not_change_the_nnls_fit_and_decaf_paper_is_the_literal_
     images, labels_ = _client([9, 3, 0, 14, 6], seed=3)
     protocol = Protocol(scheme="fedavg", batch_size=8, lr=0.05, local_epochs=2, drop_last=False)
     cap, _ = simulate_client(_cnn(), (images, labels_), protocol, torch.Generator().manual_seed(0))
-    aux = AuxData(*_data(200, 9), C)
+    aux = ImageDataset(*_data(200, 9), C)
     ref = labels.recover(cap, "decaf", aux=aux).proportions
     for calibrator in ("mean", "none"):
         got = labels.recover(cap, "decaf", aux=aux, calibrator=calibrator).proportions

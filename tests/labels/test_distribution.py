@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 import labels
 from gi.core.errors import ConfigError
+from gi.data import ImageDataset
 from gi.fl.protocol import Protocol
 from gi.fl.victim import simulate_client
 from gi.models import build
-from labels.aux import AuxData
 from labels.distribution import init_bias_over_rounds, path_points, path_softmax, project_simplex
 
 C = 5
@@ -28,9 +28,9 @@ def _data(n: int, seed: int, dtype=torch.float64) -> tuple[torch.Tensor, torch.T
     return images.to(dtype), labels_
 
 
-def _aux(dtype=torch.float64) -> AuxData:
+def _aux(dtype=torch.float64) -> ImageDataset:
     images, labels_ = _data(60, 99, dtype)
-    return AuxData(images, labels_, C)
+    return ImageDataset(images, labels_, C)
 
 
 def _model(init: str | None = None, dtype=torch.float64):
@@ -75,7 +75,7 @@ def test_one_step_with_the_clients_own_data_as_aux_is_exact(method, options):
     images, labels_ = _data(45, 8)
     capture, truth = simulate_client(_model(), (images, labels_), Protocol(scheme="fedavg", batch_size=10_000),
                                      torch.Generator().manual_seed(0))
-    result = labels.recover(capture, method, aux=AuxData(images, labels_, C), **options)
+    result = labels.recover(capture, method, aux=ImageDataset(images, labels_, C), **options)
     assert result.ok
     assert float(((result.proportions - truth.proportions) ** 2).mean()) < 1e-24
     other = labels.recover(capture, method, aux=_aux(), **options)  # someone else's samples: no longer exact
@@ -167,7 +167,7 @@ def test_clear_errors():
     with pytest.raises(ConfigError, match="aux"):
         labels.recover(update, "dist-soft-label-path", aux=None)
     with pytest.raises(ConfigError, match="every class"):
-        labels.recover(update, "dist-soft-label-path", aux=AuxData(images[labels_ != 0], labels_[labels_ != 0], C))
+        labels.recover(update, "dist-soft-label-path", aux=ImageDataset(images[labels_ != 0], labels_[labels_ != 0], C))
     with pytest.raises(ConfigError, match="points"):
         labels.recover(update, "dist-soft-label-path", aux=_aux(), points=0)
     no_bias = build("cnn", C, in_shape=(1, 6, 6), seed=0, bias_last=False)

@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 import labels
 from gi import Capture, ConfigError, Protocol, capture_gradients
+from gi.data import ImageDataset
 from gi.models import build
 from gi.scenarios import get_scenario
-from labels.aux import AuxData
 from labels.aux_stats import (
     aux_forward,
     class_posteriors,
@@ -62,7 +62,7 @@ def exact_setup(bias: str = "random", bias_last: bool = True, protocol: dict | N
     y = torch.randint(0, C, (batch,), generator=gen)
     x = constant_sum_images(batch, gen)
     capture, truth = capture_gradients(model, x, _targets(y, proto), proto)
-    aux = AuxData(constant_sum_images(4 * C, gen).float(), torch.arange(4 * C) % C, C)
+    aux = ImageDataset(constant_sum_images(4 * C, gen).float(), torch.arange(4 * C) % C, C)
     return capture, truth, aux
 
 
@@ -139,7 +139,7 @@ def test_class_posteriors_are_positive_and_negative_means():
     model = build("mlp", 3, in_shape=(1, 4, 4), seed=0)
     capture, _ = capture_gradients(model, torch.rand(4, 1, 4, 4, generator=gen), torch.tensor([0, 1, 2, 0]),
                                    Protocol(batch_size=4))
-    aux = AuxData(torch.rand(7, 1, 4, 4, generator=gen), torch.tensor([0, 0, 1, 1, 1, 2, 2]), 3)
+    aux = ImageDataset(torch.rand(7, 1, 4, 4, generator=gen), torch.tensor([0, 0, 1, 1, 1, 2, 2]), 3)
     stats = aux_forward(capture, aux, cache=False)
     p_pos, p_neg = class_posteriors(stats)
     for j in range(3):
@@ -197,9 +197,13 @@ def test_missing_aux_is_a_clear_error(method):
 def test_bad_aux_shape_and_labels_raise():
     capture, _, aux = exact_setup()
     with pytest.raises(ConfigError, match="model expects"):
-        labels.recover(capture, "posterior", aux=AuxData(torch.rand(6, 3, 6, 6), torch.arange(6), C))
+        labels.recover(capture, "posterior", aux=ImageDataset(torch.rand(6, 3, 6, 6), torch.arange(6), C))
+    with pytest.raises(ConfigError, match=r"labels must lie in \[0, 6\)"):  # the aux set refuses them itself
+        labels.recover(capture, "posterior", aux=ImageDataset(aux.images, aux.labels + C, C))
+    bad = ImageDataset(aux.images, aux.labels, C)
+    bad.labels = aux.labels + C  # an object that bypassed the constructor still meets the method's own check
     with pytest.raises(ConfigError, match="class ids"):
-        labels.recover(capture, "posterior", aux=AuxData(aux.images, aux.labels + C, C))
+        labels.recover(capture, "posterior", aux=bad)
     with pytest.raises(ConfigError, match="weighting"):
         labels.recover(capture, "posterior", aux=aux, weighting="bogus")
 
@@ -207,7 +211,7 @@ def test_bad_aux_shape_and_labels_raise():
 def test_aux_without_some_class_fails_with_reason_or_uses_the_prior():
     capture, truth, aux = exact_setup()
     keep = aux.labels != 2
-    partial = AuxData(aux.images[keep], aux.labels[keep], C)
+    partial = ImageDataset(aux.images[keep], aux.labels[keep], C)
     result = labels.recover(capture, "posterior", aux=partial)
     assert not result.ok and "class(es) [2]" in result.info["reason"]
     for weighting in ("paper", "per-sample"):  # p̂⁺ := p̂⁻ is exact here: every posterior is equal
@@ -243,7 +247,7 @@ def test_posterior_counts_sum_to_batch_and_are_non_negative(seed, batch, name):
     proto = Protocol(batch_size=batch, **PROTOCOLS[name])
     y = torch.randint(0, C, (batch,), generator=gen)
     capture, _ = capture_gradients(model, torch.rand(batch, *SHAPE, generator=gen), _targets(y, proto).float(), proto)
-    aux = AuxData(torch.rand(3 * C, *SHAPE, generator=gen), torch.arange(3 * C) % C, C)
+    aux = ImageDataset(torch.rand(3 * C, *SHAPE, generator=gen), torch.arange(3 * C) % C, C)
     result = labels.recover(capture, "posterior", aux=aux)
     if result.ok:
         assert int(result.counts.sum()) == batch and bool((result.counts >= 0).all())

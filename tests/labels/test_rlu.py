@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 import labels
 from gi.capture import capture_gradients
 from gi.core.errors import CaptureError, ConfigError
+from gi.data import ImageDataset
 from gi.fl.protocol import Protocol
 from gi.fl.victim import simulate_client
 from gi.models import build
-from labels.aux import AuxData
 from labels.rlu import (
     as_gradient_capture,
     coefficient_matrix,
@@ -36,9 +36,9 @@ def _data(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return images, labels_
 
 
-def _aux() -> AuxData:
+def _aux() -> ImageDataset:
     images, labels_ = _data(200, 77)
-    return AuxData(images, labels_, C)
+    return ImageDataset(images, labels_, C)
 
 
 def _cnn(init: str | None = None, activation: str = "relu"):

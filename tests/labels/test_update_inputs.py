@@ -11,10 +11,10 @@ import torch
 import labels
 from gi.capture import capture_gradients
 from gi.core.errors import CaptureError
+from gi.data import ImageDataset
 from gi.fl.protocol import Protocol
 from gi.fl.victim import simulate_client
 from gi.models import build
-from labels.aux import AuxData
 
 C = 4
 UPDATE_METHODS = ["rlu", "dist-init-bias", "dist-soft-label", "dist-soft-label-path", "dist-aux-bias-grad",
@@ -29,7 +29,7 @@ def setup():
     update, _ = simulate_client(model, (images, y), Protocol(scheme="fedavg", batch_size=8),
                                 torch.Generator().manual_seed(0))
     gradient, _ = capture_gradients(model, images[:8], y[:8], Protocol(scheme="fedsgd", batch_size=8))
-    return update, gradient, AuxData(images, y, C)
+    return update, gradient, ImageDataset(images, y, C)
 
 
 def test_every_update_method_is_listed():

@@ -413,9 +413,9 @@ def trained_model(key: str, build: Callable[[], torch.nn.Module],
 
 
 def draw_aux(dataset: Any, per_class: int, generator: torch.Generator, exclude: Any = None) -> tuple[Any, Any]:
-    """``(AuxData, dataset indices)``: ``per_class`` samples of every class of ``dataset``, none of ``exclude``."""
-    from gi.data import sample_aux
-    from labels.aux import AuxData
+    """``(aux set, dataset indices)``: ``per_class`` samples of every class of ``dataset``, none of ``exclude``."""
+    from gi.data import ImageDataset, sample_aux
 
     images, labels, idx = sample_aux(dataset, int(per_class), generator, exclude=exclude)
-    return AuxData(images.contiguous(), labels, dataset.num_classes), idx
+    return ImageDataset(images.contiguous(), labels, dataset.num_classes, name=f"{dataset.name} aux",
+                        split=dataset.split), idx
