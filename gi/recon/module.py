@@ -48,13 +48,11 @@ class StepDataset(Dataset):
 
 @dataclass
 class Context:
-    """What the attack knows besides the target: model, protocol, recovered features, granted BN statistics,
-    the shared-message kind and its scheme history (never truth)."""
+    """What the attack knows besides the target: model, protocol, granted BN statistics, the shared-message kind
+    and its scheme history (never truth)."""
 
     model: torch.nn.Module
     protocol: Protocol
-    features: Tensor | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
     bn_targets: dict[str, tuple[Tensor, Tensor]] | None = None
     kind: str = "gradient"
     history: dict[str, Tensor] = field(default_factory=dict)
