@@ -11,12 +11,14 @@ from typing import TYPE_CHECKING, Any
 from gi.recon.config import ReconConfig
 
 if TYPE_CHECKING:
-    from gi.recon.api import Reconstruction, labels_for_slots, reconstruct, reconstruct_many
+    from gi.recon.api import Reconstruction, reconstruct, reconstruct_many
     from gi.recon.inits import INITS, register_init
     from gi.recon.objectives import OBJECTIVES, register_objective
     from gi.recon.optim import OPTIMIZERS, register_optimizer
+    from gi.recon.problem import Problem, build_problem, labels_for_slots
     from gi.recon.regularizers import REGULARIZERS, register_regularizer
     from gi.recon.simulate import SIMULATORS
+    from gi.recon.terms import TERMS, register_term
 
 __all__ = [
     "INITS",
@@ -24,8 +26,11 @@ __all__ = [
     "OPTIMIZERS",
     "REGULARIZERS",
     "SIMULATORS",
+    "TERMS",
+    "Problem",
     "ReconConfig",
     "Reconstruction",
+    "build_problem",
     "labels_for_slots",
     "reconstruct",
     "reconstruct_many",
@@ -33,10 +38,13 @@ __all__ = [
     "register_objective",
     "register_optimizer",
     "register_regularizer",
+    "register_term",
 ]
 
 _LAZY = {
-    "Reconstruction": "api", "labels_for_slots": "api", "reconstruct": "api", "reconstruct_many": "api",
+    "Reconstruction": "api", "reconstruct": "api", "reconstruct_many": "api",
+    "Problem": "problem", "build_problem": "problem", "labels_for_slots": "problem",
+    "TERMS": "terms", "register_term": "terms",
     "INITS": "inits", "register_init": "inits", "OBJECTIVES": "objectives", "register_objective": "objectives",
     "OPTIMIZERS": "optim", "register_optimizer": "optim", "REGULARIZERS": "regularizers",
     "register_regularizer": "regularizers", "SIMULATORS": "simulate",

@@ -24,8 +24,8 @@ class ReconConfig:
     ``objective`` names D (registry :data:`gi.recon.objectives.OBJECTIVES`); ``layer_weights`` maps parameter
     names to w_l (missing names weigh 1, weight 0 drops a layer); ``last_layer_weight`` is α (multiplies the
     weights of ``fc.weight``/``fc.bias``); ``feature_weight`` is β (0: no feature term; the target f* comes
-    from the label stage / ``fcn_analytic``); ``regularizers`` maps registry names
-    (:data:`gi.recon.regularizers.REGULARIZERS`) to λ_k, e.g. ``{"tv": 1e-4}``.
+    from the label stage / ``fcn_analytic``); ``regularizers`` maps the names of the other objective terms
+    (:data:`gi.recon.terms.TERMS`, the image priors of :mod:`gi.recon.regularizers`) to λ_k, e.g. ``{"tv": 1e-4}``.
 
     ``optimizer``: :data:`gi.recon.optim.OPTIMIZERS` (``adam``, ``sgd``, ``lbfgs``: DLG's L-BFGS, per problem;
     ``signed`` applies to the first two). ``labels``: ``fixed`` (the given soft labels are the targets) or

@@ -4,13 +4,14 @@ The Trainer drives one optimisation step per batch of a length-N dummy loader. P
 share one global model) × R restarts are one batched problem: the dummy gradients (or unrolled updates) come
 from ``vmap`` of a per-problem ``torch.func`` simulator (:mod:`gi.recon.simulate`), the objective is computed
 per problem and the optimiser minimises their sum (problems do not interact: Adam and sign are elementwise).
-Ground truth never enters this module; callbacks may look at :meth:`current_images` to log metrics.
+What to match is prepared before the loop (:func:`gi.recon.problem.build_problem`); the objective is its weighted
+terms (:mod:`gi.recon.terms`). Ground truth never enters this module; callbacks may look at
+:meth:`current_images` to log metrics.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 import lightning as L
@@ -18,18 +19,15 @@ import torch
 from torch.func import vmap
 from torch.utils.data import DataLoader, Dataset
 
-from gi.core.errors import ConfigError
-from gi.fl.protocol import Protocol
-from gi.models import LAST_BIAS, LAST_WEIGHT
-from gi.recon.config import SMALL_MODEL, ReconConfig
+from gi.recon.config import ReconConfig
 from gi.recon.inits import INITS
 from gi.recon.objectives import FLAT_OBJECTIVES, OBJECTIVES
 from gi.recon.optim import OPTIMIZERS
-from gi.recon.regularizers import REGULARIZERS
+from gi.recon.problem import Problem
 from gi.recon.simulate import SIMULATORS
+from gi.recon.terms import TERMS, Evaluation
 
 Tensor = torch.Tensor
-LAST_LAYER = (LAST_WEIGHT, LAST_BIAS)
 FLAT_MAX = 4_000_000  # shared entries per problem up to which the one-at-a-time path concatenates the layers
 
 
@@ -46,125 +44,88 @@ class StepDataset(Dataset):
         return i
 
 
-@dataclass
-class Context:
-    """What the attack knows besides the target: model, protocol, recovered features, granted BN statistics,
-    the shared-message kind and its scheme history (never truth)."""
-
-    model: torch.nn.Module
-    protocol: Protocol
-    features: Tensor | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    bn_targets: dict[str, tuple[Tensor, Tensor]] | None = None
-    kind: str = "gradient"
-    history: dict[str, Tensor] = field(default_factory=dict)
-    trained: list[str] | None = None
-
-
-def match_weights(names: list[str], cfg: ReconConfig) -> dict[str, float]:
-    """w_l per shared tensor: ``layer_weights`` (default 1) times α for the last layer (eq. 8)."""
-    return {k: float(cfg.layer_weights.get(k, 1.0)) * (cfg.last_layer_weight if k in LAST_LAYER else 1.0)
-            for k in names}
-
-
 class GradientInversion(L.LightningModule):
-    """Optimise P = N·R dummy batches so that what they would share matches the capture.
+    """Optimise the P = N·R dummy batches of a :class:`Problem` (N rows × ``cfg.restarts``) so that what they
+    would share matches its targets; ``cfg`` gives the restarts, initialisation, optimiser and schedule."""
 
-    ``target``: {name: (N, *shape)} shared tensors (gradients or update) of N problems, or unbatched {name: shape}
-    with ``soft_labels`` (B, C) for one problem. ``soft_labels`` (N, B, C): the fixed targets, or the
-    initialisation of joint label logits; None (joint only) draws the logits at random. ``features`` (N, B, D):
-    the feature targets f* of eq. 8 (needed when ``cfg.feature_weight`` > 0). ``prior`` (N, B, C, H, W): image
-    estimate for ``init=analytic``.
-    """
-
-    def __init__(self, ctx: Context, target: dict[str, Tensor], soft_labels: Tensor | None, cfg: ReconConfig,
-                 image_shape: tuple[int, ...], num_samples: int | None = None, features: Tensor | None = None,
-                 prior: Tensor | None = None) -> None:
+    def __init__(self, problem: Problem, cfg: ReconConfig) -> None:
         super().__init__()
         self.automatic_optimization = False
-        self.ctx, self.cfg = ctx, cfg
-        single = soft_labels is not None and soft_labels.ndim == 2
-        if single:
-            soft_labels = soft_labels.unsqueeze(0)
-            target = {k: v.unsqueeze(0) for k, v in target.items()}
-            features = None if features is None else features.reshape(1, *features.shape[-2:])
-        n = next(iter(target.values())).shape[0]
-        b = soft_labels.shape[1] if soft_labels is not None else int(num_samples or 1)
-        r = cfg.restarts
-        self.num_problems, self.batch, self.num_classes = n, b, ctx.model.num_classes
-        self.net = ctx.model
-        self.num_params = sum(p.numel() for p in self.net.parameters())
-        if ctx.protocol.model_mode == "train":
+        self.problem, self.cfg = problem, cfg
+        self.num_problems, self.batch = problem.num_problems, problem.num_samples
+        self.net = problem.model
+        if problem.protocol.model_mode == "train":
             torch.func.replace_all_batch_norm_modules_(self.net)
         for p in self.net.parameters():
             p.requires_grad_(False)
-        weights = match_weights(list(target), cfg)
-        self.names = [k for k in target if weights[k] != 0.0]
-        self.weights = {k: weights[k] for k in self.names}
-        for i, k in enumerate(self.names):  # buffers, so they follow the module to its device
-            self.register_buffer(f"target_{i}", self._per_problem(target[k].detach().float(), n, r))
-        self.use_features = cfg.feature_weight > 0
+        self.names = problem.matched
+        self.weights = {k: problem.weights[k] for k in self.names}
+        self.use_features = "features" in problem.terms
+        self._register_targets()
+        self._init_parameters()
+        self._build_simulators()
+        self.history: dict[str, list] = {"step": [], "objective": []}
+
+    def _per_problem(self, t: Tensor) -> Tensor:
+        """(N, …) → (1, …) when one problem (broadcast over restarts), else (N·R, …)."""
+        return t if self.num_problems == 1 else t.repeat_interleave(self.cfg.restarts, 0)
+
+    def _register_targets(self) -> None:
+        """The matched targets and f* as buffers (they follow the module to its device)."""
+        for i, k in enumerate(self.names):
+            self.register_buffer(f"target_{i}", self._per_problem(self.problem.targets[k].detach().float()))
         if self.use_features:
-            if features is None:
-                raise ConfigError("attack.feature_weight > 0 needs last-layer feature targets f* (eq. 8): recover them "
-                                  "(labels.method=soft-lambda, or a last-layer bias) or set feature_weight=0")
-            self.register_buffer("feature_target", self._per_problem(features.detach().float(), n, r))
+            self.register_buffer("feature_target", self._per_problem(self.problem.features.detach().float()))
+
+    def _init_parameters(self) -> None:
+        """The images (``cfg.init``), the fixed soft labels or joint label logits, and the best iterates."""
+        problem, cfg, n, r, b = self.problem, self.cfg, self.num_problems, self.cfg.restarts, self.batch
         gen = torch.Generator().manual_seed(cfg.seed)
-        init = INITS[cfg.init]((n, r, b, *image_shape), gen, prior, cfg.init_noise)
-        self.images = torch.nn.Parameter(init.reshape(n * r, b, *image_shape))
+        init = INITS[cfg.init]((n, r, b, *problem.image_shape), gen, problem.prior, cfg.init_noise)
+        self.images = torch.nn.Parameter(init.reshape(n * r, b, *problem.image_shape))
         self.joint = cfg.labels == "joint"
         if self.joint:
-            if soft_labels is None:
-                logits = torch.randn((n * r, b, self.num_classes), generator=gen)
+            if problem.soft is None:
+                logits = torch.randn((n * r, b, self.net.num_classes), generator=gen)
             else:
-                logits = soft_labels.float().clamp_min(1e-8).log().repeat_interleave(r, 0)
+                logits = problem.soft.float().clamp_min(1e-8).log().repeat_interleave(r, 0)
             self.label_logits = torch.nn.Parameter(logits)
         else:
-            self.register_buffer("soft", soft_labels.float().repeat_interleave(r, 0))
+            self.register_buffer("soft", problem.soft.float().repeat_interleave(r, 0))
         self.register_buffer("best_loss", torch.full((n * r,), float("inf")))
         self.register_buffer("best_images", self.images.detach().clone())
         self.register_buffer("best_soft", self.current_soft().detach().clone())
-        self.simulate = SIMULATORS[ctx.kind](self.net, ctx.protocol, self.names, num_samples=b,
-                                             history=ctx.history, trained=ctx.trained, features=self.use_features)
-        # one problem at a time (batching=loop): FedSGD gradients by plain autograd on the model's parameters, and
-        # for l2/cosine on small nets one concatenated √w-scaled vector per problem (a few dot products per step)
+
+    def _build_simulators(self) -> None:
+        """``simulate`` (vmappable, any kind) and ``simulate_one``: one problem at a time (batching=loop), FedSGD
+        gradients by plain autograd on the model's parameters, and for l2/cosine on small nets one concatenated
+        √w-scaled vector per problem (a few dot products per step)."""
+        problem, trained = self.problem, list(self.problem.targets)
+        self.simulate = SIMULATORS[problem.kind](self.net, problem.protocol, self.names, num_samples=self.batch,
+                                                 history=problem.history, trained=trained, features=self.use_features)
         self.simulate_one, self.flat = self.simulate, False
-        if ctx.kind == "gradient":
-            self.simulate_one = SIMULATORS["gradient"](self.net, ctx.protocol, self.names, features=self.use_features,
-                                                       autograd=True)
+        if problem.kind == "gradient":
+            self.simulate_one = SIMULATORS["gradient"](self.net, problem.protocol, self.names,
+                                                       features=self.use_features, autograd=True)
             numel = sum(getattr(self, f"target_{i}")[0].numel() for i in range(len(self.names)))
-            if cfg.objective in FLAT_OBJECTIVES and self.names and numel <= FLAT_MAX:
+            if self.cfg.objective in FLAT_OBJECTIVES and self.names and numel <= FLAT_MAX:
                 self.flat = True
                 self.sqrt_w = [math.sqrt(self.weights[k]) for k in self.names]
                 self.register_buffer("target_flat", torch.cat(
                     [getattr(self, f"target_{i}").flatten(1) * w for i, w in enumerate(self.sqrt_w)], 1))
-        self.history: dict[str, list] = {"step": [], "objective": []}
-
-    @staticmethod
-    def _per_problem(t: Tensor, n: int, r: int) -> Tensor:
-        """(N, …) → (1, …) when one problem (broadcast over restarts), else (N·R, …)."""
-        return t if n == 1 else t.repeat_interleave(r, 0)
 
     # ----------------------------------------------------------------- the attack objective
     def vectorised(self) -> bool:
-        """Whether the P problems are simulated in one ``vmap`` call (``cfg.batching``; see ReconConfig)."""
-        if self.cfg.batching != "auto":
-            return self.cfg.batching == "vmap"
-        many = self.images.shape[0] > 1  # one problem: plain autograd has the least overhead
-        return many and (self.images.device.type == "cuda" or self.num_params < SMALL_MODEL)
+        """Whether the P problems are simulated in one ``vmap`` call (:attr:`Problem.batching`)."""
+        return self.problem.batching == "vmap"
 
     def current_soft(self) -> Tensor:
         """Soft labels (P, B, C) the dummy data is trained with: fixed, or softmax of the joint logits."""
         return torch.softmax(self.label_logits, -1) if self.joint else self.soft
 
-    def objective(self, images: Tensor, soft: Tensor | None = None,
-                  rows: slice | None = None) -> tuple[Tensor, dict[str, Tensor]]:
-        """Per-problem attack objective (P,) and its parts; the only basis for ranking restarts. ``rows``: the
-        problems ``images`` holds (default all P), e.g. ``slice(p, p + 1)`` for one problem at a time."""
-        def pick(t: Tensor) -> Tensor:
-            return t[rows] if rows is not None and t.shape[0] > 1 else t
-
-        soft = pick(self.current_soft() if soft is None else soft)
+    def evaluation(self, images: Tensor, soft: Tensor, pick: Any) -> Evaluation:
+        """Simulate the rows ``images`` with labels ``soft`` and pair what they share with the targets
+        (``pick`` selects the targets' rows)."""
         vectorised = self.vectorised()
         if vectorised:
             dummy, feats = vmap(self.simulate, out_dims=(0, 0 if self.use_features else None))(images, soft)
@@ -173,22 +134,27 @@ class GradientInversion(L.LightningModule):
                     for p in range(images.shape[0])]
             dummy = {k: torch.stack([o[0][k] for o in outs]) for k in self.names}
             feats = torch.stack([o[1] for o in outs]) if self.use_features else None
-        distance = OBJECTIVES[self.cfg.objective]
-        if not self.names:
-            parts = {}
-        elif self.flat and not vectorised:  # one √w-scaled vector per problem: one inner product, same value
-            flat = torch.cat([dummy[k].flatten(1) * w if w != 1.0 else dummy[k].flatten(1)
-                              for k, w in zip(self.names, self.sqrt_w)], 1)
-            parts = {"match": distance({"all": flat}, {"all": pick(self.target_flat)}, {"all": 1.0})}
+        ev = Evaluation(self.problem, OBJECTIVES[self.cfg.objective], features=feats,
+                        feature_target=pick(self.feature_target) if self.use_features else None)
+        if self.flat and not vectorised and self.names:  # one √w-scaled vector per problem: same value
+            ev.shared = {"all": torch.cat([dummy[k].flatten(1) * w if w != 1.0 else dummy[k].flatten(1)
+                                           for k, w in zip(self.names, self.sqrt_w)], 1)}
+            ev.shared_target, ev.shared_weights = {"all": pick(self.target_flat)}, {"all": 1.0}
         else:
-            target = {k: pick(getattr(self, f"target_{i}")) for i, k in enumerate(self.names)}
-            parts = {"match": distance(dummy, target, self.weights)}
-        if self.use_features:
-            parts["features"] = self.cfg.feature_weight * distance({"f": feats}, {"f": pick(self.feature_target)},
-                                                                   {"f": 1.0})
-        for name, weight in self.cfg.regularizers.items():
-            if weight:
-                parts[name] = weight * REGULARIZERS[name](images, self.ctx)
+            ev.shared, ev.shared_weights = dummy, self.weights
+            ev.shared_target = {k: pick(getattr(self, f"target_{i}")) for i, k in enumerate(self.names)}
+        return ev
+
+    def objective(self, images: Tensor, soft: Tensor | None = None,
+                  rows: slice | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        """Per-problem attack objective (P,) and its weighted terms (:attr:`Problem.terms`); the only basis for
+        ranking restarts. ``rows``: the problems ``images`` holds (default all P), e.g. ``slice(p, p + 1)`` for one
+        problem at a time."""
+        def pick(t: Tensor) -> Tensor:
+            return t[rows] if rows is not None and t.shape[0] > 1 else t
+
+        ev = self.evaluation(images, pick(self.current_soft() if soft is None else soft), pick)
+        parts = {name: weight * TERMS[name](images, ev) for name, weight in self.problem.terms.items()}
         return sum(parts.values()), parts
 
     def objective_and_backward(self) -> Tensor:
@@ -231,7 +197,7 @@ class GradientInversion(L.LightningModule):
 
     def on_train_start(self) -> None:
         # Lightning puts modules in train mode; the victim model keeps the protocol's mode
-        self.net.train(self.ctx.protocol.model_mode == "train")
+        self.net.train(self.problem.protocol.model_mode == "train")
 
     def _track(self, loss: Tensor) -> None:
         """Keep each problem's best iterate, paired with the objective it produced (no off-by-one)."""

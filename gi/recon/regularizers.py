@@ -1,26 +1,24 @@
-"""Image priors and auxiliary terms (registry): ``fn(images (P, B, C, H, W), ctx) -> (P,)``.
+"""Image priors and auxiliary terms of the objective: entries of :data:`gi.recon.terms.TERMS` weighted by
+``attack.regularizers``, ``fn(images (P, B, C, H, W), ctx) -> (P,)``.
 
-P counts the batched problems (captures × restarts). ``ctx`` is the :class:`gi.recon.module.Context` of the
-attack (model, protocol, BN statistics the threat model grants, …); it never holds ground truth.
+P counts the batched problems (captures × restarts). ``ctx`` is the :class:`gi.recon.terms.Evaluation` of the
+step (``ctx.model``, ``ctx.bn_targets`` the threat model grants, …; a :class:`gi.recon.problem.Problem` serves
+too); it never holds ground truth.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import kornia
 import torch
 
 from gi.core.errors import ConfigError
-from gi.core.registry import registrar
+from gi.recon.terms import REGULARIZERS, Term, register_regularizer
 
 Tensor = torch.Tensor
-Regularizer = Callable[[Tensor, Any], Tensor]
-REGULARIZERS: dict[str, Regularizer] = {}
-
-
-register_regularizer = registrar(REGULARIZERS, "regularizer")
+Regularizer = Term
+__all__ = ["REGULARIZERS", "Regularizer", "register_regularizer"]
 
 
 def _merge(x: Tensor) -> tuple[Tensor, int]:

@@ -16,8 +16,10 @@ from gi.fl.protocol import Protocol
 from gi.fl.victim import simulate_client
 from gi.models import build
 from gi.recon import INITS, OBJECTIVES, REGULARIZERS, SIMULATORS, ReconConfig, reconstruct, reconstruct_many
-from gi.recon.api import bn_targets, cpu_threads, feature_targets, labels_for_slots
-from gi.recon.module import Context, GradientInversion, match_weights
+from gi.recon.api import cpu_threads
+from gi.recon.module import GradientInversion
+from gi.recon.problem import Problem, bn_targets, build_problem, feature_targets, labels_for_slots, match_weights
+from gi.recon.terms import Evaluation
 from labels import LabelResult
 
 C = 4
@@ -104,14 +106,15 @@ def test_bn_regulariser_is_zero_at_the_client_batch_statistics():
     share_bn_statistics(model, x, capture)
     targets = bn_targets(capture, model, "shared")
     assert list(targets) == ["body.0.1"]
-    ctx = Context(model=model, protocol=capture.protocol, bn_targets=targets)
+    problem = build_problem([capture], [None], ReconConfig(labels="joint", regularizers={"bn": 1.0}, **FAST))
+    assert all(torch.equal(a, b) for a, b in zip(problem.bn_targets["body.0.1"], targets["body.0.1"]))
     both = torch.stack([x, _images(3, seed=5)])
-    value = REGULARIZERS["bn"](both, ctx)
+    value = REGULARIZERS["bn"](both, Evaluation(problem))
     assert float(value[0]) < 1e-5 and float(value[1]) > 1e-2
     running = bn_targets(capture, model, "running")  # DeepInversion's source: running mean 0, var 1 when fresh
     assert torch.equal(running["body.0.1"][0], torch.zeros(1, 4))
     with pytest.raises(ConfigError, match="BatchNorm statistics"):
-        REGULARIZERS["bn"](both, Context(model=model, protocol=capture.protocol))
+        REGULARIZERS["bn"](both, Evaluation(dataclasses.replace(problem, bn_targets=None)))
 
 
 def test_every_registered_regulariser_has_a_test_above():
@@ -180,9 +183,9 @@ def test_fedavg_capture_objective_is_zero_at_the_truth_and_reconstruct_runs():
     protocol = Protocol(scheme="fedavg", batch_size=2, lr=0.1, local_epochs=2)
     capture, truth = simulate_client(model, (_images(2), _labels(2)), protocol, torch.Generator().manual_seed(0))
     cfg = ReconConfig(objective="l2", regularizers={}, **FAST)
-    module = GradientInversion(Context(capture.model(), capture.protocol, kind="update", trained=list(capture.update)),
-                               {k: v[None] for k, v in capture.update.items()}, truth.targets[None], cfg, (3, 8, 8),
-                               num_samples=2)
+    problem = dataclasses.replace(build_problem([capture], [_oracle(truth)], cfg), soft=truth.targets[None])
+    assert problem.kind == "update"
+    module = GradientInversion(problem, cfg)
     # slots 0, 1 vs the client's shuffled order: one epoch = one step over both, so the order does not matter
     assert float(module.objective(truth.images[None])[0]) < 1e-10
     rec = reconstruct(capture, _oracle(truth), config=cfg)
@@ -195,13 +198,11 @@ def test_batched_problems_and_restarts_equal_separate_objectives(batching):
     model = _cnn()
     caps = [capture_gradients(model, _images(2, s), _labels(2, s), Protocol(batch_size=2)) for s in range(3)]
     cfg = ReconConfig(restarts=2, objective="cosine", regularizers={"tv": 0.01}, batching=batching, **FAST)
-    target = {k: torch.stack([c.gradients[k] for c, _ in caps]) for k in caps[0][0].gradients}
-    soft = torch.stack([t.targets for _, t in caps])
-    batched = GradientInversion(Context(caps[0][0].model(), caps[0][0].protocol), target, soft, cfg, (3, 8, 8))
+    batched = GradientInversion(build_problem([c for c, _ in caps], [_oracle(t) for _, t in caps], cfg), cfg)
     x = torch.rand(6, 2, 3, 8, 8, generator=torch.Generator().manual_seed(9))
     both = batched.objective(x)[0]
     for i, (c, t) in enumerate(caps):
-        single = GradientInversion(Context(c.model(), c.protocol), dict(c.gradients), t.targets, cfg, (3, 8, 8))
+        single = GradientInversion(build_problem([c], [_oracle(t)], cfg), cfg)
         torch.testing.assert_close(single.objective(x[2 * i:2 * i + 2])[0], both[2 * i:2 * i + 2], rtol=1e-5,
                                    atol=1e-6)
 
@@ -219,7 +220,7 @@ def test_loop_and_vmap_batching_give_the_same_objective_and_image_gradient(objec
     for batching in ("vmap", "loop"):
         cfg = ReconConfig(restarts=3, objective=objective, regularizers={"tv": 0.01}, batching=batching, **weights,
                           **FAST)
-        module = GradientInversion(Context(c.model(), c.protocol), dict(c.gradients), t.targets, cfg, (3, 8, 8))
+        module = GradientInversion(build_problem([c], [_oracle(t)], cfg), cfg)
         assert module.vectorised() == (batching == "vmap")
         assert module.flat == (objective in ("l2", "cosine"))
         xi = x.clone().requires_grad_(True)
@@ -234,11 +235,10 @@ def test_loop_and_vmap_batching_give_the_same_objective_and_image_gradient(objec
     for name in ("vmap", "loop"):
         for i in (0, 1):
             torch.testing.assert_close(out[name][2 + i], out["vmap"][i], rtol=1e-4, atol=1e-7)
-    auto = GradientInversion(Context(c.model(), c.protocol), dict(c.gradients), t.targets,
-                             ReconConfig(restarts=2, **FAST), (3, 8, 8))
+    auto = GradientInversion(build_problem([c], [_oracle(t)], ReconConfig(restarts=2, **FAST)),
+                             ReconConfig(restarts=2, **FAST))
     assert auto.vectorised()  # several problems of a small net on CPU: vmap
-    one = GradientInversion(Context(c.model(), c.protocol), dict(c.gradients), t.targets, ReconConfig(**FAST),
-                            (3, 8, 8))
+    one = GradientInversion(build_problem([c], [_oracle(t)], ReconConfig(**FAST)), ReconConfig(**FAST))
     assert not one.vectorised()  # one problem: plain autograd
 
 
@@ -259,8 +259,9 @@ def test_the_attack_api_has_no_route_for_ground_truth():
     for fn in (reconstruct, reconstruct_many):
         params = set(inspect.signature(fn).parameters)
         assert params <= {"capture", "captures", "label_result", "label_results", "features", "config", "callbacks"}
-    assert "truth" not in {f.name for f in dataclasses.fields(Context)}
+    assert "truth" not in {f.name for f in dataclasses.fields(Problem)}
     assert "truth" not in inspect.signature(GradientInversion.__init__).parameters
+    assert "truth" not in inspect.signature(build_problem).parameters
 
 
 # ------------------------------------------------------------------------------------------ labels
@@ -282,10 +283,10 @@ def test_joint_labels_start_from_the_given_labels_and_move():
     capture, truth = capture_gradients(model, _images(1), _labels(1), Protocol())
     soft = torch.tensor([[0.5, 0.3, 0.1, 0.1]])
     cfg = ReconConfig(labels="joint", label_lr=0.1, objective="l2", regularizers={}, iterations=20, progress=False)
-    module = GradientInversion(Context(capture.model(), capture.protocol), dict(capture.gradients), soft, cfg,
-                               (3, 8, 8))
+    given = LabelResult.from_counts("m", torch.tensor([1, 0, 0, 0]), soft=soft)
+    module = GradientInversion(build_problem([capture], [given], cfg), cfg)
     torch.testing.assert_close(module.current_soft()[0], soft)
-    rec = reconstruct(capture, LabelResult.from_counts("m", torch.tensor([1, 0, 0, 0]), soft=soft), config=cfg)
+    rec = reconstruct(capture, given, config=cfg)
     assert not torch.allclose(rec.labels, soft) and torch.allclose(rec.labels.sum(1), torch.ones(1))
     rnd = reconstruct(capture, None, config=dataclasses.replace(cfg, iterations=2))  # DLG: random start
     assert rnd.labels.shape == (1, C)
@@ -305,8 +306,7 @@ def test_feature_term_alone_is_zero_at_the_true_image_and_targets_are_exact_for_
     f_star = feature_targets(capture, _oracle(truth), truth.targets)
     torch.testing.assert_close(f_star.float(), model.features(x), rtol=1e-4, atol=1e-6)
     cfg = ReconConfig(last_layer_weight=0.0, feature_weight=2.0, objective="l2", regularizers={}, **FAST)
-    module = GradientInversion(Context(capture.model(), capture.protocol), dict(capture.gradients), truth.targets,
-                               cfg, (3, 8, 8), features=f_star)
+    module = GradientInversion(build_problem([capture], [_oracle(truth)], cfg, features=[f_star]), cfg)
     assert "fc.weight" not in module.names and "fc.bias" not in module.names  # α = 0 drops the last layer
     at_truth = module.objective(x[None])[1]["features"]
     elsewhere = module.objective(_images(1, 4)[None])[1]["features"]
