@@ -76,6 +76,16 @@ class GradientInversion(L.LightningModule):
             self.register_buffer(f"target_{i}", self._per_problem(self.problem.targets[k].detach().float()))
         if self.use_features:
             self.register_buffer("feature_target", self._per_problem(self.problem.features.detach().float()))
+        for i, (mean, var) in enumerate((self.problem.bn_targets or {}).values()):  # BN prior (a GPU run failed
+            self.register_buffer(f"bn_mean_{i}", mean.detach())                   # with them left on the CPU)
+            self.register_buffer(f"bn_var_{i}", var.detach())
+
+    def device_bn_targets(self) -> dict[str, tuple[Tensor, Tensor]] | None:
+        """The BatchNorm targets from the module's buffers, on its device (None without a BN prior)."""
+        if not self.problem.bn_targets:
+            return None
+        return {name: (getattr(self, f"bn_mean_{i}"), getattr(self, f"bn_var_{i}"))
+                for i, name in enumerate(self.problem.bn_targets)}
 
     def _init_parameters(self) -> None:
         """The images (``cfg.init``), the fixed soft labels or joint label logits, and the best iterates."""
@@ -135,7 +145,8 @@ class GradientInversion(L.LightningModule):
             dummy = {k: torch.stack([o[0][k] for o in outs]) for k in self.names}
             feats = torch.stack([o[1] for o in outs]) if self.use_features else None
         ev = Evaluation(self.problem, OBJECTIVES[self.cfg.objective], features=feats,
-                        feature_target=pick(self.feature_target) if self.use_features else None)
+                        feature_target=pick(self.feature_target) if self.use_features else None,
+                        device_bn_targets=self.device_bn_targets())
         if self.flat and not vectorised and self.names:  # one √w-scaled vector per problem: same value
             ev.shared = {"all": torch.cat([dummy[k].flatten(1) * w if w != 1.0 else dummy[k].flatten(1)
                                            for k, w in zip(self.names, self.sqrt_w)], 1)}

@@ -50,6 +50,7 @@ class Evaluation:
     shared_weights: dict[str, float] = field(default_factory=dict)
     features: Tensor | None = None
     feature_target: Tensor | None = None
+    device_bn_targets: dict[str, tuple[Tensor, Tensor]] | None = None  # the module's copies, on its device
 
     @property
     def model(self) -> torch.nn.Module | None:
@@ -57,6 +58,8 @@ class Evaluation:
 
     @property
     def bn_targets(self) -> dict[str, tuple[Tensor, Tensor]] | None:
+        if self.device_bn_targets is not None:
+            return self.device_bn_targets
         return None if self.problem is None else self.problem.bn_targets
 
 

@@ -431,3 +431,18 @@ def test_simulators_follow_the_module_to_another_device(kind, options):
     model.to("meta")
     shared, _ = simulate(torch.zeros(2, 3, 32, 32, device="meta"), torch.zeros(2, 10, device="meta"))
     assert set(shared) == set(names) and all(v.device.type == "meta" for v in shared.values())
+
+
+def test_bn_targets_follow_the_module_to_its_device():
+    """A GPU run failed: the BN prior's targets stayed on the CPU. They are buffers now (meta device stands in)."""
+    from gi.recon.module import GradientInversion
+    from gi.recon.problem import build_problem
+
+    model = build("resnet18", 10, seed=0)
+    capture, truth = capture_gradients(model, _images(1, 0, (3, 32, 32)), _labels(1), Protocol())
+    cfg = ReconConfig(objective="l2", regularizers={"bn": 1e-3}, bn_stats="running", **FAST)
+    module = GradientInversion(build_problem([capture], [_oracle(truth)], cfg), cfg)
+    targets = module.device_bn_targets()
+    assert targets and all(m.device.type == "cpu" for m, _ in targets.values())
+    module.to("meta")
+    assert all(m.device.type == "meta" and v.device.type == "meta" for m, v in module.device_bn_targets().values())
