@@ -23,7 +23,7 @@ from gi.core.errors import CaptureError, ConfigError
 from gi.fl.protocol import Protocol
 
 Tensor = torch.Tensor
-_KINDS = ("state", "gradients", "update", "history")
+_KINDS = ("state", "gradients", "update", "history", "bn_stats")
 
 
 def _atomic_save(tensors: dict[str, Tensor], meta: dict[str, Any], path: str | os.PathLike) -> None:
@@ -74,6 +74,18 @@ def _field(meta: dict[str, Any], key: str, kind: type | tuple[type, ...], path: 
     return meta[key]
 
 
+def _bn_pairs(flat: dict[str, Tensor], path: Any) -> dict[str, tuple[Tensor, Tensor]]:
+    """``{"<module>.mean": m, "<module>.var": v}`` → ``{module: (m, v)}``; an unpaired entry is a CaptureError."""
+    modules = {key.rsplit(".", 1)[0] for key in flat}
+    pairs = {}
+    for module in sorted(modules):
+        mean, var = flat.get(f"{module}.mean"), flat.get(f"{module}.var")
+        if mean is None or var is None or len(flat) != 2 * len(modules):
+            raise CaptureError(f"{path}: bn_stats of {module!r} need exactly a '.mean' and a '.var' tensor")
+        pairs[module] = (mean, var)
+    return pairs
+
+
 def _split(tensors: dict[str, Tensor], path: Any) -> dict[str, dict[str, Tensor]]:
     out: dict[str, dict[str, Tensor]] = {k: {} for k in _KINDS}
     for key, value in tensors.items():
@@ -97,6 +109,8 @@ class Capture:
     global model θᵗ the client started from (parameters and buffers). Exactly one of ``gradients``
     (FedSGD) and ``update`` (FedAvg-style schemes) is set. ``history`` holds scheme terms such as
     Scaffold's control variates or FedDyn's state; ``meta`` is free-form JSON (round, client id…).
+    ``bn_stats`` maps a BatchNorm module to the client's per-channel batch ``(mean, biased var)`` at its input,
+    present only when the threat model grants them (``protocol.share_bn_stats``; the ``bn`` prior reads them).
     """
 
     model_spec: dict[str, Any]
@@ -106,6 +120,7 @@ class Capture:
     update: dict[str, Tensor] | None = None
     history: dict[str, Tensor] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    bn_stats: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ views
     @property
@@ -206,7 +221,8 @@ class Capture:
                                f"{'an update' if self.is_update else 'gradients'}")
         for name, tensor in self.shared.items():
             self._check_shared(name, tensor)
-        for group, tensors in (("model_state", self.model_state), ("history", self.history)):
+        bn = {f"{m}.{part}": t for m, pair in self.bn_stats.items() for part, t in zip(("mean", "var"), pair)}
+        for group, tensors in (("model_state", self.model_state), ("history", self.history), ("bn_stats", bn)):
             for name, tensor in tensors.items():
                 if tensor.is_floating_point():
                     _check_finite(group, name, tensor)
@@ -240,6 +256,8 @@ class Capture:
         if self.update is not None:
             tensors.update({f"update/{k}": v for k, v in self.update.items()})
         tensors.update({f"history/{k}": v for k, v in self.history.items()})
+        for module, (mean, var) in self.bn_stats.items():
+            tensors.update({f"bn_stats/{module}.mean": mean, f"bn_stats/{module}.var": var})
         meta = {"type": "capture", "model_spec": self.model_spec, "protocol": self.protocol.to_dict(),
                 "has_gradients": self.gradients is not None, "has_update": self.update is not None,
                 "meta": self.meta}
@@ -263,8 +281,10 @@ class Capture:
             protocol=protocol,
             gradients=parts["gradients"] if has_gradients else None,
             update=parts["update"] if has_update else None,
-            history=parts["history"],
+            history={k: v for k, v in parts["history"].items() if not k.startswith("bn_stats/")},
             meta=_field({"meta": meta.get("meta", {})}, "meta", dict, path),
+            bn_stats=_bn_pairs({**{k.split("/", 1)[1]: v for k, v in parts["history"].items()  # older files kept
+                                   if k.startswith("bn_stats/")}, **parts["bn_stats"]}, path),  # them in history
         )
 
 

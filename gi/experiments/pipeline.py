@@ -204,8 +204,8 @@ def build_victim(cfg: Any) -> tuple[Any, torch.nn.Module]:
 
 def share_bn_statistics(model: torch.nn.Module, images: torch.Tensor, capture: Capture) -> None:
     """Victim side, when the threat model grants it (``protocol.share_bn_stats``): put the client's
-    per-channel batch mean and biased variance at every BatchNorm input into ``capture.history`` as
-    ``bn_stats/<module>.mean|.var`` (what FedAvg's shared running buffers reveal), for the ``bn`` regulariser."""
+    per-channel batch mean and biased variance at every BatchNorm input into ``capture.bn_stats`` (what FedAvg's
+    shared running buffers reveal), for the ``bn`` regulariser."""
     import torch
 
     seen: dict[str, torch.Tensor] = {}
@@ -222,8 +222,7 @@ def share_bn_statistics(model: torch.nn.Module, images: torch.Tensor, capture: C
         model.train(was)
     for name, a in seen.items():
         dims = (0,) + tuple(range(2, a.ndim))
-        capture.history[f"bn_stats/{name}.mean"] = a.mean(dims)
-        capture.history[f"bn_stats/{name}.var"] = a.var(dims, unbiased=False)
+        capture.bn_stats[name] = (a.mean(dims), a.var(dims, unbiased=False))
 
 
 def capture_client(cfg: Any, dataset: Any, model: torch.nn.Module, gen: torch.Generator) -> tuple[Capture, Truth]:

@@ -266,7 +266,7 @@ def run_federation(
 ) -> Federation:
     """FedAvg-style training of ``model`` (θ¹) over ``rounds`` rounds with all clients participating.
 
-    Clients are a Dirichlet(``alpha``) partition of ``dataset`` (``gi.data.dirichlet_partition``) unless
+    Clients are a Dirichlet(``alpha``) partition of ``dataset`` (``gi.fl.partition.dirichlet_partition``) unless
     ``partition`` (a list of index tensors) is given. Aggregation is the size-weighted mean of the local
     models (McMahan 2017, RLU eq. 1); FedDyn adds its server state ``θ ← mean θ_k − h/α``
     (Acar et al. 2021), FedDC adds the mean drift (Gao et al. 2022), Scaffold updates the server
@@ -280,7 +280,7 @@ def run_federation(
     if partition is None:
         if alpha is None:
             raise ConfigError("run_federation needs alpha (Dirichlet concentration) or an explicit partition")
-        from gi.data import dirichlet_partition
+        from gi.fl.partition import dirichlet_partition
 
         kwargs = {} if min_size is None else {"min_size": min_size}
         partition = dirichlet_partition(labels, num_clients, alpha, rng, **kwargs)

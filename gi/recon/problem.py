@@ -153,8 +153,8 @@ def analytic_prior(capture: Capture, label_result: LabelResult | None) -> Tensor
 
 
 def bn_targets(capture: Capture, model: torch.nn.Module, source: str) -> dict[str, tuple[Tensor, Tensor]]:
-    """BatchNorm targets the threat model grants: ``shared`` reads ``capture.history['bn_stats/<module>.mean'|'.var']``
-    (the client's batch statistics, e.g. from FedAvg's shared buffers), ``running`` the model's running stats."""
+    """BatchNorm targets the threat model grants: ``shared`` reads ``capture.bn_stats`` (the client's batch
+    statistics, e.g. from FedAvg's shared buffers), ``running`` the model's running stats."""
     out: dict[str, tuple[Tensor, Tensor]] = {}
     for name, m in model.named_modules():
         if not isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
@@ -164,9 +164,9 @@ def bn_targets(capture: Capture, model: torch.nn.Module, source: str) -> dict[st
                 continue
             mean, var = m.running_mean, m.running_var
         else:
-            mean, var = capture.history.get(f"bn_stats/{name}.mean"), capture.history.get(f"bn_stats/{name}.var")
-            if mean is None or var is None:
+            if name not in capture.bn_stats:
                 continue
+            mean, var = capture.bn_stats[name]
         out[name] = (mean.detach().float().reshape(1, -1), var.detach().float().reshape(1, -1))
     return out
 

@@ -166,7 +166,7 @@ def _table_partition(labels: Tensor, compositions: list[list[float]], size: int,
 def _partition(s: FedAvgClientSetup, data: Any, gen: torch.Generator) -> list[Tensor]:
     kind, k, protocol = s.partition, s.num_clients, s.protocol
     if kind == "dirichlet":
-        from gi.data import dirichlet_partition
+        from gi.fl.partition import dirichlet_partition
 
         min_size = s.min_size
         if min_size is None:

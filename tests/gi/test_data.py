@@ -17,6 +17,7 @@ from PIL import Image
 from gi import assets
 from gi import data as gd
 from gi.core.errors import AssetError, ConfigError
+from gi.fl.partition import dirichlet_partition
 
 SAMPLE_SETS = {
     # name: (file prefix, image shape, num_classes)
@@ -380,16 +381,16 @@ def test_class_imbalanced_batch(fraction):
 @given(st.integers(1, 200), st.integers(1, 6), st.floats(0.05, 100.0), st.booleans(), st.integers(0, 10**6))
 def test_dirichlet_partition_is_a_partition(n, num_clients, alpha, balance, seed):
     labels = torch.randint(5, (n,), generator=gen(seed))
-    parts = gd.dirichlet_partition(labels, num_clients, alpha, gen(seed), min_size=0, balance=balance)
+    parts = dirichlet_partition(labels, num_clients, alpha, gen(seed), min_size=0, balance=balance)
     assert len(parts) == num_clients
     assert torch.equal(torch.sort(torch.cat(parts)).values, torch.arange(n))
 
 
 def test_dirichlet_partition_deterministic_and_heterogeneity():
     labels = gd.load("fashion-mnist", "train").labels
-    a = gd.dirichlet_partition(labels, 10, 0.5, gen(0))
-    b = gd.dirichlet_partition(labels, 10, 0.5, gen(0))
-    c = gd.dirichlet_partition(labels, 10, 0.5, gen(1))
+    a = dirichlet_partition(labels, 10, 0.5, gen(0))
+    b = dirichlet_partition(labels, 10, 0.5, gen(0))
+    c = dirichlet_partition(labels, 10, 0.5, gen(1))
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     assert not all(torch.equal(x, y) for x, y in zip(a, c, strict=True))
 
@@ -397,27 +398,27 @@ def test_dirichlet_partition_deterministic_and_heterogeneity():
         counts = torch.stack([torch.bincount(labels[p], minlength=10) for p in parts]).double()
         return counts / counts.sum(1, keepdim=True)
 
-    uniform = mix(gd.dirichlet_partition(labels, 10, 1e4, gen(0)))
+    uniform = mix(dirichlet_partition(labels, 10, 1e4, gen(0)))
     assert float((uniform - 0.1).abs().max()) < 0.02  # α → ∞: every client holds the global mix
-    skewed = mix(gd.dirichlet_partition(labels, 10, 0.05, gen(0)))
+    skewed = mix(dirichlet_partition(labels, 10, 0.05, gen(0)))
     assert float(skewed.max(1).values.mean()) > 0.5  # α small: clients dominated by few classes
 
 
 def test_dirichlet_rounding_is_unbiased():
     # one sample per class: the floor-of-cumsum split would give every sample to the last client
     labels = torch.arange(2000)
-    sizes = torch.stack([torch.tensor([p.numel() for p in gd.dirichlet_partition(labels, 4, 1.0, gen(s), min_size=0)])
+    sizes = torch.stack([torch.tensor([p.numel() for p in dirichlet_partition(labels, 4, 1.0, gen(s), min_size=0)])
                          for s in range(5)]).sum(0)
     assert int(sizes.min()) > 0.2 * 10000 / 4
 
 
 def test_dirichlet_partition_min_size_and_errors():
     labels = torch.arange(100) % 10
-    parts = gd.dirichlet_partition(labels, 5, 0.1, gen(0), min_size=10)
+    parts = dirichlet_partition(labels, 5, 0.1, gen(0), min_size=10)
     assert min(p.numel() for p in parts) >= 10
     with pytest.raises(ConfigError, match="exceeds"):
-        gd.dirichlet_partition(labels, 11, 1.0, gen(0), min_size=10)
+        dirichlet_partition(labels, 11, 1.0, gen(0), min_size=10)
     with pytest.raises(ConfigError, match="alpha"):
-        gd.dirichlet_partition(labels, 5, 0.0, gen(0))
+        dirichlet_partition(labels, 5, 0.0, gen(0))
     with pytest.raises(ConfigError, match="no draw"):
-        gd.dirichlet_partition(labels, 10, 0.01, gen(0), min_size=10, max_tries=3)
+        dirichlet_partition(labels, 10, 0.01, gen(0), min_size=10, max_tries=3)

@@ -121,3 +121,27 @@ def test_check_at_the_door(saved):
                                                           "fc.bias": capture.model_state["fc.bias"] + float("inf")})
     with pytest.raises(CaptureError, match="model_state tensor 'fc.bias' contains NaN or Inf"):
         nan_state.check()
+
+
+def test_bn_stats_are_a_typed_field_that_round_trips(saved, tmp_path):
+    """The BatchNorm statistics a threat model grants: ``{module: (mean, var)}``, saved as their own kind; files that
+    kept them as ``history/bn_stats/...`` keys still load; an unpaired entry is a CaptureError."""
+    import dataclasses
+
+    capture, _ = saved
+    stats = {"body.1": (torch.arange(3.0), torch.ones(3))}
+    dataclasses.replace(capture, bn_stats=stats).save(tmp_path / "bn.safetensors")
+    back = Capture.load(tmp_path / "bn.safetensors")
+    assert set(back.bn_stats) == {"body.1"} and not back.history
+    assert torch.equal(back.bn_stats["body.1"][0], stats["body.1"][0])
+    legacy = {**_tensors(capture), "history/bn_stats/body.1.mean": torch.zeros(3),
+              "history/bn_stats/body.1.var": torch.ones(3)}
+    _write(tmp_path / "old.safetensors", legacy, _meta(capture))
+    old = Capture.load(tmp_path / "old.safetensors")
+    assert set(old.bn_stats) == {"body.1"} and not old.history
+    _write(tmp_path / "half.safetensors", {**_tensors(capture), "bn_stats/body.1.mean": torch.zeros(3)}, _meta(capture))
+    with pytest.raises(CaptureError, match="bn_stats of 'body.1' need exactly a '.mean' and a '.var'"):
+        Capture.load(tmp_path / "half.safetensors")
+    nan = dataclasses.replace(capture, bn_stats={"body.1": (torch.zeros(3) + float("nan"), torch.ones(3))})
+    with pytest.raises(CaptureError, match="bn_stats tensor 'body.1.mean' contains NaN"):
+        nan.check()
