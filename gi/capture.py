@@ -1,6 +1,6 @@
 """What the server sees (:class:`Capture`) and the ground truth kept for scoring (:class:`Truth`).
 
-DESIGN.md §2: a capture is self-describing (model spec and state, protocol, gradients **or**
+docs/architecture.md, "Data flow": a capture is self-describing (model spec and state, protocol, gradients **or**
 update, history terms of the FL scheme). Sign convention: ``gradients`` are ∇θ of the mean-reduced
 loss; ``update`` is ``θ_local − θ_global``. Files are safetensors with the JSON metadata in the
 header: loading never unpickles.
@@ -332,7 +332,7 @@ def capture_gradients(
     protocol: Protocol,
     generator: torch.Generator | None = None,
 ) -> tuple[Capture, Truth]:
-    """FedSGD: the client's gradient of the mean loss over one batch (DESIGN.md §4).
+    """FedSGD: the client's gradient of the mean loss over one batch (docs/architecture.md, "Public contract").
 
     ``targets`` are class ids ``(B,)`` or soft labels ``(B, C)``. The model is used in the protocol's
     mode (``eval`` by default, as Inverting Gradients assumes). Returns ``(Capture, Truth)``.

@@ -1,4 +1,4 @@
-"""Real images offline, label augmentation and seeded sampling (DESIGN.md §2, §5).
+"""Real images offline, label augmentation and seeded sampling (docs/architecture.md, "Data flow", "Conventions").
 
 Datasets (:func:`load`) are pixel tensors in [0, 1] of shape ``(N, C, H, W)``; normalisation is the
 model's first layer, never the data's. Sources, all offline (nothing downloads, ever):

@@ -2,7 +2,7 @@
 
 Every loss takes logits ``(B, C)`` and targets that are either class ids ``(B,)`` or soft labels
 ``(B, C)`` (rows on the simplex), and reduces by the mean over the batch, which is the FedSGD
-convention of DESIGN.md §2 (``gradients`` are ∇θ of the mean-reduced loss).
+convention of docs/architecture.md, "Data flow" (``gradients`` are ∇θ of the mean-reduced loss).
 """
 
 from __future__ import annotations

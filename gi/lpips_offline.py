@@ -1,4 +1,4 @@
-"""LPIPS with ImageNet backbones loaded offline (DESIGN.md §5).
+"""LPIPS with ImageNet backbones loaded offline (docs/architecture.md, "Conventions").
 
 The ``lpips`` package ships its calibration layers (``lin``, LPIPS v0.1, Zhang et al. 2018) but fetches the
 ImageNet-trained AlexNet / VGG16 trunk from the torchvision hub. We build ``lpips.LPIPS(pnet_rand=True)``

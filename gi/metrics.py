@@ -1,4 +1,5 @@
-"""Scoring: image metrics (PSNR, SSIM, LPIPS), one-to-one batch matching, label-recovery metrics (DESIGN.md §4).
+"""Scoring: image metrics (PSNR, SSIM, LPIPS), one-to-one batch matching, label-recovery metrics
+(docs/architecture.md, "Public contract").
 
 Images are pixel tensors in [0, 1] of shape (B, C, H, W); every metric clamps its inputs to [0, 1] first and
 averages per image (never sums, never on normalised tensors). Batches are matched one-to-one with the
@@ -196,7 +197,7 @@ def summarize(values: Tensor | list[float]) -> dict[str, Any]:
 def score(reconstructed: Tensor, truth_images: Tensor, labels_rec: Tensor | None = None,
           labels_true: Tensor | None = None, match: bool = True, cost: str = "mse", vgg: bool = False,
           device: str | torch.device | None = None) -> dict[str, Any]:
-    """Score a batch of reconstructions against the truth images (DESIGN.md §4).
+    """Score a batch of reconstructions against the truth images (docs/architecture.md, "Public contract").
 
     With ``match`` (and B > 1) reconstructions are paired one-to-one with truth images by the Hungarian
     algorithm on ``cost`` (default ``"mse"``, i.e. maximal agreement in the negative-PSNR sense; see

@@ -1,4 +1,4 @@
-"""Model zoo of the papers, each as ``normalize → body → fc`` (DESIGN.md §4, issue 2 §3).
+"""Model zoo of the papers, each as ``normalize → body → fc`` (docs/architecture.md "Public contract").
 
 Every model built here is a :class:`GIModel`: the dataset normalisation is its first layer (so
 gradients are taken w.r.t. pixel-space inputs in [0, 1]), ``body`` maps images to the penultimate
@@ -291,7 +291,7 @@ def build(
     seed: int | None = None,
     **options: Any,
 ) -> GIModel:
-    """Build a model of the zoo (DESIGN.md §4).
+    """Build a model of the zoo (docs/architecture.md, "Public contract").
 
     ``activation=None`` takes the model's own default (sigmoid for the DLG ``lenet``, ReLU elsewhere).
     ``init``: ``None``/``"default"`` (framework), ``"uniform"`` (U(−0.5, 0.5) on all parameters),

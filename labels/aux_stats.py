@@ -3,7 +3,7 @@ embedding, per-sample logit gradients, and the attacker's auxiliary data run thr
 
 :func:`aux_forward` is the one place where auxiliary (or dummy) images go through the capture's global
 model θᵗ; every aux-based method (posterior, LLG+, ZLG+, RLU) reads its statistics from the returned
-:class:`AuxStats`. The body runs in ``dtype`` (float64 by default, DESIGN.md §5); the last layer always
+:class:`AuxStats`. The body runs in ``dtype`` (float64 by default, docs/architecture.md); the last layer always
 runs in float64 from the capture's own state. Results are cached per (aux object, model state), so a
 benchmark that attacks many captures of one global model forwards the aux set once.
 """

@@ -79,7 +79,7 @@ def check_call(method: str, capture: Capture, options: dict[str, Any]) -> None:
 
 
 def recover(capture: Capture, method: str, aux: Any = None, **options: Any) -> LabelResult:
-    """Recover labels from a capture with a registered method (DESIGN.md §4).
+    """Recover labels from a capture with a registered method (docs/architecture.md, "Public contract").
 
     ``aux`` is the attacker's auxiliary data when the method needs it (an :class:`gi.data.ImageDataset` or
     a dataset); ``options`` are method-specific. Wall time goes to ``info['seconds']``.

@@ -1,4 +1,4 @@
-"""Errors of the toolkit: one base class, one subclass per kind of mistake (DESIGN.md §5).
+"""Errors of the toolkit: one base class, one subclass per kind of mistake (docs/architecture.md, "Conventions").
 
 Messages are one line: what was wrong and how to fix it.
 """

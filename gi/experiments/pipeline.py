@@ -1,4 +1,4 @@
-"""``gi run``: the end-to-end job (DESIGN.md §2): data → victim → labels → reconstruction → scores.
+"""``gi run``: the end-to-end job (docs/architecture.md, "Data flow"): data → victim → labels → reconstruction → scores.
 
 The attack side receives the capture (and auxiliary data) only; ground truth is used to make the
 oracle LabelResult when ``labels.mode: truth`` is asked for explicitly, and to score.

@@ -1,5 +1,5 @@
 """Writing a run's output directory: staged in a hidden folder and renamed into place at the end, so an
-interrupted or failed run never leaves a half-written directory (DESIGN.md §4), and two commands never clobber
+interrupted or failed run never leaves a half-written directory (docs/architecture.md), and two commands never clobber
 each other's output.
 
 Guarantees of :func:`staged_output`:

@@ -1,4 +1,4 @@
-"""``gi.reconstruct``: the attack's public entry point (DESIGN.md §4).
+"""``gi.reconstruct``: the attack's public entry point (docs/architecture.md, "Public contract").
 
 The attack API takes a :class:`Capture`, a label result and optional features: there is no parameter through
 which ground truth could reach it, so restarts can only be ranked by the attack objective. A reconstruction is

@@ -1,4 +1,4 @@
-"""The reconstruction as a LightningModule with manual optimisation (GradAttack's pattern, DESIGN.md §6).
+"""The reconstruction as a LightningModule with manual optimisation (GradAttack's pattern).
 
 The Trainer drives one optimisation step per batch of a length-N dummy loader. P = N problems (captures that
 share one global model) × R restarts are one batched problem: the dummy gradients (or unrolled updates) come

@@ -1,5 +1,5 @@
 """The plan before the loop: :func:`build_problem` turns captures, label results and a config into a
-:class:`Problem`, everything the optimisation needs, without Lightning (DESIGN.md §4, §6).
+:class:`Problem`, everything the optimisation needs, without Lightning (docs/architecture.md, "Public contract").
 
 N captures of one global model are one problem of N rows (times the config's R restarts in the optimiser): the
 shared tensors to match stacked over the captures, the slot labels, the feature targets of eq. 8, the analytic

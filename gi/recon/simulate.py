@@ -52,7 +52,7 @@ def _caller(model: nn.Module) -> Callable[[State, Tensor], tuple[Tensor | None, 
 
 def gradient_simulator(model: nn.Module, protocol: Protocol, names: list[str], features: bool = False,
                        autograd: bool = False, **_: Any) -> Simulator:
-    """FedSGD: ``∇θ L(f_θ(x), y)`` of the mean loss over the batch (DESIGN.md §2), only for ``names``;
+    """FedSGD: ``∇θ L(f_θ(x), y)`` of the mean loss over the batch (docs/architecture.md), only for ``names``;
     ``features``: also return ``f_{N−1}(x)`` (free: the same forward pass).
 
     ``autograd=True``: one problem per call with ``torch.autograd.grad(create_graph=True)`` on the model's own

@@ -42,7 +42,7 @@ def cifar() -> torch.Tensor:
     return torch.cat([_png(n) for n in names])
 
 
-# ---------------------------------------------------------------- LPIPS reference values (DESIGN.md §5)
+# ------------------------------------------------ LPIPS reference values (docs/architecture.md, "Conventions")
 
 
 @pytest.mark.parametrize("net, other, expected", [
