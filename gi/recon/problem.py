@@ -96,7 +96,8 @@ def labels_for_slots(label_result: LabelResult | None, batch: int, num_classes: 
     """
     if label_result is None:
         raise ConfigError("reconstruct needs labels: pass a LabelResult (labels.recover, or oracle labels made by "
-                          "the pipeline), or set attack.labels=joint to optimise them from a random start")
+                          "the pipeline), or optimise them from a random start: labels.mode=joint in a gi run "
+                          "config, ReconConfig(labels='joint') in Python")
     soft = label_result.soft
     if soft is not None and soft.shape == (batch, num_classes):
         soft = soft.float()
