@@ -62,20 +62,21 @@ def describe() -> dict[str, str]:
     return dict(sorted(_DOCS.items()))
 
 
-def check_call(method: str, capture: Capture, options: dict[str, Any]) -> None:
-    """The door of the label stage: a known method, options it takes, a capture whose last layer is readable
-    (present, float, finite, the model's shapes). Raises :class:`ConfigError` / :class:`CaptureError`."""
+def check_call(method: str, captures: list[Capture], options: dict[str, Any]) -> None:
+    """The door of the label stage: a known method, options it takes (checked once), captures whose last layer is
+    readable (present, float, finite, the model's shapes). Raises :class:`ConfigError` / :class:`CaptureError`."""
     if method not in METHODS:
         raise ConfigError(f"unknown label method {method!r}; valid: {sorted(METHODS)}")
-    if not isinstance(capture, Capture):
-        raise CaptureError(f"labels.recover needs a gi.Capture, got {type(capture).__name__}")
     params = inspect.signature(METHODS[method]).parameters
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         valid = sorted(n for n in params if n not in ("capture", "captures", "aux"))
         unknown = sorted(set(options) - set(valid))
         if unknown:
             raise ConfigError(f"label method {method!r} takes no option(s) {unknown}; valid: {valid}")
-    capture.shared_last_layer()
+    for capture in captures:
+        if not isinstance(capture, Capture):
+            raise CaptureError(f"labels.recover needs a gi.Capture, got {type(capture).__name__}")
+        capture.shared_last_layer()
 
 
 def recover(capture: Capture, method: str, aux: Any = None, **options: Any) -> LabelResult:
@@ -84,7 +85,7 @@ def recover(capture: Capture, method: str, aux: Any = None, **options: Any) -> L
     ``aux`` is the attacker's auxiliary data when the method needs it (an :class:`gi.data.ImageDataset` or
     a dataset); ``options`` are method-specific. Wall time goes to ``info['seconds']``.
     """
-    check_call(method, capture, options)
+    check_call(method, [capture], options)
     start = time.perf_counter()
     result = METHODS[method](capture, aux=aux, **options)
     result.info.setdefault("seconds", time.perf_counter() - start)
@@ -93,9 +94,8 @@ def recover(capture: Capture, method: str, aux: Any = None, **options: Any) -> L
 
 def recover_many(captures: list[Capture], method: str, aux: Any = None, **options: Any) -> list[LabelResult]:
     """:func:`recover` over many captures; vectorised when the method registered a batch form."""
-    for capture in captures:
-        check_call(method, capture, options)
     if method in BATCH_METHODS:
+        check_call(method, list(captures), options)  # the options once, every capture's last layer
         start = time.perf_counter()
         results = BATCH_METHODS[method](captures, aux=aux, **options)
         per = (time.perf_counter() - start) / max(len(captures), 1)
