@@ -94,8 +94,8 @@ def recover(capture: Capture, method: str, aux: Any = None, **options: Any) -> L
 
 def recover_many(captures: list[Capture], method: str, aux: Any = None, **options: Any) -> list[LabelResult]:
     """:func:`recover` over many captures; vectorised when the method registered a batch form."""
-    if method in BATCH_METHODS:
-        check_call(method, list(captures), options)  # the options once, every capture's last layer
+    check_call(method, list(captures) if method in BATCH_METHODS else [], options)  # options once; the loop
+    if method in BATCH_METHODS:                                                    # path's recover checks each
         start = time.perf_counter()
         results = BATCH_METHODS[method](captures, aux=aux, **options)
         per = (time.perf_counter() - start) / max(len(captures), 1)
