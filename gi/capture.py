@@ -8,6 +8,7 @@ header: loading never unpickles.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -101,6 +102,70 @@ def _check_finite(group: str, name: str, t: Tensor) -> None:
         raise CaptureError(f"{group} tensor {name!r} contains NaN or Inf; drop this capture or re-capture it")
 
 
+def _positive(n: Any) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise CaptureError(f"num_samples must be a positive int (the samples behind the message), got {n!r}")
+    return n
+
+
+def _state_of(model: torch.nn.Module) -> dict[str, Tensor]:
+    return {k: v.detach().clone().cpu() for k, v in model.state_dict().items()}
+
+
+def _state_dict(obj: Any, what: str) -> dict[str, Tensor]:
+    if isinstance(obj, torch.nn.Module):
+        return {k: v.detach().cpu() for k, v in obj.state_dict().items()}
+    if not isinstance(obj, dict) or not all(isinstance(v, Tensor) for v in obj.values()):
+        raise CaptureError(f"{what} must be an nn.Module or a state dict {{name: tensor}}, got {type(obj).__name__}")
+    return {k: v.detach().cpu() for k, v in obj.items()}
+
+
+def _checked_message(model: torch.nn.Module, message: Any, what: str) -> dict[str, Tensor]:
+    """``message`` {parameter name: tensor} checked against the model's parameters (names, shapes, floats)."""
+    if not isinstance(message, dict) or not message:
+        raise CaptureError(f"{what} must be a non-empty dict {{parameter name: tensor}}, got {type(message).__name__}")
+    params = dict(model.named_parameters())
+    out = {}
+    for k, v in message.items():
+        if k not in params:
+            raise CaptureError(f"{what} has {k!r}, which is not a parameter of the model; its parameters: "
+                               f"{list(params)[:6]}{' …' if len(params) > 6 else ''}")
+        if not isinstance(v, Tensor) or not v.is_floating_point():
+            raise CaptureError(f"{what}[{k!r}] must be a float tensor, got {getattr(v, 'dtype', type(v).__name__)}")
+        if tuple(v.shape) != tuple(params[k].shape):
+            raise CaptureError(f"{what}[{k!r}] has shape {tuple(v.shape)}, the model's parameter has "
+                               f"{tuple(params[k].shape)}")
+        out[k] = v.detach().clone().cpu()
+    return out
+
+
+def describe_model(model: torch.nn.Module, last_layer: str | None = None, in_shape: Any = None,
+                   example: Tensor | None = None) -> tuple[dict[str, Any], str]:
+    """``(model_spec, last layer name)`` of any classifier module: its provenance (:func:`gi.models.spec_of`)
+    with ``num_classes`` (the last layer's outputs) and ``in_shape`` (from ``in_shape`` or the ``example``
+    batch) filled in. The last layer is named or found (:func:`gi.models.find_last_layer`; ``example`` or
+    ``in_shape`` let it probe by one forward pass)."""
+    from gi.models import find_last_layer, spec_of
+
+    if not isinstance(model, torch.nn.Module):
+        raise CaptureError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if in_shape is not None:
+        in_shape = [int(s) for s in in_shape]
+    if example is None and in_shape is not None:
+        device = next(iter(model.parameters())).device
+        example = torch.zeros(1, *in_shape, device=device)
+    name = find_last_layer(model, last_layer, example)
+    spec = spec_of(model)
+    classes = int(model.get_submodule(name).out_features)
+    if spec.setdefault("num_classes", classes) != classes:
+        raise CaptureError(f"model spec says num_classes={spec['num_classes']} but its last layer {name!r} has "
+                           f"{classes} outputs")
+    if spec.get("in_shape") is None:
+        shape = in_shape if in_shape is not None else (None if example is None else list(example.shape[1:]))
+        spec["in_shape"] = None if shape is None else [int(s) for s in shape]
+    return spec, name
+
+
 @dataclass
 class Capture:
     """The shared message of one client (plus everything the server legitimately knows).
@@ -111,6 +176,9 @@ class Capture:
     Scaffold's control variates or FedDyn's state; ``meta`` is free-form JSON (round, client id…).
     ``bn_stats`` maps a BatchNorm module to the client's per-channel batch ``(mean, biased var)`` at its input,
     present only when the threat model grants them (``protocol.share_bn_stats``; the ``bn`` prior reads them).
+    ``last_layer_name`` names the model's last ``nn.Linear`` (the logits; :func:`gi.models.find_last_layer`),
+    whose shared ``<name>.weight`` / ``<name>.bias`` every label method reads (``fc`` for zoo models and for
+    files saved before the name was recorded).
     """
 
     model_spec: dict[str, Any]
@@ -121,8 +189,14 @@ class Capture:
     history: dict[str, Tensor] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
     bn_stats: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)
+    last_layer_name: str = "fc"
 
     # ------------------------------------------------------------------ views
+    @property
+    def last_layer_keys(self) -> tuple[str, str]:
+        """``(weight, bias)``: the parameter names of the last layer (the bias may be absent)."""
+        return f"{self.last_layer_name}.weight", f"{self.last_layer_name}.bias"
+
     @property
     def is_update(self) -> bool:
         return self.update is not None
@@ -153,11 +227,14 @@ class Capture:
         return int(n)
 
     def model(self, device: str | torch.device = "cpu") -> torch.nn.Module:
-        """The global model θᵗ, rebuilt from spec and state, in the protocol's mode (eval/train)."""
+        """The global model θᵗ, rebuilt from spec (its provider, :data:`gi.models.PROVIDERS`) and state, in the
+        protocol's mode (eval/train), with its last layer's name recorded (``gi_last_layer``)."""
         from gi.models import from_spec
 
         try:
             model = from_spec(self.model_spec)
+        except CaptureError:
+            raise
         except (ConfigError, KeyError, TypeError, ValueError) as exc:
             raise CaptureError(f"capture model_spec {self.model_spec} cannot be rebuilt: {exc}") from None
         try:
@@ -171,20 +248,23 @@ class Capture:
                 f"missing {list(missing)[:3]}, unexpected {list(unexpected)[:3]}"
             )
         model.train(self.protocol.model_mode == "train")
+        model.gi_last_layer = self.last_layer_name
+        if not hasattr(model, "num_classes"):
+            model.num_classes = self.num_classes
         return model.to(device)
 
     def shared_last_layer(self) -> tuple[Tensor, Tensor | None]:
         """The shared last-layer tensors ``(W (C, D), b (C,) or None)`` as shared, checked: present, floating
         point, finite, and of the global model's shapes. Raises :class:`CaptureError` naming the tensor."""
-        from gi.models import LAST_BIAS, LAST_WEIGHT
-
+        weight, bias = self.last_layer_keys
         shared = self.shared
-        if LAST_WEIGHT not in shared:
-            raise CaptureError(f"capture has no {LAST_WEIGHT!r}; label recovery needs the last layer")
-        for name in (LAST_WEIGHT, LAST_BIAS):
+        if weight not in shared:
+            raise CaptureError(f"capture has no {weight!r}; label recovery needs the last layer (shared: "
+                               f"{list(shared)[:4]}{' …' if len(shared) > 4 else ''})")
+        for name in (weight, bias):
             if name in shared:
                 self._check_shared(name, shared[name])
-        return shared[LAST_WEIGHT], shared.get(LAST_BIAS)
+        return shared[weight], shared.get(bias)
 
     def _check_shared(self, name: str, t: Tensor) -> None:
         if not t.is_floating_point():
@@ -260,7 +340,7 @@ class Capture:
             tensors.update({f"bn_stats/{module}.mean": mean, f"bn_stats/{module}.var": var})
         meta = {"type": "capture", "model_spec": self.model_spec, "protocol": self.protocol.to_dict(),
                 "has_gradients": self.gradients is not None, "has_update": self.update is not None,
-                "meta": self.meta}
+                "last_layer": self.last_layer_name, "meta": self.meta}
         _atomic_save(tensors, meta, path)
 
     @classmethod
@@ -275,6 +355,7 @@ class Capture:
         except ConfigError as exc:
             raise CaptureError(f"{path}: its protocol is invalid: {exc}") from None
         has_gradients, has_update = (_field(meta, k, bool, path) for k in ("has_gradients", "has_update"))
+        last_layer = _field({"last_layer": meta.get("last_layer", "fc")}, "last_layer", str, path)  # older: fc
         return cls(
             model_spec=spec,
             model_state=parts["state"],
@@ -285,7 +366,76 @@ class Capture:
             meta=_field({"meta": meta.get("meta", {})}, "meta", dict, path),
             bn_stats=_bn_pairs({**{k.split("/", 1)[1]: v for k, v in parts["history"].items()  # older files kept
                                    if k.startswith("bn_stats/")}, **parts["bn_stats"]}, path),  # them in history
+            last_layer_name=last_layer,
         )
+
+    def to(self, device: str | torch.device) -> Capture:
+        """A copy with every tensor on ``device`` (label recovery on a GPU: ``labels.recover(..., device=)``)."""
+        def move(d: dict[str, Tensor] | None) -> dict[str, Tensor] | None:
+            return None if d is None else {k: v.to(device) for k, v in d.items()}
+
+        return dataclasses.replace(self, model_state=move(self.model_state), gradients=move(self.gradients),
+                                   update=move(self.update), history=move(self.history),
+                                   bn_stats={k: (m.to(device), v.to(device)) for k, (m, v) in self.bn_stats.items()})
+
+    # ------------------------------------------------------------------ from real FL systems
+    @classmethod
+    def from_gradients(cls, model: torch.nn.Module, gradients: dict[str, Tensor], protocol: Protocol,
+                       num_samples: int, last_layer: str | None = None,
+                       in_shape: tuple[int, ...] | None = None) -> Capture:
+        """A FedSGD capture from what a real client shared: ``gradients`` {parameter name: ∇θ of the mean loss}
+        (docs/architecture.md sign convention) of ``model`` at θᵗ (its current weights and buffers) over
+        ``num_samples`` samples. ``last_layer`` names the last ``nn.Linear`` (found when omitted,
+        :func:`gi.models.find_last_layer`; ``in_shape`` (C, H, W) lets it probe by a forward pass and is what a
+        reconstruction needs). Names and shapes are checked against the model: :class:`CaptureError`."""
+        if protocol.is_update:
+            raise CaptureError(f"from_gradients builds FedSGD captures; protocol.scheme={protocol.scheme!r} shares "
+                               "an update: use Capture.from_update")
+        shared = _checked_message(model, gradients, "gradients")
+        spec, name = describe_model(model, last_layer, in_shape)
+        n = _positive(num_samples)
+        return cls(model_spec=spec, model_state=_state_of(model), protocol=protocol, gradients=shared,
+                   meta={"num_samples": n}, last_layer_name=name).check()
+
+    @classmethod
+    def from_update(cls, model_before: torch.nn.Module | dict[str, Tensor],
+                    model_after: torch.nn.Module | dict[str, Tensor], protocol: Protocol, num_samples: int,
+                    last_layer: str | None = None, in_shape: tuple[int, ...] | None = None,
+                    model: torch.nn.Module | None = None) -> Capture:
+        """An update capture from a real client round: ``update = after − before`` over the trained (float)
+        parameters; ``model_before`` is θᵗ, the global model the client started from. Each side is a module or a
+        state dict; ``model`` gives the architecture when both are state dicts (default: whichever is a module,
+        loaded with θᵗ). ``num_samples`` is the client's N_k (its local schedule depends on it)."""
+        if not protocol.is_update:
+            raise CaptureError(f"from_update builds update captures; protocol.scheme={protocol.scheme!r} shares a "
+                               "gradient: use Capture.from_gradients")
+        arch = model if model is not None else next((m for m in (model_before, model_after)
+                                                      if isinstance(m, torch.nn.Module)), None)
+        if arch is None:
+            raise CaptureError("from_update got two state dicts: pass model= (the architecture, an nn.Module)")
+        before = _state_dict(model_before, "model_before")
+        after = _state_dict(model_after, "model_after")
+        params = [k for k, p in arch.named_parameters() if p.requires_grad]
+        state = _state_of(arch)
+        for side, sd in (("model_before", before), ("model_after", after)):
+            missing = [k for k in params if k not in sd]
+            if missing:
+                raise CaptureError(f"{side} lacks parameter(s) {missing[:3]} of the model; pass full state dicts "
+                                   "(or the modules) with the model's parameter names")
+            for k in params:
+                if tuple(sd[k].shape) != tuple(state[k].shape):
+                    raise CaptureError(f"{side}[{k!r}] has shape {tuple(sd[k].shape)}, the model's parameter has "
+                                       f"{tuple(state[k].shape)}")
+        unknown = sorted(k for k in before if k not in state)
+        if unknown:
+            raise CaptureError(f"model_before has entries {unknown[:3]} that the model does not have")
+        theta = {k: before[k].detach().clone().to(state[k].dtype) if k in before else v for k, v in state.items()}
+        update = {k: (after[k].detach().to(theta[k].dtype) - theta[k]) for k in params}
+        spec, name = describe_model(arch, last_layer, in_shape)
+        n = _positive(num_samples)
+        proto = dataclasses.replace(protocol, num_samples=n)
+        return cls(model_spec=spec, model_state=theta, protocol=proto, update=update, meta={"num_samples": n},
+                   last_layer_name=name).check()
 
 
 @dataclass
@@ -331,40 +481,52 @@ def capture_gradients(
     targets: Tensor,
     protocol: Protocol,
     generator: torch.Generator | None = None,
+    last_layer: str | None = None,
+    device: str | torch.device | None = None,
 ) -> tuple[Capture, Truth]:
     """FedSGD: the client's gradient of the mean loss over one batch (docs/architecture.md, "Public contract").
 
-    ``targets`` are class ids ``(B,)`` or soft labels ``(B, C)``. The model is used in the protocol's
-    mode (``eval`` by default, as Inverting Gradients assumes). Returns ``(Capture, Truth)``.
+    ``model`` is any classifier ``nn.Module`` (a zoo model or the user's own: its last ``nn.Linear`` is found, or
+    named by ``last_layer``; its provenance is :func:`gi.models.spec_of`). ``targets`` are class ids ``(B,)`` or
+    soft labels ``(B, C)``. The model is used in the protocol's mode (``eval`` by default, as Inverting Gradients
+    assumes; ``protocol.model_mode="train"`` for batch statistics). ``device`` (``cpu``, ``gpu``, ``cuda:N``, ``auto``)
+    runs the client's forward/backward there on a copy of the model (the capture is kept on the CPU).
+    Returns ``(Capture, Truth)``.
     """
+    import copy
+
+    from gi.core.devices import torch_device
     from gi.losses import as_soft_targets, loss_for
 
     if protocol.is_update:
         raise CaptureError(f"capture_gradients is FedSGD; protocol.scheme={protocol.scheme!r} needs "
                            "gi.simulate_client")
+    target_device = torch_device(device) if device is not None else None
     if images.ndim != 4:
         raise CaptureError(f"images must be (B, C, H, W), got shape {tuple(images.shape)}")
     if images.shape[0] != targets.shape[0]:
         raise CaptureError(f"{images.shape[0]} images but {targets.shape[0]} targets")
-    spec = getattr(model, "spec", None)
-    if spec is None:
-        raise CaptureError("model has no .spec; build it with gi.models.build so the capture can rebuild it")
     if images.min() < 0 or images.max() > 1:
         raise CaptureError("images must be pixels in [0, 1]; normalisation is the model's first layer")
+    spec, name = describe_model(model, last_layer, example=images[:1].to(next(iter(model.parameters())).device))
+    if target_device is not None:
+        model = copy.deepcopy(model).to(target_device)
+    run_device = next(iter(model.parameters())).device
     soft = as_soft_targets(targets, spec["num_classes"])
     model.train(protocol.model_mode == "train")
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}  # before BN updates
+    state = _state_of(model)  # before BN updates
     names, params = zip(*[(n, p) for n, p in model.named_parameters() if p.requires_grad])
-    loss = loss_for(protocol)(model(images), soft.to(images.dtype))
+    x = images.to(run_device)
+    loss = loss_for(protocol)(model(x), soft.to(x))
     grads = torch.autograd.grad(loss, params)
     from gi.fl.dp import privatize
 
-    shared = privatize({n: g.detach() for n, g in zip(names, grads)}, protocol, generator)
+    shared = privatize({n: g.detach().cpu() for n, g in zip(names, grads)}, protocol, generator)
     if not math.isfinite(float(loss.detach())):
         raise CaptureError("client loss is not finite; check the model's initialisation and the inputs")
-    capture = Capture(model_spec=dict(spec), model_state=state, protocol=protocol, gradients=shared,
-                      meta={"num_samples": int(images.shape[0])})
+    capture = Capture(model_spec=spec, model_state=state, protocol=protocol, gradients=shared,
+                      meta={"num_samples": int(images.shape[0])}, last_layer_name=name)
     counts = torch.bincount(soft.argmax(1), minlength=spec["num_classes"])
-    truth = Truth(images=images.detach().clone(), labels=soft.argmax(1), targets=soft.detach().clone(),
+    truth = Truth(images=images.detach().clone().cpu(), labels=soft.argmax(1), targets=soft.detach().clone(),
                   counts=counts)
     return capture, truth

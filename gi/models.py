@@ -1,24 +1,32 @@
-"""Model zoo of the papers, each as ``normalize → body → fc`` (docs/architecture.md "Public contract").
+"""Models: the zoo of the papers, any user ``nn.Module``, their last layer and how a capture rebuilds them
+(docs/architecture.md "Public contract", "Models and providers").
 
-Every model built here is a :class:`GIModel`: the dataset normalisation is its first layer (so
-gradients are taken w.r.t. pixel-space inputs in [0, 1]), ``body`` maps images to the penultimate
-feature ``(B, D)``, and ``fc`` is the last linear layer, named ``fc.weight`` / ``fc.bias`` in every
-state dict. Label and feature recovery rely on those names.
+Every zoo model is a :class:`GIModel`: the dataset normalisation is its first layer (so gradients are taken
+w.r.t. pixel-space inputs in [0, 1]), ``body`` maps images to the penultimate feature ``(B, D)``, and ``fc`` is
+the last linear layer. Any other classifier ``nn.Module`` works too: its last layer is found by
+:func:`find_last_layer` (or named), its last-layer features are the input of that layer
+(:func:`features_and_logits`), and normalisation is the module's own business (none is added). A capture
+records how to rebuild its model with a *provider* (:data:`PROVIDERS`): ``zoo`` (a :func:`build` spec) or
+``factory`` (an import string ``"package.module:callable"`` plus JSON keyword arguments, :func:`from_factory`).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
+import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torchvision
-from torch import nn
+from torch import Tensor, nn
 
-from gi.core.errors import ConfigError
+from gi.core.errors import CaptureError, ConfigError
+from gi.core.registry import registrar
 
+LAST_LAYER = "fc"  # the zoo's last layer (and that of captures saved before the name was recorded)
 LAST_WEIGHT = "fc.weight"
 LAST_BIAS = "fc.bias"
 
@@ -333,10 +341,178 @@ def build(
     return model
 
 
-def from_spec(spec: dict[str, Any]) -> GIModel:
-    """Rebuild a model from its ``spec`` (weights come separately, from a state dict)."""
-    return build(**spec)
-
-
 def last_layer_input_dim(model: GIModel) -> int:
     return model.fc.in_features
+
+
+# --------------------------------------------------------------------------- the last layer of any module
+def linear_layers(model: nn.Module) -> list[str]:
+    """The names of the model's ``nn.Linear`` submodules, in registration order."""
+    return [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+
+
+def find_last_layer(model: nn.Module, last_layer: str | None = None, example: Tensor | None = None) -> str:
+    """The name of the model's last layer: the ``nn.Linear`` whose output is the logits.
+
+    Rule: ``last_layer`` when given (it must name an ``nn.Linear``); a model's recorded name
+    (:func:`last_layer_of`); the only ``nn.Linear``; else, with an ``example`` input, the ``nn.Linear`` whose
+    output *is* the model's output (a forward pass in eval mode, no gradients, the module left as it was).
+    Anything else is ambiguous: :class:`ConfigError` listing the candidates and asking for ``last_layer=``.
+    """
+    linears = linear_layers(model)
+    if last_layer is not None:
+        if last_layer not in linears:
+            raise ConfigError(f"last_layer={last_layer!r} is not an nn.Linear of the model; its nn.Linear layers: "
+                              f"{linears}")
+        return last_layer
+    recorded = getattr(model, "gi_last_layer", None) or (LAST_LAYER if isinstance(model, GIModel) else None)
+    if recorded in linears:
+        return recorded
+    if not linears:
+        raise ConfigError("the model has no nn.Linear layer; label recovery and feature matching read the last "
+                          "linear layer (the classifier head): give the model one")
+    if len(linears) == 1:
+        return linears[0]
+    if example is not None:
+        outputs: dict[str, Tensor] = {}
+        hooks = [model.get_submodule(n).register_forward_hook(
+            lambda _m, _i, out, n=n: outputs.__setitem__(n, out)) for n in linears]
+        was = model.training
+        try:
+            model.eval()
+            with torch.no_grad():
+                logits = model(example)
+        finally:
+            model.train(was)
+            for h in hooks:
+                h.remove()
+        hits = [n for n, out in outputs.items() if out is logits]
+        if len(hits) == 1:
+            return hits[0]
+    raise ConfigError(f"cannot tell which nn.Linear is the last layer (the one whose output is the logits): "
+                      f"candidates {linears}; pass last_layer=NAME")
+
+
+def last_layer_of(model: nn.Module) -> str:
+    """The last layer recorded on a model (:func:`attach`, :meth:`gi.Capture.model`), ``fc`` for a zoo model,
+    else :func:`find_last_layer` without an example."""
+    return find_last_layer(model)
+
+
+def last_layer_keys(name: str) -> tuple[str, str]:
+    """``(weight, bias)`` parameter names of the last layer ``name``."""
+    return f"{name}.weight", f"{name}.bias"
+
+
+def features_and_logits(model: nn.Module, x: Tensor, last_layer: str | None = None) -> tuple[Tensor, Tensor]:
+    """``(f_{N−1}(x), logits)`` in one forward pass: the input of the last layer (flattened to (B, D)), for any
+    module (a forward pre-hook on the last layer; works under ``torch.func.functional_call``/``grad``/``vmap``)."""
+    if isinstance(model, GIModel) and last_layer in (None, LAST_LAYER):
+        f = model.features(x)
+        return f, model.fc(f)
+    layer = model.get_submodule(last_layer or last_layer_of(model))
+    box: list[Tensor] = []
+    hook = layer.register_forward_pre_hook(lambda _m, args: box.append(args[0]))
+    try:
+        logits = model(x)
+    finally:
+        hook.remove()
+    return box[-1].flatten(1), logits
+
+
+# --------------------------------------------------------------------------- providers: how a capture rebuilds
+Provider = Callable[[dict[str, Any]], nn.Module]
+PROVIDERS: dict[str, Provider] = {}
+register_provider = registrar(PROVIDERS, "model provider")
+"""Decorator: ``@register_provider(name)`` on ``provider(spec) -> nn.Module``, which rebuilds the architecture of
+a spec with ``provider: name`` (weights come from the capture's state)."""
+
+
+def provider_of(spec: dict[str, Any]) -> str:
+    """A spec's provider: its ``provider`` key, else ``factory`` when it has one, else ``zoo`` (older captures)."""
+    return str(spec.get("provider") or ("factory" if "factory" in spec else "zoo"))
+
+
+def import_factory(path: str) -> Callable[..., Any]:
+    """``"package.module:callable"`` (dots after the colon reach attributes) → the callable; a
+    :class:`CaptureError` naming the import string and the fix when it cannot be imported."""
+    module_name, sep, attr = str(path).partition(":")
+    if not sep or not module_name or not attr:
+        raise CaptureError(f"model factory {path!r} is not an import string 'package.module:callable'")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise CaptureError(f"cannot import the model factory {path!r} ({type(exc).__name__}: {exc}); make "
+                           f"{module_name!r} importable in this process (e.g. PYTHONPATH=/dir/with/it, or pip "
+                           "install its package), or rebuild the capture with an importable factory") from None
+    if not callable(obj):
+        raise CaptureError(f"model factory {path!r} is a {type(obj).__name__}, not a callable")
+    return obj
+
+
+@register_provider("zoo")
+def _zoo(spec: dict[str, Any]) -> nn.Module:
+    return build(**{k: v for k, v in spec.items() if k != "provider"})
+
+
+@register_provider("factory")
+def _factory(spec: dict[str, Any]) -> nn.Module:
+    path, kwargs = spec.get("factory"), spec.get("kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise CaptureError(f"model spec kwargs must be a JSON object, got {type(kwargs).__name__}")
+    try:
+        model = import_factory(path)(**kwargs)
+    except CaptureError:
+        raise
+    except Exception as exc:
+        raise CaptureError(f"model factory {path!r}(**{kwargs}) failed: {type(exc).__name__}: {exc}") from None
+    if not isinstance(model, nn.Module):
+        raise CaptureError(f"model factory {path!r} returned a {type(model).__name__}, not an nn.Module")
+    return model
+
+
+def from_spec(spec: dict[str, Any]) -> nn.Module:
+    """Rebuild a model from its ``spec`` with its provider (weights come separately, from a state dict)."""
+    name = provider_of(spec)
+    if name not in PROVIDERS:
+        raise CaptureError(f"model spec names provider {name!r}; known providers: {sorted(PROVIDERS)}")
+    return PROVIDERS[name](spec)
+
+
+def factory_spec(factory: str, **kwargs: Any) -> dict[str, Any]:
+    """The spec of ``factory(**kwargs)``: ``{"provider": "factory", "name", "factory", "kwargs"}``; the keyword
+    arguments must be JSON (they are saved in the capture's header)."""
+    try:
+        kwargs = json.loads(json.dumps(kwargs))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"model factory keyword arguments must be JSON values: {exc}") from None
+    return {"provider": "factory", "name": str(factory), "factory": str(factory), "kwargs": kwargs}
+
+
+def from_factory(factory: str, last_layer: str | None = None, **kwargs: Any) -> nn.Module:
+    """``factory(**kwargs)`` imported from ``"package.module:callable"``, with its provenance attached
+    (:func:`attach`), so captures of it can be rebuilt in another process where the factory is importable."""
+    spec = factory_spec(factory, **kwargs)
+    return attach(_factory(spec), spec, last_layer)
+
+
+def attach(model: nn.Module, spec: dict[str, Any] | None = None, last_layer: str | None = None) -> nn.Module:
+    """Record a model's provenance ``spec`` (how to rebuild it) and/or its last layer's name on the module."""
+    if spec is not None:
+        model.spec = dict(spec)
+    if last_layer is not None:
+        model.gi_last_layer = find_last_layer(model, last_layer)
+    return model
+
+
+def spec_of(model: nn.Module) -> dict[str, Any]:
+    """How to rebuild ``model``: its recorded spec (zoo models, :func:`from_factory`), else the import string of
+    its class called without arguments (``"module:Class"``; rebuilding then needs that to be importable and
+    callable so; record a factory with :func:`from_factory` or :func:`attach` otherwise)."""
+    spec = getattr(model, "spec", None)
+    if isinstance(spec, dict) and isinstance(spec.get("name"), str):
+        return dict(spec)
+    cls = type(model)
+    return factory_spec(f"{cls.__module__}:{cls.__qualname__}")

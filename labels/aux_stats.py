@@ -22,6 +22,7 @@ from gi.capture import Capture
 from gi.core.errors import CaptureError, ConfigError
 from gi.fl.protocol import Protocol
 from gi.losses import loss_for, posterior
+from gi.models import features_and_logits
 
 Tensor = torch.Tensor
 
@@ -56,13 +57,13 @@ def fedsgd_view(capture: Capture) -> GradientView | str:
 
 def model_last_layer(capture: Capture) -> tuple[Tensor, Tensor | None]:
     """The global model's own last layer ``(W (C, D), b (C,) or None)`` in float64 (not its gradient)."""
-    from gi.models import LAST_BIAS, LAST_WEIGHT
-
+    weight, bias = capture.last_layer_keys
     state = capture.model_state
-    if LAST_WEIGHT not in state:
-        raise CaptureError(f"capture model_state has no {LAST_WEIGHT!r}; rebuild the capture from a gi.models model")
-    b = state.get(LAST_BIAS)
-    return state[LAST_WEIGHT].double(), (None if b is None else b.double())
+    if weight not in state:
+        raise CaptureError(f"capture model_state has no {weight!r} (its last layer {capture.last_layer_name!r}); "
+                           "re-capture with the model's last nn.Linear (last_layer=NAME)")
+    b = state.get(bias)
+    return state[weight].double(), (None if b is None else b.double())
 
 
 # --------------------------------------------------------------------------- label embeddings and gradients
@@ -185,13 +186,13 @@ _CACHE_SIZE = 24
 def _forward(capture: Capture, images: Tensor, dtype: torch.dtype, chunk: int) -> tuple[Tensor, Tensor]:
     model = capture.model().to(dtype)
     model.load_state_dict(capture.model_state, strict=False)  # again, so float64 states keep their bits
-    in_shape = tuple(capture.model_spec.get("in_shape", images.shape[1:]))
+    in_shape = tuple(capture.model_spec.get("in_shape") or images.shape[1:])
     if tuple(images.shape[1:]) != in_shape:
         raise ConfigError(f"aux images have shape {tuple(images.shape[1:])} per sample, the model expects {in_shape}")
     feats = []
     with torch.no_grad():
         for part in images.split(chunk):
-            feats.append(model.features(part.to(dtype)).double())
+            feats.append(features_and_logits(model, part.to(dtype), capture.last_layer_name)[0].double())
     features = torch.cat(feats)
     w, b = model_last_layer(capture)
     logits = features @ w.T + (0.0 if b is None else b)

@@ -7,9 +7,11 @@ here; a method that cannot decide returns ``ok=False`` with a reason instead of 
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -79,27 +81,62 @@ def check_call(method: str, captures: list[Capture], options: dict[str, Any]) ->
         capture.shared_last_layer()
 
 
-def recover(capture: Capture, method: str, aux: Any = None, **options: Any) -> LabelResult:
+def label_device(device: Any) -> str | None:
+    """``device`` (``cpu``, ``gpu``/``cuda``, ``cuda:N``, ``mps``, ``auto``, a torch.device or None) checked
+    (:func:`gi.core.devices.torch_device`): None means run where the capture's tensors are (the CPU)."""
+    from gi.core.devices import torch_device
+
+    return None if device is None else torch_device(device, "labels device")
+
+
+@contextlib.contextmanager
+def on_device(device: str | None) -> Iterator[None]:
+    """Run a method with ``device`` as torch's default device (its new tensors are made there)."""
+    if device is None or device == "cpu":
+        yield
+        return
+    with torch.device(device):
+        yield
+
+
+def to_cpu(result: LabelResult) -> LabelResult:
+    """A result with its tensors back on the CPU (the later stages read it there)."""
+    moved = {f.name: getattr(result, f.name).cpu() for f in dataclasses.fields(result)
+             if isinstance(getattr(result, f.name), Tensor)}
+    return dataclasses.replace(result, **moved) if moved else result
+
+
+def recover(capture: Capture, method: str, aux: Any = None, device: Any = None, **options: Any) -> LabelResult:
     """Recover labels from a capture with a registered method (docs/architecture.md, "Public contract").
 
     ``aux`` is the attacker's auxiliary data when the method needs it (an :class:`gi.data.ImageDataset` or
-    a dataset); ``options`` are method-specific. Wall time goes to ``info['seconds']``.
+    a dataset); ``options`` are method-specific. ``device`` runs the method there (the capture's tensors are
+    moved, new tensors are made there; the result comes back on the CPU); asking for a GPU where none exists is
+    a :class:`ConfigError` before any work. Wall time goes to ``info['seconds']``.
     """
+    dev = label_device(device)
     check_call(method, [capture], options)
     start = time.perf_counter()
-    result = METHODS[method](capture, aux=aux, **options)
+    if dev not in (None, "cpu"):
+        capture = capture.to(dev)
+    with on_device(dev):
+        result = METHODS[method](capture, aux=aux, **options)
     result.info.setdefault("seconds", time.perf_counter() - start)
-    return result
+    return to_cpu(result) if dev not in (None, "cpu") else result
 
 
-def recover_many(captures: list[Capture], method: str, aux: Any = None, **options: Any) -> list[LabelResult]:
-    """:func:`recover` over many captures; vectorised when the method registered a batch form."""
+def recover_many(captures: list[Capture], method: str, aux: Any = None, device: Any = None,
+                 **options: Any) -> list[LabelResult]:
+    """:func:`recover` over many captures (on ``device``); vectorised when the method registered a batch form."""
+    dev = label_device(device)
     check_call(method, list(captures) if method in BATCH_METHODS else [], options)  # options once; the loop
     if method in BATCH_METHODS:                                                    # path's recover checks each
         start = time.perf_counter()
-        results = BATCH_METHODS[method](captures, aux=aux, **options)
+        moved = [c.to(dev) for c in captures] if dev not in (None, "cpu") else captures
+        with on_device(dev):
+            results = BATCH_METHODS[method](moved, aux=aux, **options)
         per = (time.perf_counter() - start) / max(len(captures), 1)
         for r in results:
             r.info.setdefault("seconds", per)
-        return results
-    return [recover(c, method, aux=aux, **options) for c in captures]
+        return [to_cpu(r) for r in results] if dev not in (None, "cpu") else results
+    return [recover(c, method, aux=aux, device=dev, **options) for c in captures]

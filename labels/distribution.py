@@ -45,7 +45,6 @@ from gi.core.errors import ConfigError
 from gi.fl import Protocol, local_train
 from gi.label_result import LabelResult
 from gi.losses import loss_for
-from gi.models import LAST_BIAS, LAST_WEIGHT
 from labels.aux_stats import aux_arrays, class_means, model_last_layer
 from labels.base import register
 from labels.counts import largest_remainder
@@ -132,7 +131,8 @@ def aux_runs(capture: Capture, aux: Any, steps: int) -> AuxRuns:
         return hit[2]
     start = time.perf_counter()
     protocol = capture.protocol
-    dtype = capture.model_state[LAST_WEIGHT].dtype
+    weight_key, bias_key = capture.last_layer_keys
+    dtype = capture.model_state[weight_key].dtype
     base = capture.model().to(dtype)
     base.load_state_dict(capture.model_state, strict=False)  # again, so float64 states keep their bits
     base.eval()
@@ -163,9 +163,9 @@ def aux_runs(capture: Capture, aux: Any, steps: int) -> AuxRuns:
         with torch.no_grad():
             theta = local_train(theta0, run_protocol, steps, gradient)
         scale = protocol.lr * float(rho.sum())
-        weight[:, cls] = (theta[LAST_WEIGHT].double() - w0).flatten() / scale
+        weight[:, cls] = (theta[weight_key].double() - w0).flatten() / scale
         if b0 is not None:
-            bias[:, cls] = (theta[LAST_BIAS].double() - b0) / scale
+            bias[:, cls] = (theta[bias_key].double() - b0) / scale
     runs = AuxRuns(softmax=softmax, bias=bias, weight=weight, steps=steps, seconds=time.perf_counter() - start)
     try:
         _RUNS[key] = (weakref.ref(aux), capture.model_state, runs)
@@ -194,7 +194,7 @@ def path_softmax(capture: Capture, aux: Any, points: list[float], chunk: int = 5
     present = torch.bincount(labels, minlength=c)
     if present.numel() > c or bool((present == 0).any()):
         raise ConfigError(f"the aux set must hold samples of every class in [0, {c}); counts {present.tolist()}")
-    dtype = capture.model_state[LAST_WEIGHT].dtype
+    dtype = capture.model_state[capture.last_layer_keys[0]].dtype
     model = capture.model().to(dtype)
     images = images.to(dtype)
     total = torch.zeros(c, c, dtype=torch.float64)

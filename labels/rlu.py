@@ -44,7 +44,6 @@ from gi.core.errors import CaptureError, ConfigError
 from gi.fl import LINEAR, LocalOptimizer, get_scheme, local_schedule, local_train
 from gi.fl.local import scheme_constants
 from gi.label_result import LabelResult
-from gi.models import LAST_BIAS, LAST_WEIGHT
 from labels.aux_stats import aux_forward
 from labels.base import register
 from labels.counts import largest_remainder
@@ -269,6 +268,7 @@ def update_view(capture: Capture, linear: bool = True) -> UpdateView:
     sizes = local_schedule(p, num_samples)
     rho = scheme_rho(p, len(sizes)) if p.optimizer in LINEAR else torch.ones(len(sizes), dtype=torch.float64)
     out, offsets = {}, {}
+    LAST_WEIGHT, LAST_BIAS = capture.last_layer_keys  # the last layer's names, per capture
     for name in (LAST_WEIGHT, LAST_BIAS):
         if name in shared:
             offsets[name] = history_offset(capture, name, rho)
@@ -440,6 +440,7 @@ def as_gradient_capture(capture: Capture, scheme_aware: bool = False) -> Capture
     expectation for every scheme). The global model (θᵗ) is kept, so aux statistics are shared with RLU."""
     view = update_view(capture)
     grads = {}
+    LAST_WEIGHT, LAST_BIAS = capture.last_layer_keys  # the last layer's names, per capture
     if scheme_aware:
         scale = -1.0 / float(view.rho.sum())
         grads[LAST_WEIGHT] = view.weight * scale
@@ -454,7 +455,7 @@ def as_gradient_capture(capture: Capture, scheme_aware: bool = False) -> Capture
                                    local_epochs=1, local_steps=None)
     meta = {**capture.meta, "num_samples": view.labelled}
     return Capture(model_spec=capture.model_spec, model_state=capture.model_state, protocol=protocol,
-                   gradients=grads, history={}, meta=meta)
+                   gradients=grads, history={}, meta=meta, last_layer_name=capture.last_layer_name)
 
 
 def _on_update(method: str, name: str) -> Callable[..., LabelResult]:

@@ -480,10 +480,9 @@ def _read(capture: Capture, ratio: str = "projection", cache: dict | None = None
     """Read and check one capture and reduce it to vectors. Bad inputs raise :class:`CaptureError`; a sample
     the method cannot decide returns the reason as a string. ``cache`` keeps float64 copies of last-layer
     weights shared by several captures (one global model, many clients)."""
-    from gi.models import LAST_BIAS, LAST_WEIGHT
-
     if not isinstance(capture, Capture):
         raise CaptureError(f"soft-lambda needs gi.Capture objects, got {type(capture).__name__}")
+    LAST_WEIGHT, LAST_BIAS = capture.last_layer_keys  # the last layer's names, per capture
     gw, gb = capture.last_layer(torch.float64)  # checked: float, finite, the global model's shapes
     state = capture.model_state
     if LAST_WEIGHT not in state:

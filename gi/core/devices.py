@@ -52,3 +52,19 @@ def env_threads() -> int | None:
     if not text.isdigit() or int(text) < 1:
         raise ConfigError(f"GI_THREADS={text!r} must be a positive integer (torch CPU threads), e.g. GI_THREADS=1")
     return int(text)
+
+
+def torch_device(name: str | None, where: str = "device") -> str:
+    """A config device name (:data:`DEVICES`) as a torch device string, checked like :func:`resolve_device`:
+    ``auto`` → ``cuda`` when a GPU is visible else ``cpu``; ``gpu``/``cuda`` → ``cuda``; ``cuda:N``; ``mps``.
+    ``None`` is ``cpu``. Asking for an accelerator this machine lacks is a one-line :class:`ConfigError`."""
+    if name is None or name == "cpu":
+        return "cpu"
+    if not isinstance(name, str):
+        name = str(name)  # a torch.device
+    accelerator, devices = resolve_device(name, where)
+    if accelerator == "cpu":
+        return "cpu"
+    if accelerator == "mps":
+        return "mps"
+    return f"cuda:{devices[0]}" if isinstance(devices, list) else "cuda"

@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from gi.capture import Capture, Truth
+from gi.capture import Capture, Truth, describe_model
+from gi.core.devices import torch_device
 from gi.core.errors import CaptureError, ConfigError
 from gi.fl.dp import privatize, step_noise
 from gi.fl.local import local_schedule, local_train
@@ -60,7 +61,7 @@ class ClientRun:
     update: State
     num_samples: int
     step_counts: Tensor  # (S, C)
-    step_bias_grad: Tensor | None  # (S, C) cross-entropy gradient of fc.bias at each step
+    step_bias_grad: Tensor | None  # (S, C) cross-entropy gradient of the last bias per step
     indices_used: Tensor  # dataset indices of the distinct samples used
     epoch_of_step: Tensor  # (S,)
     final_loss: float
@@ -85,6 +86,7 @@ def _train_client(
     protocol: Protocol,
     generator: torch.Generator | None,
     history: State,
+    last_layer: str = "fc",
 ) -> ClientRun:
     """Local training of one client from the model's current weights (θᵗ); the model is not modified."""
     if not protocol.is_update:
@@ -99,7 +101,7 @@ def _train_client(
     every = dict(local.named_parameters())
     theta0 = {k: every[k].detach().clone() for k in names}
     loss_fn = loss_for(protocol)
-    bias_idx = names.index("fc.bias") if "fc.bias" in names else None
+    bias_idx = names.index(f"{last_layer}.bias") if f"{last_layer}.bias" in names else None
 
     step_counts = torch.zeros(len(schedule), num_classes, dtype=torch.long)
     bias_grads = torch.zeros(len(schedule), num_classes, dtype=torch.float64) if bias_idx is not None else None
@@ -121,10 +123,10 @@ def _train_client(
         live = {k: t.detach().requires_grad_() for k, t in theta.items()}
         with torch.enable_grad():
             loss = loss_fn(functional_call(local, live, (images[idx],)),
-                           _targets(y, num_classes, protocol, images.dtype))
+                           _targets(y, num_classes, protocol, images.dtype).to(images.device))
             grads = torch.autograd.grad(loss, list(live.values()))
         if bias_grads is not None:
-            bias_grads[step] = grads[bias_idx].double()
+            bias_grads[step] = grads[bias_idx].double().cpu()
         if not math.isfinite(float(loss.detach())):
             raise CaptureError("client loss became NaN/Inf during local training; lower protocol.lr")
         last_loss[0] = loss.detach()
@@ -132,7 +134,7 @@ def _train_client(
 
     with torch.no_grad():
         theta = local_train(theta0, protocol, len(schedule), gradient, history)
-    update = {k: theta[k] - theta0[k] for k in names}
+    update = {k: (theta[k] - theta0[k]).cpu() for k in names}
     return ClientRun(update=update, num_samples=n, step_counts=step_counts, step_bias_grad=bias_grads,
                      indices_used=torch.nonzero(used).flatten(), epoch_of_step=epoch_of_step,
                      final_loss=float(last_loss[0]))
@@ -150,18 +152,19 @@ def _history_for(protocol: Protocol, history: State | None, params: State) -> St
 
 
 def _make_capture(model: torch.nn.Module, run: ClientRun, protocol: Protocol, history: State,
-                  generator: torch.Generator | None, meta: dict[str, Any], state: State | None = None) -> Capture:
-    """The capture of one client's round; ``state`` (θᵗ) may be shared by all clients of the round."""
-    spec = getattr(model, "spec", None)
-    if spec is None:
-        raise CaptureError("model has no .spec; build it with gi.models.build so the capture can rebuild it")
+                  generator: torch.Generator | None, meta: dict[str, Any], state: State | None = None,
+                  described: tuple[dict[str, Any], str] | None = None) -> Capture:
+    """The capture of one client's round; ``state`` (θᵗ) may be shared by all clients of the round;
+    ``described``: the model's ``(spec, last layer)`` (:func:`gi.capture.describe_model`)."""
+    spec, last_layer = described if described is not None else describe_model(model)
     proto = dataclasses.replace(protocol, num_samples=run.num_samples)
     if state is None:
-        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        state = {k: v.detach().clone().cpu() for k, v in model.state_dict().items()}
     meta = {"num_samples": run.num_samples, "num_steps": int(run.step_counts.shape[0]),
             "labelled_samples": int(run.step_counts.sum()), **meta}
     return Capture(model_spec=dict(spec), model_state=state, protocol=proto,
-                   update=privatize(run.update, proto, generator), history=history, meta=meta)
+                   update=privatize(run.update, proto, generator), history=history, meta=meta,
+                   last_layer_name=last_layer)
 
 
 def _make_truth(images: Tensor, labels: Tensor, num_classes: int, run: ClientRun, indices: Tensor,
@@ -189,8 +192,14 @@ def simulate_client(
     history: State | None = None,
     keep_images: bool = True,
     meta: dict[str, Any] | None = None,
+    last_layer: str | None = None,
+    device: str | torch.device | None = None,
 ) -> tuple[Capture, Truth]:
     """One FL client's local round from the global model ``model`` (θᵗ) (docs/architecture.md, "Public contract").
+
+    ``model`` is any classifier ``nn.Module``: its last ``nn.Linear`` is found (or named by ``last_layer``) and its
+    provenance recorded (:func:`gi.capture.describe_model`). ``device`` (``cpu``, ``gpu``, ``cuda:N``, ``auto``) runs
+    the local training there, on a copy of the model; the capture is kept on the CPU.
 
     ``dataset``: a ``gi.data`` dataset (``.images`` in [0, 1], ``.labels``, ``.num_classes``) or an
     ``(images, labels)`` pair; ``indices`` the client's samples (default: all). ``history``: the scheme's
@@ -199,20 +208,25 @@ def simulate_client(
     ``truth.counts`` counts the distinct samples the update depends on, ``truth.extra['step_counts']``
     the labels of every step (their sum is what RLU estimates).
     """
+    run_device = torch_device(device) if device is not None else None
     images, labels, num_classes = _as_arrays(dataset)
     if images.ndim != 4:
         raise CaptureError(f"images must be (N, C, H, W), got shape {tuple(images.shape)}")
     if images.min() < 0 or images.max() > 1:
         raise CaptureError("images must be pixels in [0, 1]; normalisation is the model's first layer")
-    spec = getattr(model, "spec", {})
-    num_classes = int(spec.get("num_classes", num_classes))
+    described = describe_model(model, last_layer, example=images[:1].to(next(iter(model.parameters())).device))
+    num_classes = int(described[0]["num_classes"])
     indices = torch.arange(len(labels)) if indices is None else torch.as_tensor(indices, dtype=torch.long)
     if indices.numel() == 0:
         raise CaptureError("client has no samples (empty indices)")
     params = {k: p.detach() for k, p in model.named_parameters() if p.requires_grad}
     hist = _history_for(protocol, history, params)
-    run = _train_client(model, images[indices], labels[indices], num_classes, protocol, rng, hist)
-    capture = _make_capture(model, run, protocol, hist, rng, dict(meta or {}))
+    worker, x, h = model, images[indices], hist
+    if run_device is not None:
+        worker, x = copy.deepcopy(model).to(run_device), x.to(run_device)
+        h = {k: v.to(run_device) for k, v in hist.items()}
+    run = _train_client(worker, x, labels[indices], num_classes, protocol, rng, h, described[1])
+    capture = _make_capture(model, run, protocol, hist, rng, dict(meta or {}), described=described)
     truth = _make_truth(images[indices], labels[indices], num_classes, run, indices, keep_images)
     return capture, truth
 
@@ -294,6 +308,7 @@ def run_federation(
     sizes = torch.tensor([len(p) for p in partition], dtype=torch.float64)
     weights = sizes / sizes.sum()
     glob = copy.deepcopy(model)
+    described = describe_model(glob, example=images[:1])
     params = {k: p.detach() for k, p in glob.named_parameters() if p.requires_grad}
     states: dict[int, State] = {c: _history_for(protocol, None, params) for c in range(num_clients)}
     scheme = get_scheme(protocol.scheme, shares="update")
@@ -309,8 +324,9 @@ def run_federation(
         round_state = {k: v.detach().clone() for k, v in glob.state_dict().items()}  # θᵗ, shared by the captures
         for c, idx in enumerate(partition):
             hist = states[c]
-            run = _train_client(glob, images[idx], labels[idx], num_classes, protocol, rng, hist)
-            capture = _make_capture(glob, run, protocol, hist, rng, {"round": t, "client": c}, round_state)
+            run = _train_client(glob, images[idx], labels[idx], num_classes, protocol, rng, hist, described[1])
+            capture = _make_capture(glob, run, protocol, hist, rng, {"round": t, "client": c}, round_state,
+                                    described)
             if t in capture_rounds and c in capture_clients:
                 truth = _make_truth(images[idx], labels[idx], num_classes, run, idx, keep_images)
                 fed.captures.append((t, c, capture, truth))

@@ -19,12 +19,10 @@ from gi.core.devices import resolve_device
 from gi.core.errors import CaptureError, ConfigError, GIError
 from gi.fl.protocol import Protocol
 from gi.label_result import LabelResult
-from gi.models import LAST_BIAS, LAST_WEIGHT
 from gi.recon.config import SMALL_MODEL, ReconConfig
 from gi.recon.terms import term_weights
 
 Tensor = torch.Tensor
-LAST_LAYER = (LAST_WEIGHT, LAST_BIAS)
 
 
 @dataclass
@@ -72,9 +70,10 @@ class Problem:
         return [k for k in self.targets if self.weights[k] != 0.0]
 
 
-def match_weights(names: list[str], cfg: ReconConfig) -> dict[str, float]:
-    """w_l per shared tensor: ``layer_weights`` (default 1) times α for the last layer (eq. 8)."""
-    return {k: float(cfg.layer_weights.get(k, 1.0)) * (cfg.last_layer_weight if k in LAST_LAYER else 1.0)
+def match_weights(names: list[str], cfg: ReconConfig, last_layer: str = "fc") -> dict[str, float]:
+    """w_l per shared tensor: ``layer_weights`` (default 1) times α for the last layer ``last_layer`` (eq. 8)."""
+    last = (f"{last_layer}.weight", f"{last_layer}.bias")
+    return {k: float(cfg.layer_weights.get(k, 1.0)) * (cfg.last_layer_weight if k in last else 1.0)
             for k in names}
 
 
@@ -195,7 +194,8 @@ def check_inputs(captures: Sequence[Capture], label_results: Sequence[LabelResul
 
 def same_model(a: Capture, b: Capture) -> bool:
     """Whether two captures can be rows of one Problem: same model, state, protocol, history and batch size."""
-    if a.model_spec != b.model_spec or a.protocol != b.protocol or a.num_samples != b.num_samples:
+    if a.model_spec != b.model_spec or a.protocol != b.protocol or a.num_samples != b.num_samples \
+            or a.last_layer_name != b.last_layer_name:
         return False
     if a.is_update != b.is_update or set(a.shared) != set(b.shared) or set(a.model_state) != set(b.model_state):
         return False
@@ -246,7 +246,7 @@ def build_problem(captures: Sequence[Capture], label_results: Sequence[LabelResu
     joint_random = cfg.labels == "joint" and all(lr is None for lr in label_results)
     soft = None if joint_random else torch.stack([labels_for_slots(lr, b, classes) for lr in label_results])
     targets = {k: torch.stack([c.shared[k] for c in captures]) for k in first.shared}
-    weights = match_weights(list(targets), cfg)
+    weights = match_weights(list(targets), cfg, first.last_layer_name)
     return Problem(
         model=model, protocol=first.protocol, targets=targets, weights=weights, soft=soft,
         image_shape=tuple(int(s) for s in first.model_spec["in_shape"]), num_samples=b,

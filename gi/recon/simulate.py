@@ -3,7 +3,10 @@
 Both are pure functions of one problem's images ``x`` (B, C, H, W) and soft targets ``y`` (B, C), written with
 ``torch.func`` so the reconstruction can ``vmap`` them over captures × restarts and differentiate through them.
 Each returns ``(shared, features)``: the shared tensors by parameter name and the last-layer input
-``f_{N−1}(x)`` (B, D) at the global model when asked for (``features=True``; the model must be a GIModel).
+``f_{N−1}(x)`` (B, D) at the global model when asked for (``features=True``). The model is any ``nn.Module``
+(the user's own function, called with ``functional_call``); the last-layer input is read by a forward
+pre-hook on its last layer (:func:`gi.models.features_and_logits`; the name is the capture's, recorded on
+the rebuilt model by :meth:`gi.Capture.model`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from gi.core.errors import ConfigError
 from gi.fl.local import local_train, slot_schedule
 from gi.fl.protocol import Protocol
 from gi.losses import loss_for
+from gi.models import features_and_logits, last_layer_of
 
 Tensor = torch.Tensor
 State = dict[str, Tensor]
@@ -26,17 +30,16 @@ Simulator = Callable[[Tensor, Tensor], tuple[State, Tensor | None]]
 
 
 class FeaturesAndLogits(nn.Module):
-    """``x ↦ (f_{N−1}(x), logits)`` of a :class:`gi.models.GIModel` in one forward pass."""
+    """``x ↦ (f_{N−1}(x), logits)`` of any classifier module in one forward pass (the input of its last layer
+    ``last_layer``; default: the name recorded on the model, :func:`gi.models.last_layer_of`)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, last_layer: str | None = None) -> None:
         super().__init__()
         self.model = model
+        self.last_layer = last_layer if last_layer is not None else last_layer_of(model)
 
     def forward(self, x: Tensor) -> tuple[Tensor | None, Tensor]:
-        if hasattr(self.model, "features") and hasattr(self.model, "fc"):
-            f = self.model.features(x)
-            return f, self.model.fc(f)
-        return None, self.model(x)
+        return features_and_logits(self.model, x, self.last_layer)
 
 
 def _caller(model: nn.Module) -> Callable[[State, Tensor], tuple[Tensor | None, Tensor]]:

@@ -32,7 +32,6 @@ from gi.capture import capture_gradients
 from gi.core.config import require, to_dict
 from gi.core.errors import ConfigError
 from gi.fl.protocol import Protocol
-from gi.models import LAST_BIAS, LAST_WEIGHT
 from gi.scenarios import Trial, register_scenario
 from gi.victim_setup import (
     SCENARIO_LEGACY,
@@ -187,7 +186,7 @@ def single_sample(s: SingleSampleSetup, generator: torch.Generator, trial: int) 
         state = state if state is not None else capture.model_state
         capture.model_state = state
         if variance > 0:
-            for name in (LAST_WEIGHT, LAST_BIAS):
+            for name in capture.last_layer_keys:
                 if name in capture.gradients:
                     g = capture.gradients[name]
                     g += NOISES[noise.kind](g.shape, variance, generator).to(g.dtype)
