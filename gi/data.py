@@ -158,6 +158,8 @@ class _Source:
     default_size: int | None = None
     summary: str = ""
     takes_root: bool = False
+    # a user's folder: ``read(split, root, size) -> (images, labels, class names)``, any class count and size
+    read_folder: Callable[[str, Any, Any], tuple[Tensor, Tensor, list[str]]] | None = None
 
 
 # foolbox samples ------------------------------------------------------------------------------------
@@ -274,6 +276,98 @@ def _torchvision_source(cls_name: str, name: str) -> Callable[[str, Any], tuple[
     return lambda split, root: _read_torchvision(cls_name, name, split, root)
 
 
+# a user's folder of images ---------------------------------------------------------------------------
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+LABELS_CSV = "labels.csv"
+_GREY_MODES = ("1", "L", "LA", "I", "I;16", "F")
+
+
+def _folder_files(root: Path) -> tuple[list[tuple[Path, str]], bool]:
+    """``[(image file, label text)]`` of an ImageFolder layout (class subfolders, sorted) or of a flat folder with
+    ``labels.csv`` (``file,label`` rows, an optional ``file,label`` header); and whether labels are class ids."""
+    csv_path = root / LABELS_CSV
+    if csv_path.is_file():
+        import csv
+
+        with open(csv_path, newline="") as f:
+            rows = [r for r in csv.reader(f) if r and any(c.strip() for c in r)]
+        if rows and [c.strip().lower() for c in rows[0][:2]] == ["file", "label"]:
+            rows = rows[1:]
+        bad = [r for r in rows if len(r) != 2]
+        if not rows or bad:
+            raise ConfigError(f"{csv_path}: needs rows 'file,label' (two columns); got {bad[:1] or 'no rows'}")
+        files = [(root / r[0].strip(), r[1].strip()) for r in rows]
+        missing = [str(p.name) for p, _ in files if not p.is_file()]
+        if missing:
+            raise ConfigError(f"{csv_path} names file(s) that are not in {root}: {missing[:3]}")
+        return files, all(label.isdigit() for _, label in files)
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    files = [(p, c) for c in classes for p in sorted((root / c).iterdir())
+             if p.suffix.lower() in IMAGE_SUFFIXES]
+    if not files:
+        raise ConfigError(f"data.root={str(root)!r} has neither class subfolders of images (torchvision ImageFolder "
+                          f"layout: root/<class>/<image>.png) nor a flat folder with {LABELS_CSV} (file,label rows)")
+    return files, False
+
+
+@cache
+def _read_folder_cached(root: Path, size: tuple[int, int] | None) -> tuple[Tensor, Tensor, tuple[str, ...]]:
+    from PIL import Image
+
+    files, numeric = _folder_files(root)
+    pictures = []
+    for path, _ in files:
+        try:
+            with Image.open(path) as img:
+                img.load()
+                pictures.append(img.copy())
+        except OSError as exc:
+            raise ConfigError(f"cannot read image {path}: {exc}") from None
+    grey = all(p.mode in _GREY_MODES for p in pictures)
+    arrays = []
+    for path, img in zip((p for p, _ in files), pictures):
+        img = img.convert("L" if grey else "RGB")
+        if size is not None and img.size != (size[1], size[0]):
+            img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+        arrays.append(np.asarray(img, dtype=np.uint8).reshape(img.size[1], img.size[0], -1))
+    shapes = sorted({a.shape[:2] for a in arrays})
+    if len(shapes) > 1:
+        raise ConfigError(f"the images under {root} have different sizes (H, W) {shapes[:3]}; set data.size (size=) "
+                          "to resize them all, e.g. data.size=32")
+    if numeric:
+        ids = [int(label) for _, label in files]
+        names = tuple(str(c) for c in range(max(ids) + 1))
+    else:
+        names = tuple(sorted({label for _, label in files}))
+        ids = [names.index(label) for _, label in files]
+    if len(names) < 2:
+        raise ConfigError(f"the images under {root} have only the class(es) {list(names)}; a classifier needs >= 2")
+    images = torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).contiguous()
+    return images, torch.tensor(ids, dtype=torch.long), names
+
+
+def read_folder(split: str, root: Any, size: Size = None) -> tuple[Tensor, Tensor, list[str]]:
+    """A user's folder of images (PNG, JPEG, …) as uint8 ``(N, C, H, W)``, labels and class names.
+
+    ``root`` holds the torchvision ``ImageFolder`` layout (``root/<class>/<image>``, classes sorted by name) or a
+    flat folder with ``labels.csv`` (``file,label``; integer labels are class ids, other labels class names,
+    sorted). A ``root/<split>`` subfolder is used when present. Grey files stay grey (1 channel) unless some are
+    colour (then all are RGB). Images of different sizes need ``size`` (int or (H, W)), which resizes each.
+    """
+    if root is None:
+        raise ConfigError("data.name=folder needs data.root=<folder of images> (class subfolders, or a flat folder "
+                          f"with {LABELS_CSV})")
+    base = Path(root).expanduser()
+    if not base.is_dir():
+        raise ConfigError(f"data.root={str(base)!r} is not a folder")
+    if (base / split).is_dir():
+        base = base / split
+    hw = None if size is None else ((size, size) if isinstance(size, int) else tuple(int(s) for s in size))
+    images, labels, names = _read_folder_cached(base.resolve(), hw)
+    return images, labels, list(names)
+
+
 DATASETS: dict[str, _Source] = {
     "cifar10-samples": _Source(_samples_source("cifar10", False), ("test",), 10, lambda: CIFAR10_CLASSES,
                                summary="foolbox: 20 CIFAR-10 test images, 3×32×32"),
@@ -295,6 +389,10 @@ DATASETS: dict[str, _Source] = {
                      summary="torchvision MNIST under root=", takes_root=True),
     "svhn": _Source(_torchvision_source("SVHN", "svhn"), ("train", "test", "extra"), 10, lambda: DIGITS,
                     summary="torchvision SVHN under root=", takes_root=True),
+    "folder": _Source(lambda split, root: read_folder(split, root)[:2], ("train", "test"), 0, list,
+                      summary="your images under root=: class subfolders (ImageFolder) or labels.csv; any size "
+                              "(size= resizes), grey or RGB; root/<split> when present",
+                      takes_root=True, read_folder=read_folder),
 }
 
 
@@ -330,6 +428,9 @@ def load(name: str, split: str = "test", root: str | Path | None = None, size: S
     if root is not None and not source.takes_root:
         raise ConfigError(f"dataset {name!r} is bundled and takes no root=; datasets read from a root: "
                           f"{sorted(k for k, v in DATASETS.items() if v.takes_root)}")
+    if source.read_folder is not None:
+        raw, labels, classes = source.read_folder(split, root, size)
+        return ImageDataset(raw.float().div_(255.0), labels.clone(), len(classes), name, classes, split)
     raw, labels = source.read(split, root)
     images = raw.float().div_(255.0)
     size = size if size is not None else source.default_size

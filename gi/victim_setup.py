@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from gi.core.config import apply_overrides, from_dict, load_yaml, require, set_dotted, to_dict
+from gi.core.devices import torch_device
 from gi.core.errors import ConfigError
 from gi.fl.protocol import Protocol
 
@@ -144,6 +145,10 @@ def section(cls: type[T], **defaults: Any) -> Any:
 class VictimSetup:
     """The victim: its data, the global model, how that model was trained, the attacker's aux data, the protocol.
 
+    ``device`` (``cpu``, ``auto``, ``gpu``/``cuda``, ``cuda:N``, ``mps``) is where the victim side runs (client
+    simulation, label recovery); it is checked when the config loads (:meth:`from_mapping`), so a GPU asked for
+    on a machine without one is a one-line :class:`ConfigError` before any data or model work.
+
     Subclasses add their own fields and may declare ``LEGACY`` (old dotted key → new dotted key)."""
 
     LEGACY: ClassVar[dict[str, str]] = {}
@@ -153,6 +158,12 @@ class VictimSetup:
     train: TrainConfig = field(default_factory=TrainConfig)
     aux: AuxConfig = field(default_factory=AuxConfig)
     protocol: Protocol = field(default_factory=Protocol)
+    device: str = "cpu"
+
+    @property
+    def torch_device(self) -> str:
+        """``device`` as a torch device string (``cpu``, ``cuda``, ``cuda:N``, ``mps``), checked."""
+        return torch_device(self.device, "device")
 
     @classmethod
     def from_mapping(cls: type[T], data: dict[str, Any] | None, where: str = "") -> T:
@@ -162,9 +173,11 @@ class VictimSetup:
         data = copy.deepcopy(data or {})
         moved = upgrade(data, cls.LEGACY, where)  # type: ignore[attr-defined]
         try:
-            return from_dict(cls, with_defaults(cls, data), where)
+            setup = from_dict(cls, with_defaults(cls, data), where)
         except ConfigError as exc:
             raise ConfigError(_old_names(str(exc), moved)) from None
+        torch_device(setup.device, f"{where}.device" if where else "device")  # a missing GPU fails here, at once
+        return setup
 
 
 # ----------------------------------------------------------------------------- loading
