@@ -48,12 +48,14 @@ class SmallCNN(nn.Module):
 
 def make_net(channels: int = 3, num_classes: int = 10, size: int = 32, seed: int = 0) -> SmallCNN:
     """The factory a capture records: same arguments, same architecture (weights come from the capture).
-    DLG's initialisation U(−0.5, 0.5) on every parameter, seeded."""
+    DLG's initialisation U(−0.5, 0.5) on the convolutions and the head, seeded; BatchNorm keeps its own."""
     gen = torch.Generator().manual_seed(seed)
     net = SmallCNN(channels, num_classes, size)
     with torch.no_grad():
-        for p in net.parameters():
-            p.copy_(torch.rand(p.shape, generator=gen) - 0.5)
+        for m in net.modules():
+            if isinstance(m, (nn.Conv2d, nn.Linear)):
+                for p in m.parameters():
+                    p.copy_(torch.rand(p.shape, generator=gen) - 0.5)
     return net
 
 

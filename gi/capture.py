@@ -509,7 +509,7 @@ def capture_gradients(
     if images.min() < 0 or images.max() > 1:
         raise CaptureError("images must be pixels in [0, 1]; normalisation is the model's first layer")
     spec, name = describe_model(model, last_layer, example=images[:1].to(next(iter(model.parameters())).device))
-    if target_device is not None:
+    if target_device is not None and torch.device(target_device) != next(iter(model.parameters())).device:
         model = copy.deepcopy(model).to(target_device)
     run_device = next(iter(model.parameters())).device
     soft = as_soft_targets(targets, spec["num_classes"])

@@ -326,7 +326,7 @@ def _read_folder_cached(root: Path, size: tuple[int, int] | None) -> tuple[Tenso
             raise ConfigError(f"cannot read image {path}: {exc}") from None
     grey = all(p.mode in _GREY_MODES for p in pictures)
     arrays = []
-    for path, img in zip((p for p, _ in files), pictures):
+    for img in pictures:
         img = img.convert("L" if grey else "RGB")
         if size is not None and img.size != (size[1], size[0]):
             img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)

@@ -15,7 +15,7 @@ LAYERS = [
     ("gi.losses", 2), ("gi.models", 2), ("gi.assets", 2), ("gi.fl.local", 2), ("gi.fl.dp", 2), ("gi.capture", 2),
     ("gi.label_result", 2),
     ("gi.data", 3), ("gi.train", 3), ("gi.lpips_offline", 3), ("gi.metrics", 3), ("gi.fl.victim", 3),
-    ("gi.fl.partition", 3), ("gi.victim_setup", 3),
+    ("gi.fl.partition", 3), ("gi.victim_setup", 3), ("gi.fl.flower", 3),
     ("labels", 4),
     ("fcn_analytic", 5),
     ("gi.recon", 6),

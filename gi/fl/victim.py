@@ -222,7 +222,7 @@ def simulate_client(
     params = {k: p.detach() for k, p in model.named_parameters() if p.requires_grad}
     hist = _history_for(protocol, history, params)
     worker, x, h = model, images[indices], hist
-    if run_device is not None:
+    if run_device is not None and torch.device(run_device) != next(iter(model.parameters())).device:
         worker, x = copy.deepcopy(model).to(run_device), x.to(run_device)
         h = {k: v.to(run_device) for k, v in hist.items()}
     run = _train_client(worker, x, labels[indices], num_classes, protocol, rng, h, described[1])
