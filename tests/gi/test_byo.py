@@ -144,9 +144,27 @@ def test_saved_capture_keeps_the_last_layer_and_old_files_read_fc(tmp_path):
     assert Capture.load(tmp_path / "old2.safetensors").last_layer_name == "fc"
 
 
-def test_reconstruction_runs_the_users_module_functionally():
-    """gi.reconstruct attacks exactly the user's function: with the true image as the start and no steps, the
-    objective is ~0 and the features term matches the input of head.out."""
+def test_the_attack_simulates_exactly_the_users_module():
+    """The reconstruction's simulator calls the user's module functionally: at the true image it reproduces the
+    captured gradients and the input of head.out (in train-mode BatchNorm too)."""
+    from gi.recon.simulate import gradient_simulator
+
+    model = net(size=8)
+    x, y = batch(n=1)
+    for mode in ("eval", "train"):
+        capture, _ = gi.capture_gradients(model, x, y, gi.Protocol(model_mode=mode))
+        rebuilt = capture.model()
+        if mode == "train":
+            torch.func.replace_all_batch_norm_modules_(rebuilt)  # as the Lightning module does
+        sim = gradient_simulator(rebuilt, capture.protocol, list(capture.gradients), features=True)
+        shared, feats = sim(x, torch.nn.functional.one_hot(y, 10).float())
+        for k, g in capture.gradients.items():
+            torch.testing.assert_close(shared[k], g, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(feats, model.train(mode == "train").body(x))
+
+
+@pytest.mark.slow  # Lightning's start-up dominates: ~10 s on a loaded 2-core box
+def test_reconstruct_and_the_own_model_example_run_small(tmp_path):
     from gi.recon import ReconConfig
 
     model = net(size=8)
@@ -158,13 +176,13 @@ def test_reconstruction_runs_the_users_module_functionally():
                       feature_weight=1.0)
     rec = gi.reconstruct(capture, result, config=cfg)
     assert rec.images.shape == (1, 3, 8, 8) and torch.isfinite(rec.objective).all()
-    from gi.recon.simulate import gradient_simulator
 
-    sim = gradient_simulator(capture.model(), capture.protocol, list(capture.gradients), features=True)
-    shared, feats = sim(x, torch.nn.functional.one_hot(y, 10).float())
-    for k, g in capture.gradients.items():
-        torch.testing.assert_close(shared[k], g, rtol=1e-4, atol=1e-6)
-    torch.testing.assert_close(feats, model.eval().body(x))
+    from examples.own_model_folder import main
+
+    summary = main(["--images", "2", "--iterations", "5", "--out", str(tmp_path)])
+    assert summary["labels_exact"] and summary["last_layer"] == "head.out" and summary["images"] == 2
+    assert summary["factory"] == "examples.own_model_folder:make_net"
+    assert sorted(p.name for p in tmp_path.glob("*.safetensors")) == ["capture-0.safetensors", "capture-1.safetensors"]
 
 
 # --------------------------------------------------------------------------- providers
