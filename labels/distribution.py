@@ -238,7 +238,7 @@ def _prepare(capture: Capture, method: str, normalize: str,
     view = update_view(capture)
     if view.bias is None and need_bias:
         return LabelResult.failure(method, capture.num_classes, "this estimator reads the last-layer bias update; "
-                                   "the model has no fc.bias")
+                                   f"the last layer {capture.last_layer_name!r} has no bias")
     steps = _steps(view, capture.protocol, normalize)
     return view, (None if view.bias is None else view.bias / steps), view.weight / steps, steps
 

@@ -392,7 +392,8 @@ def recover_rlu(capture: Capture, aux=None, samples: int = 10000, seed: int = 0,
     start = time.perf_counter()
     view = update_view(capture)
     if view.bias is None:
-        return LabelResult.failure("rlu", c, "RLU reads the last-layer bias update; this model has no fc.bias")
+        return LabelResult.failure("rlu", c, "RLU reads the last-layer bias update; the model's last layer "
+                                   f"{capture.last_layer_name!r} has no bias")
     if not torch.any(view.bias != 0):
         return LabelResult.failure("rlu", c, "the last-layer bias update is zero")
     gen = torch.Generator().manual_seed(int(seed))
