@@ -426,3 +426,14 @@ def test_capture_to_moves_every_tensor():
     moved = cap.to("cpu")
     assert moved is not cap and dataclasses.asdict(moved.protocol) == dataclasses.asdict(cap.protocol)
     assert moved.last_layer_name == "head.out"
+
+
+@pytest.mark.slow  # 5 × 3000 iterations: ~1.5 min on an idle 2-core box, several under load
+def test_own_model_reconstruction_reaches_25_db_mean_over_5_images(tmp_path):
+    """Acceptance of issue 13: a LeNet-sized user CNN (BatchNorm, head.out) on PNG files written here, captures
+    saved and re-loaded, labels exact, mean PSNR >= 25 dB over 5 images (README: the measured numbers)."""
+    from examples.own_model_folder import main
+
+    summary = main(["--images", "5", "--iterations", "3000", "--out", str(tmp_path)])
+    assert summary["labels_exact"] and summary["images"] == 5
+    assert summary["psnr_mean"] >= 25.0, summary
