@@ -80,7 +80,10 @@ class DataConfig:
 class ModelConfig:
     """:func:`gi.models.build` arguments; ``num_classes`` null takes the dataset's. ``seed``: the initialisation
     seed; null lets the command derive it (``gi run``: ``seed``; ``fedsgd-batch`` / ``fedavg-client``: from
-    ``seed`` and the trial; ``single-sample``: drawn per model)."""
+    ``seed`` and the trial; ``single-sample``: drawn per model). ``factory``: your own model instead of the zoo's,
+    an import string ``"package.module:callable"`` called with ``options`` as keyword arguments (JSON) under the
+    seeded RNG (:func:`gi.models.from_factory`; ``name``, ``activation``, ``init``, ``norm``, ``bias_last`` and
+    ``num_classes`` are then the factory's business)."""
 
     name: str = "lenet"
     num_classes: int | None = None
@@ -90,10 +93,13 @@ class ModelConfig:
     norm: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
     seed: int | None = None
+    factory: str | None = None
 
     def __post_init__(self) -> None:
         require(self.num_classes is None or self.num_classes >= 1, "model.num_classes", self.num_classes,
                 ">= 1 or null")
+        require(self.factory is None or (":" in self.factory and not self.factory.startswith(":")),
+                "model.factory", self.factory, "an import string 'package.module:callable' or null")
 
 
 @dataclass
@@ -344,8 +350,15 @@ def load_data(data: DataConfig, split: str | None = None, relabel: tuple[int, in
 
 def build_model(model: ModelConfig, dataset: Any, seed: int, dtype: Any = None) -> torch.nn.Module:
     """The global model for ``dataset``'s images and classes; ``model.seed`` (if set) replaces ``seed``."""
-    from gi.models import build
+    import torch
 
+    from gi.models import build, from_factory
+
+    if model.factory is not None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(model.seed if model.seed is not None else seed))
+            net = from_factory(model.factory, **model.options)
+        return net if dtype is None else net.to(dtype)
     net = build(model.name, model.num_classes or dataset.num_classes, activation=model.activation,
                 in_shape=tuple(dataset.images.shape[1:]), bias_last=model.bias_last, init=model.init,
                 norm=model.norm, seed=int(model.seed if model.seed is not None else seed), **model.options)

@@ -437,3 +437,24 @@ def test_own_model_reconstruction_reaches_25_db_mean_over_5_images(tmp_path):
     summary = main(["--images", "5", "--iterations", "3000", "--out", str(tmp_path)])
     assert summary["labels_exact"] and summary["images"] == 5
     assert summary["psnr_mean"] >= 25.0, summary
+
+
+def test_victim_setup_builds_a_factory_model_on_a_folder(tmp_path):
+    import numpy as np
+
+    from gi.victim_setup import VictimSetup, build_model, load_data
+
+    rng = np.random.default_rng(2)
+    _write(tmp_path, [rng.integers(0, 256, (32, 32, 3), dtype=np.uint8) for _ in range(4)],
+           ["a/1.png", "b/2.png", "c/3.png", "c/4.png"])
+    setup = VictimSetup.from_mapping({"data": {"name": "folder", "root": str(tmp_path)},
+                                      "model": {"factory": "examples.own_model_folder:make_net",
+                                                "options": {"num_classes": 3}}})
+    ds = load_data(setup.data)
+    a, b = build_model(setup.model, ds, seed=1), build_model(setup.model, ds, seed=1)
+    assert a.spec["factory"] == "examples.own_model_folder:make_net" and a.spec["kwargs"] == {"num_classes": 3}
+    assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))
+    capture, truth = gi.capture_gradients(a, ds.images, ds.labels, gi.Protocol())
+    assert capture.last_layer_name == "head.out" and torch.equal(labels.recover(capture, "ilrg").counts, truth.counts)
+    with pytest.raises(ConfigError, match="model.factory"):
+        VictimSetup.from_mapping({"model": {"factory": "no_colon"}})
