@@ -10,7 +10,7 @@ labels the client really trained on; the federation's own test accuracy is print
 
 Run from the repository root::
 
-    PYTHONPATH=. python examples/flower_fmnist.py                      # 4 clients × 64 images, 10 rounds, 1 and 5 steps
+    PYTHONPATH=. python examples/flower_fmnist.py                      # 4 clients × 64 images, 3 rounds, 1 and 5 steps
     PYTHONPATH=. python examples/flower_fmnist.py --clients 8 --rounds 5 --steps 1 5 10
 """
 
@@ -137,10 +137,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--samples", type=int, default=64, help="training images per client (on average)")
-    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, nargs="+", default=[1, 5], help="local steps (one federation each)")
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration of the client split")
     parser.add_argument("--aux", type=int, default=10, help="aux images per class for RLU")
     parser.add_argument("--eval", type=int, default=2000, help="test images for the federation's accuracy")

@@ -22,7 +22,7 @@ def test_flower_example_small_rlu_exact_with_1_and_5_steps():
     for s in summaries:
         assert s["captures"] == 4 and s["exact"] == 4, s  # every recorded client's label counts exact
         assert s["last_layer"] == "classifier" and s["protocol"]["local_steps"] == s["steps"]
-        assert s["protocol"]["lr"] == 0.1 and s["protocol"]["batch_size"] == 8
+        assert s["protocol"]["lr"] == 0.05 and s["protocol"]["batch_size"] == 8
         assert set(s["federation_accuracy"]) == {0, 1, 2}
 
 
