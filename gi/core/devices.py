@@ -21,6 +21,9 @@ def resolve_device(name: str, where: str = "attack.device") -> tuple[str, int | 
         return "cpu", 1
     if not isinstance(name, str) or not (name in DEVICES or (name.startswith("cuda:") and name[5:].isdigit())):
         raise ConfigError(f"{where}={name!r} is not allowed; valid: {', '.join(DEVICES)}")
+    if name != "auto" and name != "mps" and not _gpu_device_nodes():  # no torch import: answers in milliseconds
+        raise ConfigError(f"{where}={name} but torch sees no GPU on this machine (no GPU device under /dev); use "
+                          f"{where}=cpu or {where}=auto")
     import torch
 
     if name == "auto":
@@ -39,6 +42,18 @@ def resolve_device(name: str, where: str = "attack.device") -> tuple[str, int | 
             raise ConfigError(f"{where}={name} but this machine has {count} GPU(s): cuda:0 to cuda:{count - 1}")
         return "gpu", [index]
     return "gpu", 1
+
+
+def _gpu_device_nodes() -> bool:
+    """Whether this machine could have a GPU torch can use: on Linux, NVIDIA (``/dev/nvidia0``…), ROCm
+    (``/dev/kfd``) or WSL (``/dev/dxg``) device nodes; elsewhere we cannot tell without torch (True)."""
+    import glob
+    import os
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return True
+    return bool(glob.glob("/dev/nvidia[0-9]*")) or os.path.exists("/dev/kfd") or os.path.exists("/dev/dxg")
 
 
 def env_threads() -> int | None:
