@@ -31,8 +31,10 @@ from torch import nn
 class SmallCNN(nn.Module):
     """conv5×5/2 → BN → sigmoid → conv5×5/2 → sigmoid → conv5×5 → sigmoid → flatten → head.out (Linear)."""
 
-    def __init__(self, channels: int = 3, num_classes: int = 10, size: int = 32, width: int = 12) -> None:
+    def __init__(self, channels: int = 3, num_classes: int = 10, size: int = 32, width: int = 12,
+                 normalize: bool = False) -> None:
         super().__init__()
+        self.normalize = normalize
         self.body = nn.Sequential(
             nn.Conv2d(channels, width, 5, padding=2, stride=2), nn.BatchNorm2d(width), nn.Sigmoid(),
             nn.Conv2d(width, width, 5, padding=2, stride=2), nn.Sigmoid(),
@@ -43,14 +45,17 @@ class SmallCNN(nn.Module):
         self.head = nn.Sequential(collections.OrderedDict(out=nn.Linear(width * side * side, num_classes)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.normalize:  # the model's own input normalisation: gi adds none to a user module
+            x = (x - 0.5) / 0.25
         return self.head(self.body(x))
 
 
-def make_net(channels: int = 3, num_classes: int = 10, size: int = 32, seed: int = 0) -> SmallCNN:
+def make_net(channels: int = 3, num_classes: int = 10, size: int = 32, seed: int = 0,
+             normalize: bool = False) -> SmallCNN:
     """The factory a capture records: same arguments, same architecture (weights come from the capture).
     DLG's initialisation U(−0.5, 0.5) on the convolutions and the head, seeded; BatchNorm keeps its own."""
     gen = torch.Generator().manual_seed(seed)
-    net = SmallCNN(channels, num_classes, size)
+    net = SmallCNN(channels, num_classes, size, normalize=normalize)
     with torch.no_grad():
         for m in net.modules():
             if isinstance(m, (nn.Conv2d, nn.Linear)):
@@ -82,6 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--iterations", type=int, default=3000)
     parser.add_argument("--out", help="where the captures go (default: a temporary folder)")
     parser.add_argument("--mode", choices=("eval", "train"), default="eval", help="BatchNorm mode (protocol)")
+    parser.add_argument("--normalize", action="store_true", help="the model maps pixels to (x − 0.5)/0.25 first")
     args = parser.parse_args(argv)
 
     import gi
@@ -96,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
     data = load("folder", root=str(root), size=args.size)
     channels = int(data.images.shape[1])
     model = from_factory("examples.own_model_folder:make_net", channels=channels, num_classes=data.num_classes,
-                         size=args.size, seed=0)
+                         size=args.size, seed=0, normalize=args.normalize)
     protocol = gi.Protocol(model_mode=args.mode)
     rows = []
     for i in range(min(args.images, len(data))):
