@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -123,10 +124,12 @@ def optimise(problem: Problem, cfg: ReconConfig, callbacks: Sequence[L.Callback]
     module = GradientInversion(problem, cfg)
     quiet_lightning()
     accelerator, devices = resolve_device(cfg.device)
+    bar = cfg.progress and sys.stderr.isatty()
+    lines = [ProgressLines(cfg.iterations)] if cfg.progress and not bar else []
     trainer = L.Trainer(
         max_steps=cfg.iterations, max_epochs=1, accelerator=accelerator, devices=devices,
         logger=False, enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0,
-        enable_progress_bar=cfg.progress, callbacks=list(callbacks),
+        enable_progress_bar=bar, callbacks=[*callbacks, *lines],
     )
     with cpu_threads(cfg.threads, problem.model, accelerator) as threads:
         start = time.perf_counter()
@@ -134,7 +137,67 @@ def optimise(problem: Problem, cfg: ReconConfig, callbacks: Sequence[L.Callback]
         seconds = time.perf_counter() - start
     log.info("reconstructed %d capture(s) x %d restart(s) in %.1f s (%d threads)", problem.num_problems,
              cfg.restarts, seconds, threads)
+    module.history["warnings"] = diagnose(module, cfg)
+    for warning in module.history["warnings"]:
+        log.warning("%s", warning)
     return module, seconds, threads
+
+
+class ProgressLines(L.Callback):
+    """Progress for piped or redirected output (``attack.progress`` when stderr is not a terminal): one log line
+    every ``percent`` % of the iterations with the best objective so far and the elapsed time, instead of a
+    carriage-return bar."""
+
+    def __init__(self, iterations: int, percent: int = 5) -> None:
+        self.iterations = iterations
+        self.every = max(1, iterations * percent // 100)
+        self.start = time.perf_counter()
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        step = batch_idx + 1
+        if step % self.every and step != self.iterations:
+            return
+        best = getattr(pl_module, "best_loss", None)
+        value = float(best.min()) if isinstance(best, torch.Tensor) and best.numel() else float("nan")
+        log.info("reconstruct: %3d%% (%d/%d iterations)  best objective %.4g  %.1f s", 100 * step // self.iterations,
+                 step, self.iterations, value, time.perf_counter() - self.start)
+
+
+STALL_RATIO = 0.5  # the objective kept more than this fraction of its first value: it stalled
+DOMINANT = 0.5  # a regulariser above this share of the final objective dominates it
+
+
+def diagnose(module: GradientInversion, cfg: ReconConfig) -> list[str]:
+    """Warnings about a finished fit, each naming the knob to turn: the objective stalled (its best value kept
+    more than :data:`STALL_RATIO` of its first logged value, median over captures), or a regulariser makes up
+    more than :data:`DOMINANT` of the final objective (so the gradients are hardly matched)."""
+    out: list[str] = []
+    history = module.history.get("objective") or []
+    n, r = module.num_problems, cfg.restarts
+    best = module.best_loss.detach().cpu().view(n, r).min(1).values
+    if history:
+        first = torch.tensor(history[0], dtype=torch.float64).view(n, r).min(1).values
+        kept = (best.double() / first.clamp_min(1e-30)).median()
+        if float(kept) > STALL_RATIO:
+            out.append(f"the attack objective stalled: its best value is {100 * float(kept):.0f}% of its first after "
+                       f"{cfg.iterations} iterations (median over captures); raise attack.iterations or change "
+                       f"attack.lr (now {cfg.lr:g}), or try attack.preset=strong")
+    regs = {k: w for k, w in module.problem.terms.items() if k not in ("match", "features")}
+    if regs and "match" in module.problem.terms:
+        with torch.enable_grad():
+            _, parts = module.objective(module.best_images.detach())
+        total = sum(p.detach() for p in parts.values())
+        for name, weight in regs.items():
+            share = float((parts[name].detach() / total.clamp_min(1e-30)).median())
+            if share > DOMINANT:
+                out.append(f"the regulariser {name} (weight {weight:g}) is {100 * share:.0f}% of the final attack "
+                           f"objective, so the gradients are hardly matched; lower attack.regularizers.{name} "
+                           f"(e.g. {weight / 10:g})")
+    return out
 
 
 def results(module: GradientInversion, cfg: ReconConfig, seconds: float, threads: int) -> list[Reconstruction]:
@@ -148,7 +211,7 @@ def results(module: GradientInversion, cfg: ReconConfig, seconds: float, threads
         best = int(torch.argmin(loss[i]))
         history = {"step": module.history["step"],
                    "objective": [o[i * r:(i + 1) * r] for o in module.history["objective"]],
-                   "threads": threads}
+                   "threads": threads, "warnings": list(module.history.get("warnings", []))}
         out.append(Reconstruction(images=images[i, best], all_images=images[i], labels=labels[i, best],
                                   objective=loss[i], best_restart=best, history=history, seconds=seconds / n,
                                   iterations=cfg.iterations, all_labels=labels[i]))
