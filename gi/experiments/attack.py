@@ -472,6 +472,28 @@ def save_captures(tmp: Path, captures: Sequence[Capture], truths: Sequence[Truth
             item.save(tmp / sub / f"{k:03d}.safetensors")
 
 
+def in_model_order(capture: Capture) -> Capture:
+    """``capture`` with its tensor dicts in the model's parameter order. A safetensors file stores its tensors by
+    name, so a loaded capture lists them sorted; the matching objective sums its layers in dict order, and
+    float32 sums in another order round differently, which a chaotic attack amplifies. In the model's order a
+    loaded capture reconstructs exactly as the capture gi run held in memory."""
+    import torch
+
+    from gi.models import from_spec
+
+    with torch.device("meta"):
+        order = list(from_spec(capture.model_spec).state_dict())
+
+    def ordered(d: dict[str, Any] | None) -> dict[str, Any] | None:
+        if d is None:
+            return None
+        rank = {k: i for i, k in enumerate(order)}
+        return {k: d[k] for k in sorted(d, key=lambda k: (rank.get(k, len(rank)), k))}
+
+    return dataclasses.replace(capture, model_state=ordered(capture.model_state), gradients=ordered(capture.gradients),
+                               update=ordered(capture.update))
+
+
 def capture_files(path: str | Path, what: str = "capture") -> list[Path]:
     """The capture (or truth) files of ``path``: a ``.safetensors`` file, or a ``gi run`` / ``gi attack`` output
     directory (its ``capture.safetensors``, or ``captures/*.safetensors``)."""
@@ -563,7 +585,7 @@ def run_attack(cfg: AttackConfig) -> AttackRun:
     from gi.victim_setup import draw_aux, load_data
 
     files = capture_files(cfg.capture)
-    captures = [Capture.load(f) for f in files]
+    captures = [in_model_order(Capture.load(f)) for f in files]
     truths = None
     if cfg.truth is not None:
         truth_files = capture_files(cfg.truth, "truth")

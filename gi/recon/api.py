@@ -131,13 +131,14 @@ def optimise(problem: Problem, cfg: ReconConfig, callbacks: Sequence[L.Callback]
         logger=False, enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0,
         enable_progress_bar=bar, callbacks=[*callbacks, *lines],
     )
+    initial = module.images.detach().clone()
     with cpu_threads(cfg.threads, problem.model, accelerator) as threads:
         start = time.perf_counter()
         trainer.fit(module)
         seconds = time.perf_counter() - start
+        module.history["warnings"] = diagnose(module, cfg, initial)
     log.info("reconstructed %d capture(s) x %d restart(s) in %.1f s (%d threads)", problem.num_problems,
              cfg.restarts, seconds, threads)
-    module.history["warnings"] = diagnose(module, cfg)
     for warning in module.history["warnings"]:
         log.warning("%s", warning)
     return module, seconds, threads
@@ -167,32 +168,43 @@ class ProgressLines(L.Callback):
                  step, self.iterations, value, time.perf_counter() - self.start)
 
 
-STALL_RATIO = 0.5  # the objective kept more than this fraction of its first value: it stalled
+STALL_RATIO = 0.5  # the gradient-matching term kept more than this fraction of its start: it stalled
 DOMINANT = 0.5  # a regulariser above this share of the final objective dominates it
 
 
-def diagnose(module: GradientInversion, cfg: ReconConfig) -> list[str]:
-    """Warnings about a finished fit, each naming the knob to turn: the objective stalled (its best value kept
-    more than :data:`STALL_RATIO` of its first logged value, median over captures), or a regulariser makes up
-    more than :data:`DOMINANT` of the final objective (so the gradients are hardly matched)."""
+def diagnose(module: GradientInversion, cfg: ReconConfig, start: Tensor | None = None) -> list[str]:
+    """Warnings about a finished fit, each naming the knob to turn (median over captures of each capture's best
+    restart): the match term stalled (at the best iterate it kept more than :data:`STALL_RATIO` of its value at
+    the start images ``start``, or of the first logged objective), or a regulariser makes up more than
+    :data:`DOMINANT` of the final objective (so the gradients are hardly matched)."""
     out: list[str] = []
-    history = module.history.get("objective") or []
     n, r = module.num_problems, cfg.restarts
-    best = module.best_loss.detach().cpu().view(n, r).min(1).values
-    if history:
-        first = torch.tensor(history[0], dtype=torch.float64).view(n, r).min(1).values
-        kept = (best.double() / first.clamp_min(1e-30)).median()
-        if float(kept) > STALL_RATIO:
-            out.append(f"the attack objective stalled: its best value is {100 * float(kept):.0f}% of its first after "
-                       f"{cfg.iterations} iterations (median over captures); raise attack.iterations or change "
-                       f"attack.lr (now {cfg.lr:g}), or try attack.preset=strong")
-    regs = {k: w for k, w in module.problem.terms.items() if k not in ("match", "features")}
-    if regs and "match" in module.problem.terms:
+    best = module.best_loss.detach().cpu().view(n, r).argmin(1)
+    rows = torch.arange(n) * r + best
+
+    def terms(images: Tensor) -> dict[str, Tensor]:
         with torch.enable_grad():
-            _, parts = module.objective(module.best_images.detach())
-        total = sum(p.detach() for p in parts.values())
+            _, parts = module.objective(images.detach())
+        return {k: v.detach().cpu().double()[rows] for k, v in parts.items()}
+
+    final = terms(module.best_images)
+    regs = {k: w for k, w in module.problem.terms.items() if k not in ("match", "features")}
+    if "match" in final:
+        if start is not None:
+            first = terms(start)["match"]
+        else:
+            history = module.history.get("objective") or [[float("inf")] * (n * r)]
+            first = torch.tensor(history[0], dtype=torch.float64)[rows]
+        kept = float((final["match"] / first.clamp_min(1e-30)).median())
+        if kept > STALL_RATIO:
+            hold = "".join(f", or lower attack.regularizers.{k} (now {w:g}), which may hold it back"
+                           for k, w in regs.items())
+            out.append(f"the attack stalled: the gradient-matching term kept {100 * kept:.0f}% of its start after "
+                       f"{cfg.iterations} iterations (median over captures); raise attack.iterations or change "
+                       f"attack.lr (now {cfg.lr:g}), or try attack.preset=strong{hold}")
+        total = sum(final.values())
         for name, weight in regs.items():
-            share = float((parts[name].detach() / total.clamp_min(1e-30)).median())
+            share = float((final[name] / total.clamp_min(1e-30)).median())
             if share > DOMINANT:
                 out.append(f"the regulariser {name} (weight {weight:g}) is {100 * share:.0f}% of the final attack "
                            f"objective, so the gradients are hardly matched; lower attack.regularizers.{name} "
