@@ -32,15 +32,18 @@ def register_preset(name: str, settings: dict[str, Any]) -> dict[str, Any]:
 LBFGS = {"optimizer": "lbfgs", "lr": 1.0, "schedule": "constant", "objective": "l2", "signed": False,
          "init": "uniform", "labels": "fixed"}
 
+# Measured on the 20 cifar10-samples, DLG LeNet, one image per capture, 1000 iterations (README "Default job"):
+# restarts 1 → 2 lifted the minimum from 9.0 to 20.4 dB; the feature term of eq. 8 (β = 1, α = 1) lifted the mean
+# by 1.8 dB at one restart and 0.5 dB at two; TV 1e-5 instead of 1e-4 changed the mean by +0.4 dB (within noise).
 register_preset("default", {**LBFGS, "iterations": 1000, "restarts": 2, "regularizers": {"tv": 1.0e-4},
-                            "feature_weight": 0.0})
+                            "feature_weight": 1.0, "last_layer_weight": 1.0})
 register_preset("fast", {**LBFGS, "iterations": 300, "restarts": 1, "regularizers": {"tv": 1.0e-4},
-                         "feature_weight": 0.0})
+                         "feature_weight": 1.0, "last_layer_weight": 1.0})
 register_preset("strong", {**LBFGS, "iterations": 2000, "restarts": 4, "regularizers": {"tv": 1.0e-4},
-                           "feature_weight": 0.0})
+                           "feature_weight": 1.0, "last_layer_weight": 1.0})
 register_preset("ig", {"optimizer": "adam", "lr": 0.1, "signed": True, "schedule": "multistep",
                        "objective": "cosine", "iterations": 4800, "restarts": 1, "regularizers": {"tv": 1.0e-4},
-                       "init": "uniform", "feature_weight": 0.0})
+                       "init": "uniform", "feature_weight": 0.0, "last_layer_weight": 1.0})
 
 
 def preset(name: str) -> dict[str, Any]:
