@@ -124,11 +124,12 @@ def attack_labels(lcfg: LabelConfig, capture: Capture, truth: Truth | None,
     return mode.labels(lcfg, capture, truth, aux), mode.kind
 
 
-def check_label_mode(lcfg: LabelConfig) -> str:
-    """The attack's label kind of ``lcfg.mode`` (a ConfigError for an unknown mode)."""
+def derived_attack(lcfg: LabelConfig, attack: ReconConfig) -> ReconConfig:
+    """``attack`` with its ``labels`` (fixed or joint) set by ``lcfg.mode`` (a ConfigError for an unknown mode)."""
     if lcfg.mode not in LABEL_MODES:
         raise ConfigError(f"labels.mode={lcfg.mode!r} is not allowed; valid: {list(LABEL_MODES)}")
-    return LABEL_MODES[lcfg.mode].kind
+    kind = LABEL_MODES[lcfg.mode].kind
+    return attack if attack.labels == kind else dataclasses.replace(attack, labels=kind)
 
 
 def check_attack_labels(data: Any) -> None:
@@ -243,7 +244,7 @@ def reconstruct_stage(attack: ReconConfig, captures: Sequence[Capture], label_re
     net whose analytic inversion is exact (residual below ``attack.analytic_tol``) is answered directly."""
     from gi.recon import reconstruct_many
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     record: dict[str, Any] = {"name": "reconstruct", "optimizer": attack.optimizer, "objective": attack.objective,
                               "preset": attack.preset, "iterations": attack.iterations, "restarts": attack.restarts,
                               "captures": len(captures)}
@@ -262,6 +263,7 @@ def reconstruct_stage(attack: ReconConfig, captures: Sequence[Capture], label_re
             record["init"] = "analytic (fcn_analytic.invert, residual above attack.analytic_tol)"
         recs = reconstruct_many(captures, label_results, list(features), cfg, callbacks)
     record["seconds"] = time.perf_counter() - start
+    record["cpu_seconds"] = time.process_time() - cpu  # this process's CPU time: on a loaded machine, the work
     log.info("reconstruct: %s, %d capture(s) in %.1f s", record["optimizer"], len(captures), record["seconds"])
     return recs, record
 
@@ -546,9 +548,7 @@ class AttackConfig:
         if not self.capture:
             raise ConfigError("gi attack needs a capture: gi attack CAPTURE [key=value ...], CAPTURE a "
                               ".safetensors file or a gi run output directory")
-        kind = check_label_mode(self.labels)
-        if self.attack.labels != kind:
-            self.attack = dataclasses.replace(self.attack, labels=kind)
+        self.attack = derived_attack(self.labels, self.attack)
         if self.aux.per_class > 0 and self.aux_data is None:
             raise ConfigError("aux.per_class > 0 needs aux_data.name (the dataset the aux samples come from)")
 

@@ -23,7 +23,7 @@ from gi.experiments.attack import (  # noqa: F401  (the label modes: importable 
     attack_labels,
     attack_stages,
     check_attack_labels,
-    check_label_mode,
+    derived_attack,
     final_counts,
     oracle_labels,
     truth_monitor,
@@ -125,9 +125,7 @@ class RunConfig(VictimSetup):
 
     def __post_init__(self) -> None:
         check_run_name(self.name)
-        kind = check_label_mode(self.labels)
-        if self.attack.labels != kind:  # derived: the loaders refuse an explicit other value
-            self.attack = dataclasses.replace(self.attack, labels=kind)
+        self.attack = derived_attack(self.labels, self.attack)  # the loaders refuse an explicit other value
         if self.protocol.is_update and self.protocol.label_aug == "mixup":
             raise ConfigError("protocol.label_aug=mixup is FedSGD-only here (gi.fl.victim trains with one-hot or "
                               "smoothed labels); use protocol.scheme=fedsgd or another label_aug")
