@@ -55,16 +55,30 @@ RULES: list[Rule] = [
 ]
 
 
+def candidates(capture: Capture, aux: Any = None) -> list[Rule]:
+    """The rules of :data:`RULES` whose condition holds for ``capture`` (and ``aux``), in order."""
+    return [rule for rule in RULES if rule.when(capture, aux)]
+
+
 def pick(capture: Capture, aux: Any = None) -> Rule:
     """The first rule of :data:`RULES` whose condition holds for ``capture`` (and ``aux``)."""
-    return next(rule for rule in RULES if rule.when(capture, aux))
+    return candidates(capture, aux)[0]
 
 
 @register(NAME, "the default: picks soft-lambda (one sample), posterior (batch + aux), ilrg-robust (batch) or rlu "
                 "(an update) from the capture")
 def recover_auto(capture: Capture, aux: Any = None) -> LabelResult:
-    """Recover labels with the method :func:`pick` chooses; the choice and its reason go to ``info``."""
-    rule = pick(capture, aux)
-    result = METHODS[rule.method](capture, aux=aux, **rule.options)
-    result.info.update({"picked_by": NAME, "why": rule.why, "options": dict(rule.options)})
+    """Recover labels with the method :func:`pick` chooses; the choice and its reason go to ``info``. A method
+    that cannot decide (``ok=False``, e.g. ``posterior`` with an aux set that misses a class) hands over to the
+    next rule that holds; the reasons of the ones passed over go to ``info["passed_over"]``."""
+    passed: list[str] = []
+    result = None
+    for rule in candidates(capture, aux):
+        result = METHODS[rule.method](capture, aux=aux, **rule.options)
+        result.info.update({"picked_by": NAME, "why": rule.why + "".join(f"; {p}" for p in passed),
+                            "options": dict(rule.options), "passed_over": list(passed)})
+        if result.ok:
+            break
+        passed.append(f"{rule.method} failed ({result.info.get('reason', 'no reason given')})")
+    assert result is not None  # the last rule always holds
     return result

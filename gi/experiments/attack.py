@@ -125,11 +125,16 @@ def attack_labels(lcfg: LabelConfig, capture: Capture, truth: Truth | None,
 
 
 def derived_attack(lcfg: LabelConfig, attack: ReconConfig) -> ReconConfig:
-    """``attack`` with its ``labels`` (fixed or joint) set by ``lcfg.mode`` (a ConfigError for an unknown mode)."""
+    """``attack`` with its ``labels`` (fixed or joint) set by ``lcfg.mode`` (a ConfigError for an unknown mode), and
+    ``feature_weight`` 0 for a mode without labels (DLG's joint labels from a random start give no f*)."""
     if lcfg.mode not in LABEL_MODES:
         raise ConfigError(f"labels.mode={lcfg.mode!r} is not allowed; valid: {list(LABEL_MODES)}")
     kind = LABEL_MODES[lcfg.mode].kind
-    return attack if attack.labels == kind else dataclasses.replace(attack, labels=kind)
+    if attack.labels != kind:
+        attack = dataclasses.replace(attack, labels=kind)
+    if LABEL_MODES[lcfg.mode].labels is _no_labels and attack.feature_weight > 0:
+        attack = dataclasses.replace(attack, feature_weight=0.0)  # no labels, no last-layer features to match
+    return attack
 
 
 def check_attack_labels(data: Any) -> None:
@@ -177,7 +182,7 @@ class AttackOutcome:
 def label_stage(lcfg: LabelConfig, captures: Sequence[Capture], truths: Sequence[Truth | None], aux: Any
                 ) -> tuple[list[LabelResult | None], str, dict[str, Any]]:
     """The label stage over every capture: its results, the label kind and its stage record (method, why)."""
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     results, kinds = zip(*(attack_labels(lcfg, c, t, aux) for c, t in zip(captures, truths)))
     seconds = time.perf_counter() - start
     methods = sorted({r.method for r in results if r is not None}) or ["joint"]
@@ -185,7 +190,8 @@ def label_stage(lcfg: LabelConfig, captures: Sequence[Capture], truths: Sequence
     record = {"name": "labels", "mode": lcfg.mode, "method": methods[0] if len(methods) == 1 else methods,
               "picked_by": lcfg.method if lcfg.method == "auto" and lcfg.mode in ("recovered", "recovered+joint")
               else None, "why": whys[0] if len(whys) == 1 else (whys or None),
-              "ok": all(r.ok for r in results if r is not None), "seconds": seconds}
+              "ok": all(r.ok for r in results if r is not None), "seconds": seconds,
+              "cpu_seconds": time.process_time() - cpu}
     log.info("labels: %s%s (%.2f s)", record["method"], f" ({record['why']})" if record["why"] else "", seconds)
     return list(results), kinds[0], record
 
@@ -201,7 +207,7 @@ def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_result
     from gi.core.errors import GIError
     from gi.recon.problem import feature_targets, labels_for_slots
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     features: list[torch.Tensor | None] = []
     for c, lr in zip(captures, label_results):
         if lr is None or c.is_update:
@@ -228,7 +234,8 @@ def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_result
     record = {"name": "features", "available": available, "source": source,
               "matched": available and attack.feature_weight > 0, "beta": attack.feature_weight,
               "alpha": attack.last_layer_weight, "analytic_inversion": inversions is not None and bool(inversions),
-              "analytic_residual": residual, "seconds": time.perf_counter() - start}
+              "analytic_residual": residual, "seconds": time.perf_counter() - start,
+              "cpu_seconds": time.process_time() - cpu}
     if not available:
         record["why_not"] = ("joint labels from a random start, an update, or a bias-free batch: no analytic "
                              "last-layer feature")

@@ -53,6 +53,18 @@ def test_picker_chooses_by_capture_kind_and_aux():
     assert "auto" in labels.METHODS
 
 
+def test_picker_hands_over_when_the_picked_method_cannot_decide():
+    from types import SimpleNamespace
+
+    model = _model()
+    batch, _ = gi.capture_gradients(model, _images(4), torch.tensor([0, 1, 1, 3]), gi.Protocol(batch_size=4))
+    aux = SimpleNamespace(images=torch.rand(6, 1, 6, 6, generator=torch.Generator().manual_seed(9)),
+                          labels=torch.tensor([0, 0, 1, 1, 2, 2]))  # no sample of class 3
+    result = labels.recover(batch, "auto", aux=aux)
+    assert result.method == "ilrg-robust" and result.ok and result.counts.tolist() == [1, 2, 0, 1]
+    assert result.info["passed_over"][0].startswith("posterior failed")
+
+
 def test_presets_fill_only_the_keys_a_config_leaves_out():
     filled = apply_preset({"preset": "fast", "iterations": 7})
     assert filled["iterations"] == 7 and filled["optimizer"] == PRESETS["fast"]["optimizer"]
