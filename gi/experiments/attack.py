@@ -452,8 +452,9 @@ def write_outputs(tmp: Path, name: str, config: dict[str, Any], captures: Sequen
     write_yaml(tmp / "config.yaml", config)
     write_json(tmp / "metrics.json", metrics)
     write_csv(tmp / "results.csv", rows)
+    legend = " (PSNR; recovered / true label)" if truths is not None else " (recovered label)"
     save_caption_grid(tmp / "grid.png", torch.cat(shown_rec), torch.cat(shown_truth) if shown_truth else None,
-                      captions, title=name)
+                      captions, title=name + legend)
     if monitor is not None and monitor.steps:
         save_line_plot(tmp / "psnr.png", monitor.steps, {"PSNR (best restart)": monitor.psnr}, "iteration",
                        "PSNR [dB]", title=name)

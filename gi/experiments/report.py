@@ -385,7 +385,7 @@ def save_caption_grid(path: Path, reconstructions: torch.Tensor, truths: torch.T
     cols = min(n, columns)
     bands = -(-n // cols)
     rows_per = 2 if truths is not None else 1
-    fig, axes = plt.subplots(bands * rows_per, cols, figsize=(1.5 * cols + 0.6, 1.75 * bands * rows_per + 0.4),
+    fig, axes = plt.subplots(bands * rows_per, cols, figsize=(1.5 * cols + 0.6, 2.0 * bands * rows_per + 0.5),
                              squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
@@ -404,7 +404,7 @@ def save_caption_grid(path: Path, reconstructions: torch.Tensor, truths: torch.T
                 ax.set_title(captions[i], fontsize=7, y=-0.32)
     if title:
         fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(h_pad=2.0)
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
