@@ -14,6 +14,9 @@ from gi.core.errors import ConfigError, GIError
 EPILOG = """examples:
   gi run configs/demo.yaml                      end-to-end reconstruction of one CIFAR-10 sample
   gi run configs/demo.yaml labels.mode=truth    the same with oracle labels
+  gi run configs/default.yaml                   the default job over all 20 bundled CIFAR-10 samples
+  gi attack runs/demo/capture.safetensors       the label-first attack on a saved capture (no truth needed)
+  gi attack runs/demo truth=runs/demo           ... scored against the truth gi run saved
   gi labels configs/labels/<table>.yaml         label-recovery benchmark table
   gi ablate configs/ablate/<table>.yaml         label-knowledge ablation (soft-label paper Tables 3, 4)
   gi ablate CONFIG out=runs/t3                  ... interrupted? the same command again reuses finished rows
@@ -31,10 +34,33 @@ def _cmd_run(args: argparse.Namespace) -> int:
     cfg = load_run_config(args.config, args.overrides)
     _apply_threads()
     result = run(cfg)
-    m = result.metrics
-    print(f"PSNR {m['psnr_mean']:.2f} dB (random image {m['random_image_psnr_mean']:.2f} dB)  "
-          f"SSIM {m['ssim_mean']:.3f}  LPIPS-alex {m['lpips_alex_mean']:.3f}  "
-          f"labels {m['labels']['mode']}/{m['labels']['method']} ins_acc {m['final_labels']['ins_acc']:.3f}")
+    _print_summary(result.metrics)
+    print(f"wrote {result.out}")
+    return 0
+
+
+def _print_summary(m: dict) -> None:
+    """The one-paragraph answer of gi run / gi attack: stages, then scores when there was truth."""
+    stages = "  ".join(f"{s['name']} {s.get('method') or s.get('source') or s.get('optimizer')} {s['seconds']:.1f} s"
+                       for s in m["stages"])
+    print(f"stages: {stages}")
+    if "psnr_mean" in m:
+        over = f" over {m['num_images']} images" if m["num_images"] > 1 else ""
+        print(f"PSNR mean {m['psnr_mean']:.2f} / median {m['psnr_median']:.2f} / min {m['psnr_min']:.2f} dB{over} "
+              f"(random image {m['random_image_psnr_mean']:.2f} dB)  SSIM {m['ssim_mean']:.3f}  "
+              f"LPIPS-alex {m['lpips_alex_mean']:.3f}  labels {m['labels']['mode']}/{m['labels']['method']} "
+              f"ins_acc {m['final_labels']['ins_acc']:.3f}")
+    for warning in m.get("warnings", []):
+        print(f"warning: {warning}")
+
+
+def _cmd_attack(args: argparse.Namespace) -> int:
+    from gi.experiments.attack import load_attack_config, run_attack
+
+    cfg = load_attack_config(args.config, args.overrides)
+    _apply_threads()
+    result = run_attack(cfg)
+    _print_summary(result.metrics)
     print(f"wrote {result.out}")
     return 0
 
@@ -94,8 +120,10 @@ def _cmd_methods(args: argparse.Namespace) -> int:
 
 
 COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str, bool | str]] = {
-    # name: (handler, help, takes a config: True, False or "optional")
+    # name: (handler, help, takes a config: True, False, "optional" or the name of its positional argument)
     "run": (_cmd_run, "end-to-end reconstruction: data, victim, labels, images, scores", True),
+    "attack": (_cmd_attack, "the label-first attack (labels, features, images) on a saved capture; scored with "
+               "truth=FILE", "capture"),
     "labels": (_cmd_labels, "label-recovery benchmark: a table (CSV/Markdown/JSON) and a plot", True),
     "ablate": (_cmd_ablate, "label-knowledge ablation: the same captures under every label mode and α/β variant", True),
     "sweep": (_cmd_sweep, "many jobs (grid x seeds) across devices and machines, resumable, aggregated", True),
@@ -120,6 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         if takes_config == "optional":
             p.add_argument("config", nargs="?", help="YAML config file (optional)")
+            p.add_argument("overrides", nargs="*", help="key.sub=value overrides")
+        elif isinstance(takes_config, str):
+            p.add_argument("config", metavar=takes_config.upper(),
+                           help=f"the {takes_config}: a .safetensors file or a gi run output directory")
             p.add_argument("overrides", nargs="*", help="key.sub=value overrides")
         elif takes_config:
             p.add_argument("config", help="YAML config file")

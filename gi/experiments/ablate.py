@@ -30,7 +30,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from gi.core.config import DOTTED_KEYS, from_dict, set_dotted, to_dict
 from gi.core.errors import ConfigError, GIError
@@ -69,6 +69,8 @@ class AblateConfig(RunConfig):
     {psnr, ssim, lpips, L_r}};
     ``only``: run just these settings; ``mode_attack``: {mode: {attack key: value}} per label mode (e.g. a smaller
     ``label_lr`` when joint labels start from recovered ones)."""
+
+    ATTACK_PRESET: ClassVar[str | None] = None  # an ablation's attack is its config's, no preset filled in
 
     name: str = "ablate"
     metrics: MetricConfig = field(default_factory=lambda: MetricConfig(lpips_vgg=False))

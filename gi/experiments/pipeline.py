@@ -10,23 +10,30 @@ import dataclasses
 import datetime as _dt
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gi.core.config import require, to_dict
 from gi.core.errors import ConfigError
-from gi.experiments.report import (
-    check_run_name,
-    save_grid,
-    save_line_plot,
-    staged_output,
-    write_csv,
-    write_json,
-    write_yaml,
+from gi.experiments.attack import (  # noqa: F401  (the label modes: importable from here too, as before)
+    LABEL_MODES,
+    LabelConfig,
+    LabelMode,
+    attack_labels,
+    attack_stages,
+    check_attack_labels,
+    derived_attack,
+    final_counts,
+    oracle_labels,
+    truth_monitor,
+    used_labels,
+    with_preset,
+    write_outputs,
 )
+from gi.experiments.report import check_run_name, staged_output
 from gi.recon.config import ReconConfig
+from gi.recon.presets import DEFAULT
 from gi.victim_setup import (  # noqa: F401  (DataConfig, ModelConfig: the sections, importable from here too)
     DataConfig,
     ModelConfig,
@@ -42,7 +49,6 @@ if TYPE_CHECKING:  # torch, the data, models and Lightning load on first use: co
     import torch
 
     from gi.capture import Capture, Truth
-    from gi.label_result import LabelResult
     from gi.recon import Reconstruction
 
 log = logging.getLogger("gi.run")
@@ -50,14 +56,19 @@ log = logging.getLogger("gi.run")
 
 @dataclass
 class RunDataConfig(DataConfig):
-    """The shared :class:`~gi.victim_setup.DataConfig` plus how ``gi run`` draws the client's batch.
+    """The shared :class:`~gi.victim_setup.DataConfig` plus how ``gi run`` draws the clients' batches.
 
     ``indices``: dataset indices of the client's batch (length = protocol.batch_size); null draws them
-    with the run seed. ``eps``: label-smoothing ε (null: U(0, eps_max) per sample, as the soft-label
-    paper). ``mixup_lam``: mixup λ (null: U(0, 1)).
+    with the run seed. ``images``: a list of dataset indices, or ``all``, attacked as separate captures of
+    ``protocol.batch_size`` consecutive entries each (batch size 1: every image its own capture), packed into one
+    batched reconstruction; results are per image plus mean / median / min. ``captures``: how many batches
+    to draw with the run seed when neither is given. ``eps``: label-smoothing ε (null: U(0, eps_max) per
+    sample, as the soft-label paper). ``mixup_lam``: mixup λ (null: U(0, 1)).
     """
 
     indices: list[int] | None = None
+    images: list[int] | str | None = None
+    captures: int = 1
     eps: float | None = None
     eps_max: float = 0.5
     mixup_lam: float | None = None
@@ -66,23 +77,18 @@ class RunDataConfig(DataConfig):
         super().__post_init__()
         require(self.indices is None or all(i >= 0 for i in self.indices), "data.indices", self.indices,
                 "dataset indices >= 0")
+        require(self.images is None or self.images == "all" or (isinstance(self.images, list) and self.images
+                and all(i >= 0 for i in self.images)), "data.images", self.images,
+                "a non-empty list of dataset indices >= 0, or all")
+        require(self.captures >= 1, "data.captures", self.captures, ">= 1")
+        if self.images is not None and (self.indices is not None or self.captures != 1):
+            raise ConfigError("data.images gives the captures; leave data.indices and data.captures out with it "
+                              "(data.indices is one batch, data.captures a number of random batches)")
+        if self.indices is not None and self.captures != 1:
+            raise ConfigError("data.indices is one batch: use data.images for several captures of given images")
         for key in ("eps", "eps_max", "mixup_lam"):
             value = getattr(self, key)
             require(value is None or 0 <= value <= 1, f"data.{key}", value, "a number in [0, 1]")
-
-
-@dataclass
-class LabelConfig:
-    """``mode`` (a name of :data:`LABEL_MODES`): ``truth`` (oracle), ``recovered`` (``method`` of the label
-    registry; soft labels are soft targets, counts become per-slot one-hot labels), ``hard`` (one-hot labels of
-    ``hard_method``, iDLG by default), ``joint`` (DLG: labels optimised with the images from a random start),
-    ``recovered+joint`` (joint, initialised from ``method``'s labels). The attack's ``labels`` (fixed or joint)
-    follows from ``mode``; methods that need auxiliary samples get the ``aux`` section's."""
-
-    mode: str = "recovered"
-    method: str = "idlg"
-    hard_method: str = "idlg"
-    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -95,7 +101,10 @@ class MetricConfig:
 class RunConfig(VictimSetup):
     """``gi run``: the victim setup (:class:`~gi.victim_setup.VictimSetup`: ``data``, ``model``, ``train``,
     ``aux``, ``protocol``), the label stage, the attack and the scores. ``attack.labels`` is derived from
-    ``labels.mode`` (an explicit different value is a ConfigError)."""
+    ``labels.mode`` (an explicit different value is a ConfigError). The ``attack`` section is filled from
+    ``attack.preset`` (default :data:`ATTACK_PRESET`; :mod:`gi.recon.presets`) under its explicit keys."""
+
+    ATTACK_PRESET: ClassVar[str | None] = DEFAULT
 
     LEGACY: ClassVar[dict[str, str]] = {"model.train_epochs": "train.epochs", "model.train_lr": "train.lr",
                                         "labels.aux_per_class": "aux.per_class"}
@@ -112,15 +121,11 @@ class RunConfig(VictimSetup):
     @classmethod
     def from_mapping(cls, data: dict[str, Any] | None, where: str = "") -> Any:
         check_attack_labels(data)
-        return super().from_mapping(data, where)
+        return super().from_mapping(with_preset(data, cls.ATTACK_PRESET), where)
 
     def __post_init__(self) -> None:
         check_run_name(self.name)
-        if self.labels.mode not in LABEL_MODES:
-            raise ConfigError(f"labels.mode={self.labels.mode!r} is not allowed; valid: {list(LABEL_MODES)}")
-        kind = LABEL_MODES[self.labels.mode].kind
-        if self.attack.labels != kind:  # derived: the loaders refuse an explicit other value
-            self.attack = dataclasses.replace(self.attack, labels=kind)
+        self.attack = derived_attack(self.labels, self.attack)  # the loaders refuse an explicit other value
         if self.protocol.is_update and self.protocol.label_aug == "mixup":
             raise ConfigError("protocol.label_aug=mixup is FedSGD-only here (gi.fl.victim trains with one-hot or "
                               "smoothed labels); use protocol.scheme=fedsgd or another label_aug")
@@ -130,19 +135,6 @@ class RunConfig(VictimSetup):
         keys (name, seed, out, overwrite) first."""
         data = to_dict(self)
         return {**{k: data.pop(k) for k in ("name", "seed", "out", "overwrite")}, **data}
-
-
-def check_attack_labels(data: Any) -> None:
-    """``attack.labels`` follows from ``labels.mode`` (fixed or joint labels); an explicit other value is refused
-    instead of being replaced silently."""
-    if not isinstance(data, dict) or not isinstance(data.get("attack"), dict) or "labels" not in data["attack"]:
-        return
-    labels = data.get("labels")
-    mode = labels.get("mode", LabelConfig.mode) if isinstance(labels, dict) else LabelConfig.mode
-    given = data["attack"]["labels"]
-    if mode in LABEL_MODES and given != LABEL_MODES[mode].kind:
-        raise ConfigError(f"attack.labels={given!r} contradicts labels.mode={mode!r} (its labels are "
-                          f"{LABEL_MODES[mode].kind!r}); attack.labels follows from labels.mode: leave it out")
 
 
 def load_run_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
@@ -177,13 +169,6 @@ def client_batch(cfg: RunConfig, dataset: Any, gen: torch.Generator) -> tuple[to
     if kind != "onehot" and eps is None:
         eps = torch.rand(b, generator=gen, dtype=torch.float64) * cfg.data.eps_max
     return images, gdata.make_targets(labels, c, kind, eps), idx
-
-
-def oracle_labels(truth: Truth) -> LabelResult:
-    """The LabelResult an oracle would return: true soft targets and counts (scoring/ablation only)."""
-    from gi.label_result import LabelResult
-
-    return LabelResult.from_counts("truth", truth.counts, soft=truth.targets.clone(), info={"oracle": True})
 
 
 def build_victim(cfg: Any) -> tuple[Any, torch.nn.Module]:
@@ -244,60 +229,6 @@ def capture_client(cfg: Any, dataset: Any, model: torch.nn.Module, gen: torch.Ge
     return capture, truth
 
 
-# --------------------------------------------------------------------------- label modes
-def _truth_labels(lcfg: LabelConfig, capture: Capture, truth: Truth, aux: Any) -> LabelResult | None:
-    return oracle_labels(truth)
-
-
-def _recovered_labels(lcfg: LabelConfig, capture: Capture, truth: Truth, aux: Any) -> LabelResult | None:
-    import labels
-
-    return labels.recover(capture, lcfg.method, aux=aux, **lcfg.options)
-
-
-def _hard_labels(lcfg: LabelConfig, capture: Capture, truth: Truth, aux: Any) -> LabelResult | None:
-    """iDLG-style one-hot labels: the counts of ``hard_method`` (its soft labels, if any, become their argmax)."""
-    import torch
-
-    import labels
-    from gi.label_result import LabelResult
-
-    result = labels.recover(capture, lcfg.hard_method, aux=aux)
-    counts = result.counts if result.soft is None else torch.bincount(result.soft.argmax(1),
-                                                                      minlength=capture.num_classes)
-    return LabelResult.from_counts(f"hard:{result.method}", counts, ok=result.ok, info=dict(result.info))
-
-
-def _no_labels(lcfg: LabelConfig, capture: Capture, truth: Truth, aux: Any) -> LabelResult | None:
-    return None
-
-
-@dataclass(frozen=True)
-class LabelMode:
-    """A label-knowledge mode: where its labels come from (``labels(lcfg, capture, truth, aux)`` → LabelResult or
-    None; only the oracle reads ``truth``) and whether the attack keeps them ``fixed`` or optimises them
-    ``joint``ly (DLG)."""
-
-    labels: Callable[[LabelConfig, Capture, Truth, Any], Any]
-    kind: str
-
-
-LABEL_MODES: dict[str, LabelMode] = {
-    "truth": LabelMode(_truth_labels, "fixed"),
-    "recovered": LabelMode(_recovered_labels, "fixed"),
-    "hard": LabelMode(_hard_labels, "fixed"),
-    "joint": LabelMode(_no_labels, "joint"),
-    "recovered+joint": LabelMode(_recovered_labels, "joint"),
-}
-
-
-def attack_labels(lcfg: LabelConfig, capture: Capture, truth: Truth,
-                  aux: Any = None) -> tuple[LabelResult | None, str]:
-    """The label knowledge of ``lcfg.mode``: ``(LabelResult or None, "fixed" | "joint")``."""
-    mode = LABEL_MODES[lcfg.mode]
-    return mode.labels(lcfg, capture, truth, aux), mode.kind
-
-
 def make_aux(cfg: VictimSetup, dataset: Any, gen: torch.Generator, truths: list[Truth]) -> Any:
     """The attacker's aux set (``aux.per_class`` per class of ``aux.split``), drawn with ``gen``; from the victim's
     ``dataset`` it holds no sample of the victims' batches (``truth.meta["indices"]`` of every truth in ``truths``)."""
@@ -309,41 +240,34 @@ def make_aux(cfg: VictimSetup, dataset: Any, gen: torch.Generator, truths: list[
     return draw_aux(dataset, cfg.aux.per_class, gen, exclude=victims)[0]
 
 
-def used_labels(rec: Reconstruction, mode: str) -> LabelResult:
-    """The labels the reconstruction ended with, as a LabelResult (soft rows and their argmax counts)."""
-    from gi.label_result import LabelResult
+def victim_batches(cfg: RunConfig, dataset: Any) -> list[list[int] | None]:
+    """The dataset indices of every capture's batch: ``data.images`` in chunks of ``protocol.batch_size``, else
+    ``data.indices`` (one batch), else ``data.captures`` batches drawn with the run seed (None each)."""
+    b = cfg.protocol.batch_size
+    if cfg.data.images is None:
+        return [cfg.data.indices] if cfg.data.indices is not None else [None] * cfg.data.captures
+    images = list(range(len(dataset))) if cfg.data.images == "all" else list(cfg.data.images)
+    if max(images) >= len(dataset):
+        raise ConfigError(f"data.images has index {max(images)} but {cfg.data.name} holds {len(dataset)} images")
+    if len(images) % b:
+        raise ConfigError(f"data.images holds {len(images)} images, not a multiple of protocol.batch_size={b}: "
+                          "every capture is a batch of consecutive entries")
+    if cfg.protocol.label_aug == "mixup":
+        raise ConfigError("data.images with protocol.label_aug=mixup: mixup draws its pairs; use data.captures")
+    return [images[i:i + b] for i in range(0, len(images), b)]
 
-    return LabelResult.from_counts(mode, final_counts(rec), soft=rec.labels.double())
 
-
-def final_counts(rec: Reconstruction) -> torch.Tensor:
-    import torch
-
-    return torch.bincount(rec.labels.argmax(1), minlength=rec.labels.shape[1])
-
-
-def truth_monitor(truth_images: torch.Tensor, every: int) -> Any:
-    """A Lightning callback that logs PSNR of the current best iterate against the truth every ``every`` steps,
-    from outside the attack module (``.steps``, ``.psnr``)."""
-    import lightning as L
-
-    class TruthMonitor(L.Callback):
-        def __init__(self) -> None:
-            self.truth, self.every = truth_images, every
-            self.steps: list[int] = []
-            self.psnr: list[float] = []
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-            if batch_idx % self.every and batch_idx != trainer.max_steps - 1:
-                return
-            from gi.metrics import match_images, psnr
-
-            rec = pl_module.current_images().cpu()
-            perm = match_images(rec, self.truth) if rec.shape[0] > 1 else [0]
-            self.steps.append(batch_idx)
-            self.psnr.append(float(psnr(rec[perm], self.truth).clamp(max=100).mean()))
-
-    return TruthMonitor()
+def capture_all(cfg: RunConfig, dataset: Any, model: torch.nn.Module, gen: torch.Generator
+                ) -> tuple[list[Capture], list[Truth]]:
+    """Victim side: one (capture, truth) per batch of :func:`victim_batches`."""
+    captures, truths = [], []
+    for indices in victim_batches(cfg, dataset):
+        one = cfg if indices is None else dataclasses.replace(cfg, data=dataclasses.replace(
+            cfg.data, images=None, indices=indices))
+        capture, truth = capture_client(one, dataset, model, gen)
+        captures.append(capture)
+        truths.append(truth)
+    return captures, truths
 
 
 @dataclass
@@ -353,14 +277,16 @@ class RunResult:
     capture: Capture
     truth: Truth
     reconstruction: Reconstruction
+    captures: list[Capture] = field(default_factory=list)
+    truths: list[Truth] = field(default_factory=list)
+    reconstructions: list[Reconstruction] = field(default_factory=list)
 
 
 def run(cfg: RunConfig) -> RunResult:
-    """Run one end-to-end reconstruction and write its output directory."""
+    """Run the end-to-end job and write its output directory: the victim part (data, model, captures) and the
+    attack part (:func:`gi.experiments.attack.attack_stages`: labels → features → reconstruct, the same stages as
+    ``gi attack``), then scores."""
     import torch
-
-    from gi.metrics import label_metrics, score
-    from gi.recon import reconstruct
 
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(cfg.out or f"runs/{cfg.name}-{stamp}")
@@ -369,61 +295,19 @@ def run(cfg: RunConfig) -> RunResult:
     with staged_output(out, overwrite=cfg.overwrite) as tmp:
         t0 = time.perf_counter()
         dataset, model = build_victim(cfg)
-        capture, truth = capture_client(cfg, dataset, model, gen)
-        log.info("captured %s %s of %d samples", cfg.model.name, "update" if capture.is_update else "gradients",
-                 truth.images.shape[0])
+        captures, truths = capture_all(cfg, dataset, model, gen)
+        log.info("captured %s %s of %d capture(s) x %d samples", cfg.model.name,
+                 "update" if captures[0].is_update else "gradients", len(captures), captures[0].num_samples)
 
-        # ---- attack side: capture (+ aux) only; the oracle mode alone reads truth, by request
-        aux = make_aux(cfg, dataset, gen, [truth])
-        label_result, label_kind = attack_labels(cfg.labels, capture, truth, aux)
-        if label_result is not None:
-            log.info("labels (%s): ok=%s counts=%s", label_result.method, label_result.ok,
-                     label_result.counts.tolist())
-        attack = cfg.attack  # attack.labels is label_kind: RunConfig derives it from labels.mode
-        assert attack.labels == label_kind, (attack.labels, label_kind)
-        monitor = truth_monitor(truth.images, cfg.attack.log_every)
-        features = None if label_result is None else label_result.features
-        rec = reconstruct(capture, label_result, features=features, config=attack, callbacks=[monitor])
-
-        # ---- scoring
-        scores = score(rec.images, truth.images, labels_rec=rec.labels.argmax(1), labels_true=truth.labels,
-                       match=cfg.metrics.match, vgg=cfg.metrics.lpips_vgg)
-        random_img = torch.rand(truth.images.shape, generator=torch.Generator().manual_seed(cfg.seed + 7))
-        baseline = score(random_img, truth.images, match=cfg.metrics.match, vgg=False)
-        lab = label_metrics(label_result, truth) if label_result is not None else {}
-        final = label_metrics(used_labels(rec, cfg.labels.mode), truth)
-        metrics = {
-            "name": cfg.name,
-            "psnr_mean": scores["psnr_mean"], "ssim_mean": scores["ssim_mean"],
-            "lpips_alex_mean": scores["lpips_alex_mean"],
-            "random_image_psnr_mean": baseline["psnr_mean"],
-            "labels": {"mode": cfg.labels.mode, "method": "joint" if label_result is None else label_result.method,
-                       "ok": True if label_result is None else label_result.ok, **lab,
-                       "counts": (label_result.counts if label_result is not None else final_counts(rec)).tolist(),
-                       "true_counts": truth.counts.tolist()},
-            "final_labels": {**final, "L_r": final.get("soft_l1"), "counts": final_counts(rec).tolist()},
-            "images": scores,
-            "attack": {"objective": rec.objective.tolist(), "best_restart": rec.best_restart,
-                       "seconds": rec.seconds, "iterations": rec.iterations,
-                       "seconds_per_100_iterations": 100 * rec.seconds / rec.iterations},
-            "total_seconds": time.perf_counter() - t0,
-            "device": "cuda" if torch.cuda.is_available() and cfg.attack.device != "cpu" else "cpu",
-            "torch": torch.__version__,
-        }
-        write_yaml(tmp / "config.yaml", cfg.written())
-        write_json(tmp / "metrics.json", metrics)
-        rows = [{"image": i, "psnr": scores["psnr"][i], "ssim": scores["ssim"][i],
-                 "lpips_alex": scores["lpips_alex"][i], "matched_reconstruction": scores["perm"][i],
-                 "true_label": int(truth.labels[i])} for i in range(truth.images.shape[0])]
-        write_csv(tmp / "results.csv", rows)
-        save_grid(tmp / "grid.png", [truth.images, rec.images[torch.as_tensor(scores["perm"])]], scale=2)
-        save_line_plot(tmp / "psnr.png", monitor.steps, {"PSNR (best restart)": monitor.psnr}, "iteration",
-                       "PSNR [dB]", title=cfg.name)
-        save_line_plot(tmp / "objective.png", rec.history["step"],
-                       {f"restart {r}": [o[r] for o in rec.history["objective"]] for r in range(len(rec.objective))},
-                       "iteration", "attack objective", logy=True)
-        capture.save(tmp / "capture.safetensors")
-        truth.save(tmp / "truth.safetensors")
-        log.info("PSNR %.2f dB (random image %.2f dB), SSIM %.3f, LPIPS %.3f", metrics["psnr_mean"],
-                 metrics["random_image_psnr_mean"], metrics["ssim_mean"], metrics["lpips_alex_mean"])
-    return RunResult(out, metrics, capture, truth, rec)
+        # ---- attack side: captures (+ aux) only; the oracle mode alone reads truth, by request
+        aux = make_aux(cfg, dataset, gen, truths)
+        monitor = truth_monitor(truths, cfg.attack.log_every)
+        outcome = attack_stages(cfg.labels, cfg.attack, captures, truths if cfg.labels.mode == "truth" else None,
+                                aux, callbacks=[monitor])
+        metrics = write_outputs(tmp, cfg.name, cfg.written(), captures, truths, outcome, cfg.labels, cfg.seed,
+                                {"match": cfg.metrics.match, "lpips_vgg": cfg.metrics.lpips_vgg}, monitor, t0)
+        log.info("PSNR mean %.2f / median %.2f / min %.2f dB over %d image(s) (random image %.2f dB)",
+                 metrics["psnr_mean"], metrics["psnr_median"], metrics["psnr_min"], metrics["num_images"],
+                 metrics["random_image_psnr_mean"])
+    recs = outcome.reconstructions
+    return RunResult(out, metrics, captures[0], truths[0], recs[0], captures, truths, recs)

@@ -372,6 +372,43 @@ def save_grid(path: Path, rows: Sequence[torch.Tensor], pad: int = 2, scale: int
     vutils.save_image(grid, str(path))
 
 
+def save_caption_grid(path: Path, reconstructions: torch.Tensor, truths: torch.Tensor | None = None,
+                      captions: Sequence[str] = (), columns: int = 10, title: str = "") -> None:
+    """A readable grid: one column per image (``columns`` per band, more bands below), rows truth (when given) and
+    reconstruction, each image upscaled and captioned (e.g. its PSNR and recovered / true label)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = reconstructions.shape[0]
+    cols = min(n, columns)
+    bands = -(-n // cols)
+    rows_per = 2 if truths is not None else 1
+    fig, axes = plt.subplots(bands * rows_per, cols, figsize=(1.5 * cols + 0.6, 2.0 * bands * rows_per + 0.5),
+                             squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for i in range(n):
+        band, col = divmod(i, cols)
+        shown = [("truth", truths[i])] if truths is not None else []
+        shown.append(("reconstruction", reconstructions[i]))
+        for r, (label, img) in enumerate(shown):
+            ax = axes[band * rows_per + r, col]
+            pixels = img.detach().float().cpu().clamp(0, 1)
+            pixels = pixels.repeat(3, 1, 1) if pixels.shape[0] == 1 else pixels
+            ax.imshow(pixels.permute(1, 2, 0).numpy(), interpolation="nearest")
+            if col == 0:
+                ax.text(-0.08, 0.5, label, transform=ax.transAxes, rotation=90, ha="right", va="center", fontsize=8)
+            if label == "reconstruction" and i < len(captions):
+                ax.set_title(captions[i], fontsize=7, y=-0.32)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout(h_pad=2.0)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def save_line_plot(path: Path, x: Sequence[float], series: dict[str, Sequence[float]], xlabel: str,
                    ylabel: str, title: str = "", logy: bool = False) -> None:
     import matplotlib

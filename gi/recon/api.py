@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -123,18 +124,92 @@ def optimise(problem: Problem, cfg: ReconConfig, callbacks: Sequence[L.Callback]
     module = GradientInversion(problem, cfg)
     quiet_lightning()
     accelerator, devices = resolve_device(cfg.device)
+    bar = cfg.progress and sys.stderr.isatty()
+    lines = [ProgressLines(cfg.iterations)] if cfg.progress and not bar else []
     trainer = L.Trainer(
         max_steps=cfg.iterations, max_epochs=1, accelerator=accelerator, devices=devices,
         logger=False, enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0,
-        enable_progress_bar=cfg.progress, callbacks=list(callbacks),
+        enable_progress_bar=bar, callbacks=[*callbacks, *lines],
     )
+    initial = module.images.detach().clone()
     with cpu_threads(cfg.threads, problem.model, accelerator) as threads:
         start = time.perf_counter()
         trainer.fit(module)
         seconds = time.perf_counter() - start
+        module.history["warnings"] = diagnose(module, cfg, initial)
     log.info("reconstructed %d capture(s) x %d restart(s) in %.1f s (%d threads)", problem.num_problems,
              cfg.restarts, seconds, threads)
+    for warning in module.history["warnings"]:
+        log.warning("%s", warning)
     return module, seconds, threads
+
+
+class ProgressLines(L.Callback):
+    """Progress for piped or redirected output (``attack.progress`` when stderr is not a terminal): one log line
+    every ``percent`` % of the iterations with the best objective so far and the elapsed time, instead of a
+    carriage-return bar."""
+
+    def __init__(self, iterations: int, percent: int = 5) -> None:
+        self.iterations = iterations
+        self.every = max(1, iterations * percent // 100)
+        self.start = time.perf_counter()
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        step = batch_idx + 1
+        if step % self.every and step != self.iterations:
+            return
+        best = getattr(pl_module, "best_loss", None)
+        value = float(best.min()) if isinstance(best, torch.Tensor) and best.numel() else float("nan")
+        log.info("reconstruct: %3d%% (%d/%d iterations)  best objective %.4g  %.1f s", 100 * step // self.iterations,
+                 step, self.iterations, value, time.perf_counter() - self.start)
+
+
+STALL_RATIO = 0.5  # the gradient-matching term kept more than this fraction of its start: it stalled
+DOMINANT = 0.5  # a regulariser above this share of the final objective dominates it
+
+
+def diagnose(module: GradientInversion, cfg: ReconConfig, start: Tensor | None = None) -> list[str]:
+    """Warnings about a finished fit, each naming the knob to turn (median over captures of each capture's best
+    restart): the match term stalled (at the best iterate it kept more than :data:`STALL_RATIO` of its value at
+    the start images ``start``, or of the first logged objective), or a regulariser makes up more than
+    :data:`DOMINANT` of the final objective (so the gradients are hardly matched)."""
+    out: list[str] = []
+    n, r = module.num_problems, cfg.restarts
+    best = module.best_loss.detach().cpu().view(n, r).argmin(1)
+    rows = torch.arange(n) * r + best
+
+    def terms(images: Tensor) -> dict[str, Tensor]:
+        with torch.enable_grad():
+            _, parts = module.objective(images.detach())
+        return {k: v.detach().cpu().double()[rows] for k, v in parts.items()}
+
+    final = terms(module.best_images)
+    regs = {k: w for k, w in module.problem.terms.items() if k not in ("match", "features")}
+    if "match" in final:
+        if start is not None:
+            first = terms(start)["match"]
+        else:
+            history = module.history.get("objective") or [[float("inf")] * (n * r)]
+            first = torch.tensor(history[0], dtype=torch.float64)[rows]
+        kept = float((final["match"] / first.clamp_min(1e-30)).median())
+        if kept > STALL_RATIO:
+            hold = "".join(f", or lower attack.regularizers.{k} (now {w:g}), which may hold it back"
+                           for k, w in regs.items())
+            out.append(f"the attack stalled: the gradient-matching term kept {100 * kept:.0f}% of its start after "
+                       f"{cfg.iterations} iterations (median over captures); raise attack.iterations or change "
+                       f"attack.lr (now {cfg.lr:g}), or try attack.preset=strong{hold}")
+        total = sum(final.values())
+        for name, weight in regs.items():
+            share = float((final[name] / total.clamp_min(1e-30)).median())
+            if share > DOMINANT:
+                out.append(f"the regulariser {name} (weight {weight:g}) is {100 * share:.0f}% of the final attack "
+                           f"objective, so the gradients are hardly matched; lower attack.regularizers.{name} "
+                           f"(e.g. {weight / 10:g})")
+    return out
 
 
 def results(module: GradientInversion, cfg: ReconConfig, seconds: float, threads: int) -> list[Reconstruction]:
@@ -148,7 +223,7 @@ def results(module: GradientInversion, cfg: ReconConfig, seconds: float, threads
         best = int(torch.argmin(loss[i]))
         history = {"step": module.history["step"],
                    "objective": [o[i * r:(i + 1) * r] for o in module.history["objective"]],
-                   "threads": threads}
+                   "threads": threads, "warnings": list(module.history.get("warnings", []))}
         out.append(Reconstruction(images=images[i, best], all_images=images[i], labels=labels[i, best],
                                   objective=loss[i], best_restart=best, history=history, seconds=seconds / n,
                                   iterations=cfg.iterations, all_labels=labels[i]))

@@ -38,6 +38,11 @@ class ReconConfig:
     call per problem, summed into one backward; for large conv nets on CPU, where vmap's batched double-backward
     of convolutions costs more than R separate calls), ``auto``: vmap on GPUs and for models under 2M
     parameters, loop otherwise.
+    ``progress``: report progress while optimising: a bar on a terminal, a log line every 5 % of the
+    iterations when stderr is piped or redirected (false: silent). ``preset``: the name of the
+    :mod:`gi.recon.presets` recipe the config was filled from (a record: explicit keys were applied over it by the
+    config loader or :meth:`from_preset`). ``analytic_tol``: ``gi run`` / ``gi attack`` skip the optimisation of a
+    fully-connected net when ``fcn_analytic.invert``'s largest relative gradient residual is below it (0: never).
     ``threads``: torch CPU threads while reconstructing (null: ``$GI_THREADS`` if set, else 1 for models under
     2M parameters on CPU, else torch's default; oversubscribed CPUs run small-op loops 10–20× slower with more
     threads). ``bn_stats``: where the ``bn`` regulariser's targets come from (``shared``: batch statistics in
@@ -68,6 +73,15 @@ class ReconConfig:
     batching: str = "auto"
     progress: bool = True
     log_every: int = 50
+    preset: str | None = None
+    analytic_tol: float = 1.0e-4
+
+    @classmethod
+    def from_preset(cls, name: str, **keys: object) -> ReconConfig:
+        """The settings of preset ``name`` (:data:`gi.recon.presets.PRESETS`) with ``keys`` over them."""
+        from gi.recon.presets import apply_preset
+
+        return cls(**apply_preset({**keys, "preset": name}))
 
     def __post_init__(self) -> None:
         from gi.recon.inits import INITS
@@ -102,6 +116,12 @@ class ReconConfig:
             from gi.core.devices import resolve_device
 
             resolve_device(self.device)
+        if self.preset is not None:
+            from gi.recon.presets import preset
+
+            preset(self.preset)  # a ConfigError listing the presets
+        if self.analytic_tol < 0:
+            raise ConfigError(f"attack.analytic_tol must be >= 0, got {self.analytic_tol}")
         if self.init_noise < 0:
             raise ConfigError(f"attack.init_noise must be >= 0, got {self.init_noise}")
         for key in ("regularizers", "layer_weights"):

@@ -26,12 +26,19 @@ class _Stop(Exception):
 def _aux_of_run(monkeypatch, tmp_path, overrides: list[str]):
     """The aux set and truth `gi run` hands to its label stage (the run stops there)."""
     seen = {}
+    real = pipeline.capture_all
 
-    def stop(lcfg, capture, truth, aux=None):
-        seen.update(aux=aux, truth=truth)
+    def record(*args):
+        captures, truths = real(*args)
+        seen["truth"] = truths[0]
+        return captures, truths
+
+    def stop(lcfg, attack, captures, truths=None, aux=None, callbacks=()):
+        seen["aux"] = aux
         raise _Stop()
 
-    monkeypatch.setattr(pipeline, "attack_labels", stop)
+    monkeypatch.setattr(pipeline, "capture_all", record)
+    monkeypatch.setattr(pipeline, "attack_stages", stop)
     with pytest.raises(_Stop):
         run(load_run_config("configs/demo.yaml", overrides + [f"out={tmp_path / 'run'}"]))
     return seen["aux"], seen["truth"]

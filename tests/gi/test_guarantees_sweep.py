@@ -51,7 +51,7 @@ def test_other_overrides_or_an_edited_base_rerun_the_jobs(tmp_path, monkeypatch)
     sweep.run_sweep(sweep.load_sweep_config(_config(tmp_path, base=str(base), overrides=["attack.iterations=4"])))
     assert len(calls) == 4  # other overrides: re-run, not the stale results
     calls.clear()
-    base.write_text(base.read_text().replace("restarts: 1", "restarts: 2"))
+    base.write_text(base.read_text().replace("preset: default", "preset: fast"))
     sweep.run_sweep(cfg)
     assert len(calls) == 4  # the base file changed under the same overrides: re-run
     calls.clear()

@@ -14,7 +14,7 @@ FAST = ["attack.iterations=150", "attack.progress=false", "metrics.lpips_vgg=fal
 
 def test_demo_oracle_and_idlg_give_same_label_and_psnr(tmp_path):
     longer = FAST + ["attack.iterations=400"]
-    rec = run(load_run_config("configs/demo.yaml", longer + [f"out={tmp_path / 'idlg'}"]))
+    rec = run(load_run_config("configs/demo.yaml", longer + [f"out={tmp_path / 'idlg'}", "labels.method=idlg"]))
     orc = run(load_run_config("configs/demo.yaml", longer + [f"out={tmp_path / 'truth'}", "labels.mode=truth"]))
     assert rec.metrics["labels"]["counts"] == orc.metrics["labels"]["counts"] == rec.metrics["labels"]["true_counts"]
     assert rec.metrics["psnr_mean"] == pytest.approx(orc.metrics["psnr_mean"], abs=1e-4)

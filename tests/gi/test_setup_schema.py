@@ -87,13 +87,13 @@ def test_config_yaml_written_by_gi_run_is_what_ran(tmp_path, monkeypatch):
     import gi.recon
 
     seen = {}
-    real = gi.recon.reconstruct
+    real = gi.recon.reconstruct_many
 
-    def spy(capture, labels, features=None, config=None, callbacks=None):
+    def spy(captures, labels, features=None, config=None, callbacks=()):
         seen["attack"] = config
-        return real(capture, labels, features=features, config=config, callbacks=callbacks)
+        return real(captures, labels, features=features, config=config, callbacks=callbacks)
 
-    monkeypatch.setattr(gi.recon, "reconstruct", spy)
+    monkeypatch.setattr(gi.recon, "reconstruct_many", spy)
     cfg = load_run_config("configs/demo.yaml", ["labels.mode=joint", "attack.iterations=2", "attack.progress=false",
                                                 "metrics.lpips_vgg=false", f"out={tmp_path / 'run'}"])
     pipeline.run(cfg)

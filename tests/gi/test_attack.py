@@ -1,0 +1,169 @@
+"""The label-first default job (issue 12): the label-method picker, the stages record, presets, several captures
+per run, gi attack on a saved capture (the same labels and images as gi run), piped progress, warnings."""
+
+import csv
+import json
+import logging
+
+import pytest
+import torch
+
+import gi
+import labels
+from gi.core.errors import ConfigError
+from gi.experiments.attack import load_attack_config, run_attack
+from gi.experiments.pipeline import load_run_config, run
+from gi.recon.config import ReconConfig
+from gi.recon.presets import PRESETS, apply_preset
+from labels.auto import pick
+
+FAST = ["attack.iterations=30", "attack.restarts=1", "attack.progress=false", "metrics.lpips_vgg=false",
+        "attack.log_every=10"]
+
+
+def _model(num_classes=4, bias_last=True):
+    return gi.models.build("mlp", num_classes, in_shape=(1, 6, 6), bias_last=bias_last, seed=0)
+
+
+def _images(b):
+    return torch.rand(b, 1, 6, 6, generator=torch.Generator().manual_seed(b))
+
+
+def test_picker_chooses_by_capture_kind_and_aux():
+    model = _model()
+    y1, y4 = torch.tensor([2]), torch.tensor([0, 1, 1, 3])
+    one, _ = gi.capture_gradients(model, _images(1), y1, gi.Protocol(batch_size=1))
+    batch, _ = gi.capture_gradients(model, _images(4), y4, gi.Protocol(batch_size=4))
+    update, _ = gi.simulate_client(model, (_images(4), y4), gi.Protocol(scheme="fedavg", batch_size=2,
+                                                                         local_epochs=1, lr=0.1),
+                                   rng=torch.Generator().manual_seed(0))
+    aux = object()  # the picker only asks whether aux data is given
+    assert (pick(one).method, pick(one).options) == ("soft-lambda", {"kind": "auto"})
+    assert pick(one, aux).method == "soft-lambda"
+    assert pick(batch, aux).method == "posterior"
+    assert pick(batch).method == "ilrg-robust"
+    assert pick(update, aux).method == "rlu"
+    assert pick(update).method == "ilrg-update"  # RLU needs aux samples
+    # through the registry: the chosen method's result, with the choice and its reason
+    result = labels.recover(one, "auto")
+    assert result.method == "soft-lambda" and result.info["picked_by"] == "auto"
+    assert "single-sample" in result.info["why"] and result.soft.argmax(1).tolist() == [2]
+    counts = labels.recover(batch, "auto")
+    assert counts.method == "ilrg-robust" and counts.counts.tolist() == [1, 2, 0, 1]
+    assert "auto" in labels.METHODS
+
+
+def test_picker_hands_over_when_the_picked_method_cannot_decide():
+    from types import SimpleNamespace
+
+    model = _model()
+    batch, _ = gi.capture_gradients(model, _images(4), torch.tensor([0, 1, 1, 3]), gi.Protocol(batch_size=4))
+    aux = SimpleNamespace(images=torch.rand(6, 1, 6, 6, generator=torch.Generator().manual_seed(9)),
+                          labels=torch.tensor([0, 0, 1, 1, 2, 2]))  # no sample of class 3
+    result = labels.recover(batch, "auto", aux=aux)
+    assert result.method == "ilrg-robust" and result.ok and result.counts.tolist() == [1, 2, 0, 1]
+    assert result.info["passed_over"][0].startswith("posterior failed")
+
+
+def test_presets_fill_only_the_keys_a_config_leaves_out():
+    filled = apply_preset({"preset": "fast", "iterations": 7})
+    assert filled["iterations"] == 7 and filled["optimizer"] == PRESETS["fast"]["optimizer"]
+    assert apply_preset({}) == {**PRESETS["default"], "preset": "default"}
+    cfg = load_run_config("configs/demo.yaml", ["attack.preset=ig", "attack.lr=0.05"])
+    assert (cfg.attack.optimizer, cfg.attack.objective, cfg.attack.lr) == ("adam", "cosine", 0.05)
+    assert ReconConfig.from_preset("strong", restarts=3).restarts == 3
+    with pytest.raises(ConfigError, match="attack.preset='nope'.*valid"):
+        load_run_config("configs/demo.yaml", ["attack.preset=nope"])
+    with pytest.raises(ConfigError, match="attack.preset"):
+        ReconConfig(preset="nope")
+
+
+def test_default_job_records_stages_labels_features_reconstruct(tmp_path):
+    result = run(load_run_config("configs/demo.yaml", FAST + [f"out={tmp_path / 'r'}"]))
+    stages = json.loads((tmp_path / "r" / "metrics.json").read_text())["stages"]
+    assert [s["name"] for s in stages] == ["labels", "features", "reconstruct"]
+    assert stages[0]["method"] == "soft-lambda" and stages[0]["picked_by"] == "auto" and stages[0]["why"]
+    assert stages[1]["available"] and stages[1]["source"] == "last_layer_features"
+    assert stages[2]["optimizer"] == PRESETS["default"]["optimizer"] and stages[2]["preset"] == "default"
+    assert all(s["seconds"] >= 0 for s in stages)
+    assert result.metrics["labels"]["counts"] == result.metrics["labels"]["true_counts"]
+
+
+def test_images_are_separate_captures_with_per_image_rows(tmp_path):
+    result = run(load_run_config("configs/demo.yaml", FAST + [f"out={tmp_path / 'r'}", "data.indices=null",
+                                                               "data.images=[0, 5, 7]"]))
+    m = result.metrics
+    assert m["num_captures"] == 3 and len(result.reconstructions) == 3
+    rows = list(csv.DictReader((tmp_path / "r" / "results.csv").open()))
+    assert [int(r["dataset_index"]) for r in rows] == [0, 5, 7]
+    psnrs = sorted(float(r["psnr"]) for r in rows)
+    assert m["psnr_min"] == pytest.approx(psnrs[0]) and m["psnr_median"] == pytest.approx(psnrs[1])
+    assert m["psnr_mean"] == pytest.approx(sum(psnrs) / 3)
+    assert [int(r["recovered_label"]) for r in rows] == [int(r["true_label"]) for r in rows]
+    assert len(list((tmp_path / "r" / "captures").glob("*.safetensors"))) == 3
+
+
+def test_bad_image_lists_are_config_errors():
+    with pytest.raises(ConfigError, match="data.images"):
+        load_run_config("configs/demo.yaml", ["data.images=[0, 1]"])  # demo also gives data.indices
+    with pytest.raises(ConfigError, match="data.images"):
+        load_run_config("configs/demo.yaml", ["data.indices=null", "data.images=[]"])
+    cfg = load_run_config("configs/demo.yaml", FAST + ["data.indices=null", "data.images=[0, 1, 2]",
+                                                       "protocol.batch_size=2"])
+    with pytest.raises(ConfigError, match="multiple of protocol.batch_size=2"):
+        run(cfg)
+
+
+def test_gi_attack_on_a_saved_capture_gives_the_run_s_labels_and_images(tmp_path):
+    first = run(load_run_config("configs/demo.yaml", FAST + [f"out={tmp_path / 'run'}"]))
+    again = run_attack(load_attack_config(str(tmp_path / "run"), ["attack.iterations=30", "attack.restarts=1",
+                                                                  "attack.progress=false", "attack.log_every=10",
+                                                                  f"out={tmp_path / 'attack'}"]))
+    rec = again.outcome.reconstructions[0]
+    assert torch.equal(rec.images, first.reconstruction.images)
+    assert torch.equal(rec.labels, first.reconstruction.labels)
+    m = json.loads((tmp_path / "attack" / "metrics.json").read_text())
+    assert [s["name"] for s in m["stages"]] == ["labels", "features", "reconstruct"]
+    assert "psnr_mean" not in m  # no truth given: nothing scored
+    for name in ("config.yaml", "results.csv", "grid.png", "capture.safetensors"):
+        assert (tmp_path / "attack" / name).is_file(), name
+    scored = run_attack(load_attack_config(str(tmp_path / "run" / "capture.safetensors"), [
+        "attack.iterations=30", "attack.restarts=1", "attack.progress=false", "attack.log_every=10",
+        f"truth={tmp_path / 'run' / 'truth.safetensors'}", f"out={tmp_path / 'scored'}"]))
+    assert scored.metrics["psnr_mean"] == pytest.approx(first.metrics["psnr_mean"])
+
+
+def test_gi_attack_refuses_a_missing_capture_and_oracle_labels_without_truth(tmp_path):
+    with pytest.raises(ConfigError, match="no such capture"):
+        run_attack(load_attack_config(str(tmp_path / "nope"), [f"out={tmp_path / 'o'}"]))
+    run(load_run_config("configs/demo.yaml", FAST + ["attack.iterations=2", f"out={tmp_path / 'run'}"]))
+    with pytest.raises(ConfigError, match="labels.mode=truth needs the ground truth"):
+        run_attack(load_attack_config(str(tmp_path / "run"), ["labels.mode=truth", f"out={tmp_path / 'o'}"]))
+
+
+def test_piped_progress_is_lines_not_a_bar(tmp_path, caplog, capsys):
+    caplog.set_level(logging.INFO, logger="gi")
+    run(load_run_config("configs/demo.yaml", FAST + ["attack.progress=true", "attack.iterations=40",
+                                                     f"out={tmp_path / 'r'}"]))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("reconstruct: ")
+             and "iterations)" in r.getMessage()]
+    assert len(lines) == 20 and lines[-1].startswith("reconstruct: 100% (40/40")
+    assert "\r" not in capsys.readouterr().err
+
+
+def test_a_dominating_regulariser_and_a_stall_are_warned_about(tmp_path):
+    result = run(load_run_config("configs/demo.yaml", FAST + ["attack.regularizers={tv: 1000.0}",
+                                                              f"out={tmp_path / 'r'}"]))
+    warnings = result.metrics["warnings"]
+    assert any("lower attack.regularizers.tv" in w for w in warnings), warnings
+    stalled = run(load_run_config("configs/demo.yaml", FAST + ["attack.preset=ig", "attack.lr=1.0e-9",
+                                                               f"out={tmp_path / 's'}"]))
+    assert any("stalled" in w and "attack.iterations" in w for w in stalled.metrics["warnings"])
+
+
+def test_fully_connected_default_job_is_answered_analytically(tmp_path):
+    result = run(load_run_config("configs/demo.yaml", FAST + ["model.name=fcn4", "model.init=null",
+                                                              f"out={tmp_path / 'r'}"]))
+    reconstruct = result.metrics["stages"][2]
+    assert reconstruct["skipped"] and reconstruct["iterations"] == 0
+    assert result.metrics["psnr_min"] > 50
