@@ -7,6 +7,10 @@
 # 2. 20 LeNet captures packed into one problem vs one at a time, alternated in one process
 #    (gi bench configs/bench/packed.yaml on the GPU); acceptance: >= 10x the images per second, same PSNR.
 # 3. the packed step under torch.cuda.set_sync_debug_mode: counts host synchronisations inside training steps.
+# 4. (RESNET=1, ~4 more minutes) the trained ResNet-18 with BatchNorm, batches of 8: recovered counts vs oracle vs
+#    joint labels with the BN prior, and recovered counts without it (configs/ablate/resnet18-bn.yaml on the GPU,
+#    RESNET_ITS iterations); acceptance (CPU line, measured here for want of CPU time): recovered within 0.5 dB of
+#    the oracle and >= 3 dB above joint.
 # Every step runs even when an earlier one fails; the exit code counts failures. Record the card's name (printed
 # first) with the numbers in README.md "Throughput / GPU".
 set -u
@@ -27,5 +31,18 @@ bash scripts/gpu/run.sh gi bench configs/bench/packed.yaml "devices=[gpu]" packe
 echo "== 3. host synchronisations inside the packed training step"
 bash scripts/gpu/run.sh python3 scripts/gpu/sync_check.py 2>&1 | tee "$out/sync.log" | grep -v Warning \
   ; [ "${PIPESTATUS[0]}" = 0 ] || { echo "== 3 FAILED"; failed=$((failed + 1)); }
+resnet() {  # resnet NAME OVERRIDES...: one gi ablate of configs/ablate/resnet18-bn.yaml on the GPU
+  local name=$1; shift
+  GI_CACHE_DIR=/tmp/gi-cache bash scripts/gpu/run.sh gi ablate configs/ablate/resnet18-bn.yaml attack.device=gpu \
+    attack.threads=null attack.iterations="$RESNET_ITS" name="$name" out="/tmp/gi-gpu-runs/$name" "$@" 2>&1 \
+    | grep -v Warning | tail -12; [ "${PIPESTATUS[0]}" = 0 ] || { echo "== 4 ($name) FAILED"; failed=$((failed + 1)); }
+  cp "/tmp/gi-gpu-runs/$name/table.md" "$out/$name-table.md" 2>/dev/null || true
+}
+if [ "${RESNET:-0}" = 1 ]; then
+  RESNET_ITS=${RESNET_ITS:-500}
+  echo "== 4. trained ResNet-18 + BN prior, batches of 8 ($RESNET_ITS iterations): truth / recovered / joint, BN off"
+  resnet resnet18-bn
+  resnet resnet18-nobn "modes=[recovered]" attack.regularizers.bn=0.0
+fi
 echo "== $failed step(s) failed"
 exit "$failed"

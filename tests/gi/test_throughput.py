@@ -38,7 +38,7 @@ def test_every_packed_problem_starts_from_the_image_it_starts_from_alone():
                                                                        labels="joint", progress=False)):
         labels = [lr if cfg.labels == "fixed" else None for _, lr, _ in caps]
         packed = GradientInversion(build_problem([c for c, _, _ in caps], labels, cfg), cfg)
-        for i, (c, lr, _) in enumerate(caps):
+        for i, (c, _, _) in enumerate(caps):
             alone = GradientInversion(build_problem([c], [labels[i]], cfg), cfg)
             r = cfg.restarts
             assert torch.equal(packed.images[i * r:(i + 1) * r], alone.images)
