@@ -10,7 +10,8 @@ with ``$GI_CACHE_DIR`` set the label table and ``configs/ablate/resnet18-bn.yaml
 
 Fields beyond the shared victim setup: ``seed`` (model, training), ``shared`` (``all`` the full gradient, or
 ``last``: only ``fc.weight``/``fc.bias``, what every batch label method reads; the body's backward is skipped),
-``group`` (the table row, default ``resnet18/trained``). The client's BatchNorm statistics
+``group`` (the table row, default ``resnet18/trained``); ``aux.per_class`` labelled samples per class of ``aux.split``
+(default ``train``, never the victims' split) for the aux-based methods (posterior, LLG+, ZLG+). The client's BatchNorm statistics
 (``protocol.share_bn_stats``) are a reconstruction prior, not a label input: this scenario does not record them
 (``gi run`` / ``gi ablate`` do).
 """
@@ -29,12 +30,14 @@ from gi.core.errors import ConfigError
 from gi.fl.protocol import Protocol
 from gi.scenarios import Trial, register_scenario
 from gi.victim_setup import (
+    AUX,
     AuxConfig,
     DataConfig,
     ModelConfig,
     TrainConfig,
     VictimSetup,
     build_model,
+    draw_aux,
     key_of,
     load_data,
     section,
@@ -50,7 +53,7 @@ class TrainedResNetSetup(VictimSetup):
     data: DataConfig = section(DataConfig, name="fashion-mnist", split="test", size=32)
     model: ModelConfig = section(ModelConfig, name="resnet18")
     train: TrainConfig = section(TrainConfig, epochs=2.0, samples=3000, split="train", lr=0.01, batch_size=64)
-    aux: AuxConfig = section(AuxConfig, per_class=0)
+    aux: AuxConfig = section(AuxConfig, per_class=0, split="train")
     protocol: Protocol = section(Protocol, batch_size=8)
     seed: int = 0
     shared: str = "last"
@@ -64,6 +67,9 @@ class TrainedResNetSetup(VictimSetup):
             raise ConfigError("setup.train.epochs must be > 0: this scenario is about a trained network (untrained "
                               "ResNets: the fedsgd-batch scenario with model.name=resnet18)")
         require(self.shared in ("all", "last"), "setup.shared", self.shared, "one of ['all', 'last']")
+        if self.aux.per_class and (self.aux.split or self.data.split) == self.data.split:
+            raise ConfigError(f"setup.aux.split={self.aux.split!r}: the aux set must come from another split than the "
+                              f"victims' ({self.data.split!r}), e.g. aux.split: train")
         if self.shared == "last" and self.protocol.dp_clip is not None:
             raise ConfigError("setup.shared='last' cannot be combined with protocol.dp_clip (the clip norm is global)")
 
@@ -93,4 +99,9 @@ def trained_resnet18(s: TrainedResNetSetup, generator: torch.Generator, trial: i
     targets = make_targets(labels, victims.num_classes, s.protocol.label_aug, s.protocol.label_eps)
     capture, truth = capture_gradients(model, images.contiguous(), targets, copy.deepcopy(s.protocol), generator)
     capture.meta.update(trial=int(trial), dataset=s.data.name, train=info)
-    return [Trial(capture=capture, truth=truth, group=s.group or f"{s.model.name}/trained")]
+    aux = None
+    if s.aux.per_class:  # one object per configuration: trials sharing it are recovered in one batched call
+        key = key_of("trained victim aux", s.data, s.aux, s.seed)
+        aux, _ = AUX.get(key, lambda: draw_aux(load_data(s.data, s.aux.split), s.aux.per_class,
+                                               torch.Generator().manual_seed(int(s.seed) + 7919)))
+    return [Trial(capture=capture, truth=truth, aux=aux, group=s.group or f"{s.model.name}/trained")]

@@ -121,6 +121,7 @@ def test_training_is_cached_by_content_and_leaves_the_generator_as_training_woul
 @pytest.mark.parametrize("setup, match", [
     ({"train": {"epochs": 0}}, "train.epochs"), ({"protocol": {"scheme": "fedavg"}}, "scheme"),
     ({"shared": "some"}, "setup.shared"), ({"nope": 1}, "nope"),
+    ({"aux": {"per_class": 5, "split": "test"}}, "aux.split"),
 ])
 def test_trained_resnet_scenario_refuses_bad_setups(setup, match):
     from gi.scenarios import get_scenario
