@@ -11,9 +11,9 @@ with ``$GI_CACHE_DIR`` set the label table and ``configs/ablate/resnet18-bn.yaml
 Fields beyond the shared victim setup: ``seed`` (model, training), ``shared`` (``all`` the full gradient, or
 ``last``: only ``fc.weight``/``fc.bias``, what every batch label method reads; the body's backward is skipped),
 ``group`` (the table row, default ``resnet18/trained``); ``aux.per_class`` labelled samples per class of ``aux.split``
-(default ``train``, never the victims' split) for the aux-based methods (posterior, LLG+, ZLG+). The client's BatchNorm statistics
-(``protocol.share_bn_stats``) are a reconstruction prior, not a label input: this scenario does not record them
-(``gi run`` / ``gi ablate`` do).
+(default ``train``, never the victims' split) for the aux-based methods (posterior, LLG+, ZLG+). The client's
+BatchNorm statistics (``protocol.share_bn_stats``) are a reconstruction prior, not a label input: this scenario does
+not record them (``gi run`` / ``gi ablate`` do).
 """
 
 from __future__ import annotations
