@@ -89,6 +89,11 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     from gi.experiments.sweep import load_sweep_config, run_sweep
 
     cfg = load_sweep_config(args.config, args.overrides)
+    if cfg.dry_run:
+        from gi.experiments.sweep import dry_run
+
+        print(dry_run(cfg, args.config, args.overrides))
+        return 0
     _apply_threads()
     out = run_sweep(cfg)
     print(f"wrote {out}")

@@ -7,6 +7,14 @@ interleaved ``timing_repeats`` times in one process, medians), with the ratio to
 fresh process, so the peak resident memory (``ru_maxrss``) belongs to it alone: ``peak_rss_mb`` is the process
 peak, ``attack_rss_mb`` what the reconstruction added to the peak after the model and capture were set up; on a
 GPU ``peak_cuda_mb`` is ``torch.cuda.max_memory_allocated``.
+
+``packed.captures`` > 0 adds the throughput entry of issue 15: that many captures of one model (one real image
+each, FedSGD, oracle labels) reconstructed as one problem (:func:`gi.recon.reconstruct_many`) and one by one
+(:func:`gi.reconstruct`), alternated ``packed.rounds`` times in one process. It reports the wall time of each
+(Trainer set-up included: it is part of what a user waits for), the images per second, the speed-up,
+reconstructions per CPU-core-hour (``threads`` cores) or per GPU-hour, and the PSNR of every image both ways
+(a capture packed with others starts from the same image as alone, so the PSNRs agree up to float rounding).
+``packed.compile``: also time the packed problem with ``attack.compile=true`` (see :mod:`gi.recon.module`).
 """
 
 from __future__ import annotations
@@ -32,6 +40,22 @@ SCHEMA = 1
 
 
 @dataclass
+class PackedConfig:
+    """The packed-throughput entry: ``captures`` (0: off) one-image captures of ``model`` on ``dataset`` images
+    0..captures-1, ``iterations`` per reconstruction, ``rounds`` alternations of packed and one-by-one."""
+
+    captures: int = 0
+    model: str = "lenet"
+    iterations: int = 1000
+    rounds: int = 2
+
+    def __post_init__(self) -> None:
+        require(self.captures >= 0, "packed.captures", self.captures, ">= 0 (0: off)")
+        require(self.iterations >= 4, "packed.iterations", self.iterations, ">= 4")
+        require(self.rounds >= 1, "packed.rounds", self.rounds, ">= 1")
+
+
+@dataclass
 class BenchConfig:
     """``iterations``: iterations of the fixed reconstruction per model (its final PSNR is reported);
     ``timing_iterations``, ``timing_repeats``: steps and interleaved repeats of the restart-timing runs;
@@ -52,6 +76,7 @@ class BenchConfig:
     dataset: str = "cifar10-samples"
     attack: ReconConfig = field(default_factory=lambda: ReconConfig(lr=0.01, regularizers={"tv": 2e-3},
                                                                     progress=False, log_every=1000))
+    packed: PackedConfig = field(default_factory=PackedConfig)
     out: str | None = None
     overwrite: bool = False
 
@@ -59,7 +84,7 @@ class BenchConfig:
         from gi.models import BODIES
 
         check_run_name(self.name)
-        bad = [m for m in self.models if m not in BODIES]
+        bad = [m for m in self.models + ([self.packed.model] if self.packed.captures else []) if m not in BODIES]
         if bad:
             raise ConfigError(f"models has unknown {bad}; valid: {sorted(BODIES)}")
         if any(b < 1 for b in self.batch_sizes + self.restart_batch_sizes) or self.timing_iterations < 4:
@@ -176,8 +201,97 @@ def measure(entry: dict[str, Any], keep_steps: bool = False) -> dict[str, Any]:
     return out
 
 
+def _victim(entry: dict[str, Any], count: int, batch: int) -> tuple[list, list, list]:
+    """``count`` FedSGD captures of ``batch`` consecutive images each through one model, oracle labels, truths."""
+    import torch
+
+    from gi import data as gdata
+    from gi.capture import capture_gradients
+    from gi.fl.protocol import Protocol
+    from gi.label_result import LabelResult
+    from gi.models import build
+
+    ds = gdata.load(entry["dataset"])
+    if count * batch > len(ds):
+        raise ConfigError(f"{count} captures of {batch} images need {count * batch} images; {entry['dataset']} has "
+                          f"{len(ds)}")
+    model = build(entry["model"], ds.num_classes, init="uniform" if entry["model"] == "lenet" else None,
+                  seed=entry["seed"])
+    captures, labels, truths = [], [], []
+    for i in range(count):
+        sl = slice(i * batch, (i + 1) * batch)
+        capture, truth = capture_gradients(model, ds.images[sl], ds.labels[sl], Protocol(batch_size=batch))
+        captures.append(capture)
+        truths.append(truth)
+        labels.append(LabelResult.from_counts("truth", truth.counts, soft=truth.targets))
+    torch.manual_seed(entry["seed"])
+    return captures, labels, truths
+
+
+def measure_packed(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """The packed-throughput entry (module docstring): packed vs one by one (and packed compiled), alternated."""
+    import torch
+
+    from gi.metrics import psnr
+    from gi.recon import reconstruct, reconstruct_many
+
+    torch.set_num_threads(entry["threads"])
+    n = entry["captures"]
+    captures, labels, truths = _victim(entry, n, 1)
+    attack = from_dict(ReconConfig, {**entry["attack"], "iterations": entry["iterations"], "restarts": 1,
+                                     "threads": entry["threads"], "device": entry["device"], "progress": False})
+    cuda = entry["device"] == "gpu"
+
+    def timed(fn):
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        recs = fn()
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - start, recs
+
+    ways = {"packed": lambda: reconstruct_many(captures, labels, config=attack),
+            "single": lambda: [reconstruct(c, lr, config=attack) for c, lr in zip(captures, labels)]}
+    if entry.get("compile"):
+        compiled = dataclasses.replace(attack, compile=True)
+        ways["packed_compiled"] = lambda: reconstruct_many(captures, labels, config=compiled)
+    seconds: dict[str, list[float]] = {k: [] for k in ways}
+    scores: dict[str, list[float]] = {}
+    for _ in range(entry["rounds"]):
+        for way, fn in ways.items():
+            sec, recs = timed(fn)
+            seconds[way].append(sec)
+            scores[way] = [float(psnr(r.images, t.images).mean()) for r, t in zip(recs, truths)]
+    med = {k: statistics.median(v) for k, v in seconds.items()}
+    unit = "gpu_hour" if cuda else "cpu_core_hour"
+    per_hour = 3600.0 / (1 if cuda else entry["threads"])
+    row = {"model": entry["model"], "batch": 1, "restarts": 1, "device": entry["device"],
+           "iterations": entry["iterations"], "threads": entry["threads"], "kind": "packed", "captures": n,
+           "rounds": entry["rounds"], "sec_per_iteration": med["packed"] / entry["iterations"],
+           "peak_rss_mb": _maxrss_mb(), "attack_rss_mb": 0.0, "timing_only": False}
+    for way, sec in med.items():
+        row[f"{way}_seconds"] = sec
+        row[f"{way}_seconds_all"] = seconds[way]
+        row[f"{way}_images_per_second"] = n / sec
+        row[f"{way}_per_{unit}"] = n / sec * per_hour
+        row[f"{way}_psnr"] = scores[way]
+        row[f"{way}_psnr_mean"] = statistics.fmean(scores[way])
+    row["speedup"] = med["single"] / med["packed"]
+    row["psnr_max_abs_diff"] = max(abs(a - b) for a, b in zip(scores["packed"], scores["single"]))
+    if "packed_compiled" in med:
+        row["compiled_speedup_over_packed"] = med["packed"] / med["packed_compiled"]
+    row["psnr"] = row["packed_psnr_mean"]
+    if cuda:
+        row["gpu"] = torch.cuda.get_device_name()
+    return [row]
+
+
 def _run_entry(entry: dict[str, Any]) -> list[dict[str, Any]]:
-    return measure_restarts(entry) if entry.get("kind") == "restarts" else [measure(entry)]
+    kind = entry.get("kind")
+    if kind == "packed":
+        return measure_packed(entry)
+    return measure_restarts(entry) if kind == "restarts" else [measure(entry)]
 
 
 def _in_process(entry: dict[str, Any]) -> list[dict[str, Any]]:
@@ -213,6 +327,11 @@ def entries(cfg: BenchConfig) -> list[dict[str, Any]]:
                 out.append(dict(kind="restarts", model=model, batch=b, restarts=rs,
                                 repeats=cfg.timing_repeats, device=device, iterations=cfg.timing_iterations,
                                 threads=cfg.threads, seed=cfg.seed, dataset=cfg.dataset, attack=attack))
+        if cfg.packed.captures:
+            p = cfg.packed
+            out.append(dict(kind="packed", model=p.model, captures=p.captures, rounds=p.rounds, device=device,
+                            iterations=p.iterations, threads=cfg.threads, seed=cfg.seed, dataset=cfg.dataset,
+                            attack=attack, compile=False))
     return out
 
 
@@ -246,6 +365,11 @@ def run_bench(cfg: BenchConfig) -> Path:
             extra = f"  PSNR {res['psnr']:.2f} dB" if "psnr" in res else ""
             if "ratio_to_one_restart" in res:
                 extra += f"  ({res['ratio_to_one_restart']:.2f}x one restart)"
+            if res.get("kind") == "packed":
+                extra += (f"  {res['captures']} packed: {res['packed_seconds']:.1f} s vs one by one "
+                          f"{res['single_seconds']:.1f} s = {res['speedup']:.2f}x images/s; PSNR "
+                          f"{res['packed_psnr_mean']:.2f} vs {res['single_psnr_mean']:.2f} dB (max |diff| "
+                          f"{res['psnr_max_abs_diff']:.3f})")
             print(f"{res['model']:>9s} B={res['batch']:<2d} R={res['restarts']:<2d} {res['device']:>3s}: "
                   f"{1000 * res['sec_per_iteration']:8.1f} ms/it  peak {res['peak_rss_mb']:.0f} MB "
                   f"(+{res['attack_rss_mb']:.0f}){extra}", flush=True)

@@ -1,4 +1,4 @@
-"""``gi sweep CONFIG``: a grid of jobs (configs × seeds) over the available devices, resumable.
+r"""``gi sweep CONFIG``: a grid of jobs (configs × seeds) over the available devices, resumable.
 
 Jobs are the product of ``grid`` (dotted overrides of a ``gi run`` or ``gi ablate`` base config) and ``seeds``.
 Processes are launched by Lightning Fabric: one process per device on this machine (``devices``; on a CPU
@@ -7,8 +7,15 @@ machine, ``devices`` worker processes), and across machines through Lightning's 
 - torchrun:  ``torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint HOST:29500 -m gi.cli sweep CONFIG devices=4
   num_nodes=2``
 - SLURM:     ``srun --nodes 2 --ntasks-per-node 4 --gpus-per-node 4 gi sweep CONFIG devices=4 num_nodes=2``
+- SLURM array (no rendezvous; each task runs one shard alone): ``sbatch --array=0-7 --gpus 1 --wrap "gi sweep CONFIG
+  devices=1 shards=8 shard=\$SLURM_ARRAY_TASK_ID"``, then ``gi sweep CONFIG`` once more to aggregate (it skips every
+  finished job).
 
-Job i runs on global rank ``i mod world_size``. A job is identified by its name (grid values and seed) and a hash
+Job i runs on global rank ``i mod world_size`` (with ``shards``: on shard ``i mod shards``). ``dry_run=true`` runs
+nothing and writes nothing: it prints these launch lines for the config's ``devices`` × ``num_nodes`` and, per rank,
+the ``gi run`` / ``gi ablate`` command line of every job that rank would run (``done`` marks finished ones).
+
+A job is identified by its name (grid values and seed) and a hash
 of its fully resolved config (the base file's content with every override applied; not ``out``, ``overwrite``,
 ``attack.progress`` or the device): its directory is ``jobs/<name>-<hash>``. Every job writes that directory
 atomically (:func:`gi.experiments.report.staged_output`): a killed sweep leaves no half-written job, a re-run skips
@@ -65,9 +72,18 @@ class SweepConfig:
     columns: list[str] = field(default_factory=lambda: ["psnr_mean", "ssim_mean", "lpips_alex_mean",
                                                         "final_labels.ins_acc", "attack.seconds"])
     metric: str = "psnr_mean"
+    dry_run: bool = False
+    shards: int | None = None
+    shard: int | None = None
 
     def __post_init__(self) -> None:
         check_run_name(self.name)
+        if (self.shards is None) != (self.shard is None):
+            raise ConfigError(f"shards={self.shards!r} and shard={self.shard!r}: give both (this process runs shard "
+                              "`shard` of `shards`, e.g. shards=8 shard=$SLURM_ARRAY_TASK_ID) or neither")
+        if self.shards is not None and not (self.shards >= 1 and 0 <= self.shard < self.shards):
+            raise ConfigError(f"shard={self.shard!r} of shards={self.shards!r}: need shards >= 1 and "
+                              "0 <= shard < shards")
         if self.command not in JOB_KINDS:
             raise ConfigError(f"command={self.command!r} is not allowed; valid: {sorted(JOB_KINDS)}")
         if not isinstance(self.grid, dict) or any(not isinstance(v, list) or not v for v in self.grid.values()):
@@ -341,6 +357,57 @@ def check_failures(root: Path, jobs: list[Job]) -> None:
                          "to retry them; finished jobs are kept)")
 
 
+def launch_lines(cfg: SweepConfig, config: str = "CONFIG", overrides: list[str] | None = None) -> dict[str, str]:
+    """How to launch this sweep: on one machine, with ``torchrun``, with ``srun`` and as a SLURM array
+    (``devices`` processes per node × ``num_nodes``; ``devices=auto`` is written as 1)."""
+    d = cfg.devices if isinstance(cfg.devices, int) else 1
+    n = cfg.num_nodes
+    rest = " ".join([config] + [o for o in overrides or [] if not o.startswith(("dry_run", "shard", "devices",
+                                                                                  "num_nodes"))])
+    gpus = f" --gpus-per-node {d}" if cfg.accelerator in ("gpu", "cuda") else ""
+    return {
+        "local": f"gi sweep {rest} devices={d}",
+        "torchrun": f"torchrun --nnodes {n} --nproc-per-node {d} --rdzv-backend c10d --rdzv-endpoint HOST:29500 "
+                    f"-m gi.cli sweep {rest} devices={d} num_nodes={n}",
+        "srun": f"srun --nodes {n} --ntasks-per-node {d}{gpus} python -m gi.cli sweep {rest} devices={d} "
+                f"num_nodes={n}",
+        "slurm-array": f"sbatch --array=0-{d * n - 1}{' --gpus 1' if gpus else ''} --wrap \"python -m gi.cli sweep "
+                       f"{rest} devices=1 shards={d * n} shard=\\$SLURM_ARRAY_TASK_ID\"; then: gi sweep {rest}",
+    }
+
+
+def dry_run(cfg: SweepConfig, config: str = "CONFIG", overrides: list[str] | None = None) -> str:
+    """The plan of ``dry_run=true`` (module docstring): launch lines, then every rank's jobs as command lines."""
+    root = Path(cfg.out or f"runs/sweep-{cfg.name}")
+    jobs = expand_jobs(cfg)
+    accelerator = "gpu" if cfg.accelerator in ("gpu", "cuda") else ("cpu" if cfg.accelerator == "cpu" else "auto")
+    d = cfg.devices if isinstance(cfg.devices, int) else 1
+    world = cfg.shards if cfg.shards is not None else d * cfg.num_nodes
+    ranks = [cfg.shard] if cfg.shard is not None else list(range(world))
+    lines = [f"gi sweep {cfg.name}: {len(jobs)} job(s) of `gi {cfg.command} {cfg.base}`, "
+             f"{'shards' if cfg.shards else 'world size'} {world} (devices={cfg.devices} x num_nodes={cfg.num_nodes}, "
+             f"accelerator {accelerator}); dry run: nothing runs, nothing is written", ""]
+    lines += [f"launch ({kind}): {line}" for kind, line in launch_lines(cfg, config, overrides).items()]
+    for rank in ranks:
+        mine = [j for j in jobs if j.index % world == rank]
+        local = rank % d if cfg.shards is None else 0
+        device = _device_overrides(cfg, "gpu", local) if accelerator == "gpu" else \
+            (["attack.device=cpu"] if accelerator == "cpu" else [f"attack.device=<cuda:{local} or cpu>"])
+        lines += ["", f"[rank {rank}/{world}] {len(mine)} job(s)"]
+        for job in mine:
+            over = list(job.overrides) + device + [f"out={job_dir(root, job)}", "overwrite=true",
+                                                   "attack.progress=false"]
+            mark = " (done)" if is_done(root, job) else ""
+            lines.append(f"  job {job.index}{mark}: gi {cfg.command} {cfg.base} " + " ".join(_quoted(o) for o in over))
+    return "\n".join(lines)
+
+
+def _quoted(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
+
+
 def run_sweep(cfg: SweepConfig) -> Path:
     """Run (or resume) the sweep and aggregate it; returns the sweep directory. Raises :class:`JobsFailed` after
     the aggregation when any job failed."""
@@ -353,6 +420,12 @@ def run_sweep(cfg: SweepConfig) -> Path:
     (root / "sweep.json").write_text(json.dumps({"name": cfg.name, "command": cfg.command, "base": cfg.base,
                                                  "jobs": [j.name for j in jobs],
                                                  "dirs": [j.dirname for j in jobs]}, indent=1) + "\n")
+    if cfg.shards is not None:  # one shard of an array: alone, no rendezvous; a later plain run aggregates all
+        if accelerator == "cpu":
+            os.environ.setdefault("GI_THREADS", "1")
+        run_jobs(cfg, root, jobs, int(cfg.shard), int(cfg.shards), accelerator)
+        check_failures(root, [j for j in jobs if j.index % cfg.shards == cfg.shard])
+        return root
     if devices * cfg.num_nodes == 1 and not _cluster_launched():
         run_jobs(cfg, root, jobs, 0, 1, accelerator)
         rows = aggregate(cfg, root, jobs)

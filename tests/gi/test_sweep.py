@@ -89,3 +89,54 @@ def test_two_cpu_processes_share_the_jobs_through_lightning(tmp_path):
         rows = list(csv.DictReader(f))
     assert sorted(r["labels.mode"] for r in rows) == ["recovered", "truth"]
     assert all(float(r["psnr_mean"]) > 0 for r in rows)
+
+
+def test_dry_run_prints_launch_lines_and_every_job_once_on_its_rank(tmp_path, monkeypatch):
+    calls: list[str] = []
+    monkeypatch.setitem(sweep.JOB_KINDS, "run", _fake_kind(calls))
+    cfg = load_sweep_config("configs/sweep/demo-cpu.yaml", [f"out={tmp_path / 'sw'}", "dry_run=true",
+                                                              "devices=4", "num_nodes=2", "accelerator=gpu"])
+    text = sweep.dry_run(cfg, "configs/sweep/demo-cpu.yaml", ["dry_run=true"])
+    assert calls == [] and not (tmp_path / "sw").exists()  # nothing runs, nothing is written
+    assert "torchrun --nnodes 2 --nproc-per-node 4" in text and "devices=4 num_nodes=2" in text
+    assert "srun --nodes 2 --ntasks-per-node 4 --gpus-per-node 4" in text
+    assert "sbatch --array=0-7 --gpus 1" in text and "shards=8 shard=" in text
+    jobs = expand_jobs(cfg)
+    for job in jobs:
+        rank = job.index % 8
+        block = text.split(f"[rank {rank}/8]")[1].split("[rank")[0]
+        assert f"  job {job.index}: gi run configs/demo.yaml" in block
+        assert f"attack.device=cuda:{rank % 4}" in block and job.dirname in block
+        assert text.count(job.dirname) == 1
+
+
+def test_a_shard_runs_only_its_jobs_and_a_plain_run_aggregates_them_all(tmp_path, monkeypatch):
+    calls: list[str] = []
+    monkeypatch.setitem(sweep.JOB_KINDS, "run", _fake_kind(calls))
+    base = dict(name="t", grid={"attack.lr": [1.0, 2.0, 3.0]}, seeds=[0, 1], out=str(tmp_path / "sw"), devices=1,
+                accelerator="cpu", columns=["psnr_mean"])
+    jobs = expand_jobs(SweepConfig(**base))
+    for shard in range(3):
+        run_sweep(SweepConfig(**base, shards=3, shard=shard))
+        assert len(calls) == 2 * (shard + 1)
+        assert all(f"jobs/{j.dirname}" in " ".join(calls) for j in jobs if j.index % 3 <= shard)
+    assert not (tmp_path / "sw" / "aggregate.csv").exists()
+    run_sweep(SweepConfig(**base))
+    assert len(calls) == 6  # every job already finished
+    with (tmp_path / "sw" / "aggregate.csv").open() as f:
+        assert len(list(csv.DictReader(f))) == 6
+
+
+@pytest.mark.parametrize("over, match", [(["shards=4"], "give both"), (["shard=1"], "give both"),
+                                         (["shards=2", "shard=2"], "0 <= shard < shards")])
+def test_bad_shards_raise(over, match):
+    with pytest.raises(ConfigError, match=match):
+        load_sweep_config("configs/sweep/demo-cpu.yaml", over)
+
+
+def test_cli_dry_run_prints_the_plan(capsys):
+    from gi.cli import main
+
+    assert main(["sweep", "configs/sweep/demo-cpu.yaml", "dry_run=true"]) == 0
+    out = capsys.readouterr().out
+    assert "[rank 1/2] 6 job(s)" in out and "launch (torchrun)" in out and "wrote" not in out
