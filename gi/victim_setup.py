@@ -178,6 +178,8 @@ class VictimSetup:
             raise ConfigError(f"{where or cls.__name__}={data!r}: expected a mapping of {cls.__name__} keys")
         data = copy.deepcopy(data or {})
         moved = upgrade(data, cls.LEGACY, where)  # type: ignore[attr-defined]
+        if isinstance(data.get("device"), str):  # a missing GPU fails first, before the sections load torch
+            torch_device(data["device"], f"{where}.device" if where else "device")
         try:
             setup = from_dict(cls, with_defaults(cls, data), where)
         except ConfigError as exc:

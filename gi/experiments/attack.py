@@ -53,12 +53,19 @@ class LabelConfig:
     ``hard_method``, iDLG by default), ``joint`` (DLG: labels optimised with the images from a random start),
     ``recovered+joint`` (joint, initialised from ``method``'s labels). ``method: auto`` (the default) picks the
     method from the capture (:mod:`labels.auto`). The attack's ``labels`` (fixed or joint) follows from ``mode``;
-    methods that need auxiliary samples get the ``aux`` section's."""
+    methods that need auxiliary samples get the ``aux`` section's. ``device``: where label recovery runs
+    (``cpu``, ``auto``, ``gpu``/``cuda``, ``cuda:N``; a GPU this machine lacks is refused at load)."""
 
     mode: str = "recovered"
     method: str = "auto"
     hard_method: str = "idlg"
     options: dict[str, Any] = field(default_factory=dict)
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        from gi.core.devices import torch_device
+
+        torch_device(self.device, "labels.device")
 
 
 def _truth_labels(lcfg: LabelConfig, capture: Capture, truth: Truth | None, aux: Any) -> LabelResult | None:
@@ -71,7 +78,7 @@ def _truth_labels(lcfg: LabelConfig, capture: Capture, truth: Truth | None, aux:
 def _recovered_labels(lcfg: LabelConfig, capture: Capture, truth: Truth | None, aux: Any) -> LabelResult | None:
     import labels
 
-    return labels.recover(capture, lcfg.method, aux=aux, **lcfg.options)
+    return labels.recover(capture, lcfg.method, aux=aux, device=lcfg.device, **lcfg.options)
 
 
 def _hard_labels(lcfg: LabelConfig, capture: Capture, truth: Truth | None, aux: Any) -> LabelResult | None:
@@ -81,7 +88,7 @@ def _hard_labels(lcfg: LabelConfig, capture: Capture, truth: Truth | None, aux: 
     import labels
     from gi.label_result import LabelResult
 
-    result = labels.recover(capture, lcfg.hard_method, aux=aux)
+    result = labels.recover(capture, lcfg.hard_method, aux=aux, device=lcfg.device)
     counts = result.counts if result.soft is None else torch.bincount(result.soft.argmax(1),
                                                                       minlength=capture.num_classes)
     return LabelResult.from_counts(f"hard:{result.method}", counts, ok=result.ok, info=dict(result.info))

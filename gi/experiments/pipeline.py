@@ -218,11 +218,13 @@ def capture_client(cfg: Any, dataset: Any, model: torch.nn.Module, gen: torch.Ge
     if cfg.protocol.is_update:
         from gi.fl.victim import simulate_client
 
-        capture, truth = simulate_client(model, (images, targets.argmax(1)), cfg.protocol, rng=gen)
+        capture, truth = simulate_client(model, (images, targets.argmax(1)), cfg.protocol, rng=gen,
+                                         device=cfg.torch_device)
     else:
         from gi.capture import capture_gradients
 
-        capture, truth = capture_gradients(model, images, targets, cfg.protocol, generator=gen)
+        capture, truth = capture_gradients(model, images, targets, cfg.protocol, generator=gen,
+                                           device=cfg.torch_device)
     if cfg.protocol.share_bn_stats:
         share_bn_statistics(model, images, capture)
     truth.meta = {**truth.meta, "indices": [int(i) for i in indices]}

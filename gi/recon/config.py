@@ -87,6 +87,10 @@ class ReconConfig:
         return cls(**apply_preset({**keys, "preset": name}))
 
     def __post_init__(self) -> None:
+        if self.device not in ("auto", "cpu"):  # first, before the registries load torch: a missing GPU is refused
+            from gi.core.devices import resolve_device  # in milliseconds (no torch import where /dev has no GPU)
+
+            resolve_device(self.device)
         from gi.recon.inits import INITS
         from gi.recon.objectives import OBJECTIVES
         from gi.recon.optim import OPTIMIZERS
@@ -115,10 +119,6 @@ class ReconConfig:
             raise ConfigError(f"attack.threads must be >= 1 or null, got {self.threads}")
         if self.log_every < 1:
             raise ConfigError(f"attack.log_every must be >= 1, got {self.log_every}")
-        if self.device not in ("auto", "cpu"):  # before any work: a GPU asked for where there is none
-            from gi.core.devices import resolve_device
-
-            resolve_device(self.device)
         if self.preset is not None:
             from gi.recon.presets import preset
 

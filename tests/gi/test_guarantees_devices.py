@@ -24,6 +24,19 @@ def test_gpu_on_a_cpu_machine_is_a_config_error_before_the_capture():
     assert "capture" not in out.stdout.lower() and seconds < 30  # the acceptance's 3 s is on an idle machine
 
 
+@pytest.mark.skipif(not NO_GPU, reason="needs a machine without a GPU")
+@pytest.mark.parametrize("key", ["device", "labels.device", "attack.device"])
+def test_every_stage_refuses_a_missing_gpu_at_load_before_torch_work(key):
+    """The victim (``device``), label recovery (``labels.device``) and the attack (``attack.device``) each refuse
+    a GPU this machine lacks when the config loads, naming the key, in well under a second of CPU."""
+    from gi.experiments.pipeline import load_run_config
+
+    start = time.process_time()
+    with pytest.raises(ConfigError, match=f"^{key}=gpu but torch sees no GPU"):
+        load_run_config("configs/demo.yaml", [f"{key}=gpu"])
+    assert time.process_time() - start < 1.0
+
+
 def test_device_names():
     assert resolve_device("cpu") == ("cpu", 1)
     assert resolve_device("auto")[0] in ("cpu", "gpu")
