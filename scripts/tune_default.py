@@ -1,6 +1,7 @@
 """Tune the default attack recipe (README "Default job"): the 20 cifar10-samples of ``configs/default.yaml``
 (seed 0), each its own capture, labels ``soft-lambda`` (kind auto, what ``auto`` picks), reconstructed in one
-batched problem with the given attack keys; prints PSNR mean / median (torch's: the lower middle value) / min, wall and CPU seconds per image.
+batched problem with the given attack keys; prints PSNR mean / median (torch's: the lower middle value) / min,
+wall and CPU seconds per image.
 
     PYTHONPATH=$PWD python scripts/tune_default.py all iterations=2000 restarts=1 feature_weight=1.0
     PYTHONPATH=$PWD python scripts/tune_default.py "[0, 3, 16]" restarts=2
