@@ -351,19 +351,29 @@ def capture_gradients(
         raise CaptureError("model has no .spec; build it with gi.models.build so the capture can rebuild it")
     if images.min() < 0 or images.max() > 1:
         raise CaptureError("images must be pixels in [0, 1]; normalisation is the model's first layer")
+    from torch.func import functional_call
+
+    from gi.fl import defences
+
     soft = as_soft_targets(targets, spec["num_classes"])
     model.train(protocol.model_mode == "train")
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}  # before BN updates
-    names, params = zip(*[(n, p) for n, p in model.named_parameters() if p.requires_grad])
-    loss = loss_for(protocol)(model(images), soft.to(images.dtype))
-    grads = torch.autograd.grad(loss, params)
-    from gi.fl.dp import privatize
-
-    shared = privatize({n: g.detach() for n, g in zip(names, grads)}, protocol, generator)
-    if not math.isfinite(float(loss.detach())):
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    ctx = defences.Context(protocol, generator)  # the protocol's defences (gi.fl.defences), in their stages
+    keep = defences.data_indices(soft.argmax(1), ctx)
+    x, y = (images, soft) if keep is None else (images[keep], soft[keep])
+    ctx.batch_size = int(x.shape[0])
+    with defences.model_defences(model, ctx):
+        loss, _, grads = defences.defended_gradient(lambda p, z: functional_call(model, p, (z,)), params, x,
+                                                    y.to(images.dtype), loss_for(protocol), ctx)
+    shared = defences.apply("shared", {n: g.detach() for n, g in grads.items()}, ctx)
+    if not math.isfinite(float(loss)):
         raise CaptureError("client loss is not finite; check the model's initialisation and the inputs")
-    capture = Capture(model_spec=dict(spec), model_state=state, protocol=protocol, gradients=shared,
-                      meta={"num_samples": int(images.shape[0])})
+    meta: dict[str, Any] = {"num_samples": int(x.shape[0])}
+    if defences.specs(protocol):
+        n = protocol.num_samples or int(x.shape[0])
+        meta["defences"] = defences.record(protocol, 1, int(x.shape[0]) / max(int(n), int(x.shape[0])))
+    capture = Capture(model_spec=dict(spec), model_state=state, protocol=protocol, gradients=shared, meta=meta)
     counts = torch.bincount(soft.argmax(1), minlength=spec["num_classes"])
     truth = Truth(images=images.detach().clone(), labels=soft.argmax(1), targets=soft.detach().clone(),
                   counts=counts)
