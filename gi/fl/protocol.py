@@ -102,7 +102,8 @@ class Protocol:
         self.defences = check_entries(self.defences)
         per_example = at(self, "per-example")
         if len(per_example) > 1:
-            raise ConfigError(f"protocol.defences: at most one per-example defence, got {[s.name for s in per_example]}")
+            raise ConfigError(f"protocol.defences: at most one per-example defence, got "
+                              f"{[s.name for s in per_example]}")
         if per_example and self.model_mode == "train":
             raise ConfigError(f"protocol.defences: {per_example[0].name} needs per-sample gradients, which "
                               "model_mode='train' (BatchNorm mixes the samples) does not have; use model_mode=eval")

@@ -136,7 +136,8 @@ def test_shared_stage_math_is_exact():
     t = {"a": torch.tensor([3.0, -0.5, 1.0, -4.0]), "b": torch.tensor([0.25, 2.0])}
     ctx = Context(dataclasses.replace(proto, defences=[{"name": "topk", "strength": 0.5}]))
     assert apply("shared", t, ctx)["a"].tolist() == [3.0, 0.0, 0.0, -4.0]
-    ctx = Context(dataclasses.replace(proto, defences=[{"name": "topk", "strength": 0.5, "params": {"scope": "global"}}]))
+    ctx = Context(dataclasses.replace(proto, defences=[{"name": "topk", "strength": 0.5,
+                                                        "params": {"scope": "global"}}]))
     out = apply("shared", t, ctx)
     assert out["a"].tolist() == [3.0, 0.0, 0.0, -4.0] and out["b"].tolist() == [0.0, 2.0]
     ctx = Context(dataclasses.replace(proto, defences=[{"name": "quantize", "strength": 2}]))  # levels -4, 0, 4

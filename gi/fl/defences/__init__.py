@@ -26,5 +26,6 @@ from gi.fl.defences.base import (
 )
 from gi.fl.defences.client import defended_gradient
 
-__all__ = ["DEFENCES", "STAGES", "Context", "Defence", "Spec", "apply", "at", "check_entries", "data_indices", "defended_gradient",
+__all__ = ["DEFENCES", "STAGES", "Context", "Defence", "Spec", "apply", "at", "check_entries", "data_indices",
+           "defended_gradient",
            "describe", "group_size", "model_defences", "record", "register_defence", "specs"]
