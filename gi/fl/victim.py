@@ -8,9 +8,9 @@ eq. 5 and its public code): ``protocol.local_steps`` caps training at that many 
 
 The capture carries the global model θᵗ, the update ``Δθ = θ_local − θᵗ`` (after the protocol's defences,
 :mod:`gi.fl.defences`, recorded in ``capture.meta["defences"]``), the protocol with ``num_samples = N_k`` and the
-scheme's history terms (``capture.history``, keys ``"<term>/<param>"``, see :attr:`gi.fl.schemes.Scheme.history`). The truth
-carries the label counts of the distinct samples used, and in ``truth.extra`` the per-step and per-epoch counts
-and the per-step cross-entropy bias gradient.
+scheme's history terms (``capture.history``, keys ``"<term>/<param>"``, see :attr:`gi.fl.schemes.Scheme.history`).
+The truth carries the label counts of the distinct samples used, and in ``truth.extra`` the per-step and per-epoch
+counts and the per-step cross-entropy bias gradient.
 """
 
 from __future__ import annotations
