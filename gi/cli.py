@@ -17,6 +17,7 @@ EPILOG = """examples:
   gi labels configs/labels/<table>.yaml         label-recovery benchmark table
   gi ablate configs/ablate/<table>.yaml         label-knowledge ablation (soft-label paper Tables 3, 4)
   gi ablate CONFIG out=runs/t3                  ... interrupted? the same command again reuses finished rows
+  gi defend configs/defend/fmnist.yaml          defences x strengths: label/image leakage vs utility; re-run resumes
   gi sweep configs/sweep/<grid>.yaml            grid of jobs over devices/machines; re-run resumes
   gi bench [configs/bench/<name>.yaml]          speed/quality benchmark as JSON (LeNet, ResNet-18; B = 1, 8)
   gi methods                                    list the registered label-recovery methods
@@ -55,6 +56,16 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
     cfg = load_ablate_config(args.config, args.overrides)
     _apply_threads()
     out = run_ablation(cfg)
+    print(f"wrote {out}")
+    return 0
+
+
+def _cmd_defend(args: argparse.Namespace) -> int:
+    from gi.experiments.defend import load_defend_config, run_defend
+
+    cfg = load_defend_config(args.config, args.overrides)
+    _apply_threads()
+    out = run_defend(cfg)
     print(f"wrote {out}")
     return 0
 
@@ -98,6 +109,8 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str, bool | str]]
     "run": (_cmd_run, "end-to-end reconstruction: data, victim, labels, images, scores", True),
     "labels": (_cmd_labels, "label-recovery benchmark: a table (CSV/Markdown/JSON) and a plot", True),
     "ablate": (_cmd_ablate, "label-knowledge ablation: the same captures under every label mode and α/β variant", True),
+    "defend": (_cmd_defend, "defences x strengths on one federation: label and image leakage, utility, ε; "
+               "privacy-utility plots", True),
     "sweep": (_cmd_sweep, "many jobs (grid x seeds) across devices and machines, resumable, aggregated", True),
     "bench": (_cmd_bench, "time per iteration, final PSNR and peak memory of fixed reconstructions (JSON)",
               "optional"),
