@@ -107,9 +107,9 @@ class ImageConfig:
 @dataclass
 class DefendConfig(VictimSetup):
     """``gi defend``: the victim setup (``data``, ``model``, ``aux``, ``protocol``: the clients' protocol without the
-    swept defence; its own ``defences`` apply in every cell), the ``federation``, the attacks (``label_methods``: {method: ``update`` or
-    ``gradient``, what it reads}, their ``method_options``, ``label_batch``: samples per FedSGD label capture,
-    default ``protocol.batch_size``; ``images``, ``labels`` and ``attack`` for the reconstruction) and ``defences``: a
+    swept defence; its own ``defences`` apply in every cell), the ``federation``, the attacks (``label_methods``:
+    {method: ``update`` or ``gradient``, what it reads}, their ``method_options``, ``label_batch``: samples per
+    FedSGD label capture, default ``protocol.batch_size``; ``images``, ``labels`` and ``attack`` for the reconstruction) and ``defences``: a
     list of ``{name, strengths: [...], params: {...}, label}`` (``label`` names the curve; default ``name``).
     ``only``: run just these labels. The baseline (no extra defence) is always the first row."""
 
@@ -239,7 +239,6 @@ def build_setup(cfg: DefendConfig) -> Setup:
 def _label_leakage(cfg: DefendConfig, setup: Setup, protocol: Protocol, model: Any,
                    captures: list[tuple[int, Any, Any]]) -> tuple[dict[str, float], list[dict[str, Any]]]:
     import labels
-
     from gi.fl.defences import group_size
     from gi.metrics import label_metrics
 
