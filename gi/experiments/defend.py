@@ -109,8 +109,9 @@ class DefendConfig(VictimSetup):
     """``gi defend``: the victim setup (``data``, ``model``, ``aux``, ``protocol``: the clients' protocol without the
     swept defence; its own ``defences`` apply in every cell), the ``federation``, the attacks (``label_methods``:
     {method: ``update`` or ``gradient``, what it reads}, their ``method_options``, ``label_batch``: samples per
-    FedSGD label capture, default ``protocol.batch_size``; ``images``, ``labels`` and ``attack`` for the reconstruction) and ``defences``: a
-    list of ``{name, strengths: [...], params: {...}, label}`` (``label`` names the curve; default ``name``).
+    FedSGD label capture, default ``protocol.batch_size``; ``images``, ``labels`` and ``attack`` for the
+    reconstruction) and ``defences``: a list of ``{name, strengths: [...], params: {...}, label}`` (``label`` names
+    the curve; default ``name``).
     ``only``: run just these labels. The baseline (no extra defence) is always the first row."""
 
     name: str = "defend"
