@@ -31,7 +31,14 @@ def epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: floa
         raise ConfigError(f"dp-sgd params.accountant={accountant!r}; valid: {list(ACCOUNTANTS)}")
     if noise_multiplier <= 0 or steps <= 0:
         return math.inf if steps > 0 else 0.0
-    from opacus.accountants import create_accountant
+    try:
+        from opacus.accountants import create_accountant
+    except ImportError:
+        from gi.core.errors import ConfigError
+
+        raise ConfigError("dp-sgd reports ε with Opacus' accountant, which is not installed: pip install "
+                          "'opacus>=1.6,<1.7' (or the project's extra: pip install -e '.[dp]'; make install does)") \
+            from None
 
     acc = create_accountant(accountant)
     acc.history = [(float(noise_multiplier), float(min(sample_rate, 1.0)), int(steps))]
