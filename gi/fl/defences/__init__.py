@@ -17,7 +17,6 @@ from gi.fl.defences.base import (
     at,
     check_entries,
     data_indices,
-    describe,
     group_size,
     model_defences,
     record,
@@ -28,4 +27,4 @@ from gi.fl.defences.client import defended_gradient
 
 __all__ = ["DEFENCES", "STAGES", "Context", "Defence", "Spec", "apply", "at", "check_entries", "data_indices",
            "defended_gradient",
-           "describe", "group_size", "model_defences", "record", "register_defence", "specs"]
+           "group_size", "model_defences", "record", "register_defence", "specs"]

@@ -214,7 +214,3 @@ def record(protocol: Any, steps: int, sample_rate: float) -> list[dict[str, Any]
         out.append(row)
     return out
 
-
-def describe() -> dict[str, str]:
-    """``{name: "stage; strength: ...; summary"}`` of every registered defence (for docs and ``gi defend``)."""
-    return {n: f"[{d.stage}] strength = {d.strength}: {d.summary}" for n, d in sorted(DEFENCES.items())}
