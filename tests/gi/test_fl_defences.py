@@ -240,3 +240,12 @@ def test_defence_errors_name_the_fix():
     # a config file spells them as YAML: typed loading, and the capture round-trips them
     p = Protocol.from_dict({"scheme": "fedavg", "defences": [{"name": "topk", "strength": 0.9}]})
     assert Protocol.from_dict(p.to_dict()) == p
+
+
+def test_the_registry_and_the_protocol_load_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, gi.fl.protocol, gi.fl.defences; gi.fl.protocol.Protocol(defences=[{'name': 'topk', "
+            "'strength': 0.5}]); assert 'torch' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
