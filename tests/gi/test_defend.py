@@ -12,7 +12,7 @@ from gi.core.errors import ConfigError
 from gi.experiments.defend import BASELINE, cells, load_defend_config, run_defend
 
 TINY = ["federation.num_clients=3", "federation.samples=48", "federation.rounds=1", "federation.capture_round=1",
-        "federation.eval_samples=40", "aux.per_class=2", "images.count=1", "attack.iterations=2",
+        "federation.eval_samples=40", "aux.per_class=2", "images.count=1", "images.batch_size=1", "attack.iterations=2",
         "protocol.batch_size=8", "label_batch=8", "label_methods={rlu: update, posterior: gradient}",
         "defences=[{name: gaussian, strengths: [0.01]}, {name: dp-sgd, strengths: [1.0], label: dp}]"]
 
