@@ -512,20 +512,31 @@ def capture_gradients(
     if target_device is not None and torch.device(target_device) != next(iter(model.parameters())).device:
         model = copy.deepcopy(model).to(target_device)
     run_device = next(iter(model.parameters())).device
+    from torch.func import functional_call
+
+    from gi.fl import defences
+
     soft = as_soft_targets(targets, spec["num_classes"])
     model.train(protocol.model_mode == "train")
     state = _state_of(model)  # before BN updates
-    names, params = zip(*[(n, p) for n, p in model.named_parameters() if p.requires_grad])
-    x = images.to(run_device)
-    loss = loss_for(protocol)(model(x), soft.to(x))
-    grads = torch.autograd.grad(loss, params)
-    from gi.fl.dp import privatize
-
-    shared = privatize({n: g.detach().cpu() for n, g in zip(names, grads)}, protocol, generator)
-    if not math.isfinite(float(loss.detach())):
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    ctx = defences.Context(protocol, generator)  # the protocol's defences (gi.fl.defences), in their stages
+    keep = defences.data_indices(soft.argmax(1), ctx)
+    x, y = (images, soft) if keep is None else (images[keep], soft[keep])
+    x, y = x.to(run_device), y.to(device=run_device, dtype=images.dtype)
+    ctx.batch_size = int(x.shape[0])
+    with defences.model_defences(model, ctx):
+        loss, _, grads = defences.defended_gradient(lambda p, z: functional_call(model, p, (z,)), params, x, y,
+                                                    loss_for(protocol), ctx)
+    shared = defences.apply("shared", {n: g.detach().cpu() for n, g in grads.items()}, ctx)
+    if not math.isfinite(float(loss)):
         raise CaptureError("client loss is not finite; check the model's initialisation and the inputs")
-    capture = Capture(model_spec=spec, model_state=state, protocol=protocol, gradients=shared,
-                      meta={"num_samples": int(images.shape[0])}, last_layer_name=name)
+    meta: dict[str, Any] = {"num_samples": int(x.shape[0])}
+    if defences.specs(protocol):
+        n = protocol.num_samples or int(x.shape[0])
+        meta["defences"] = defences.record(protocol, 1, int(x.shape[0]) / max(int(n), int(x.shape[0])))
+    capture = Capture(model_spec=dict(spec), model_state=state, protocol=protocol, gradients=shared, meta=meta,
+                      last_layer_name=name)
     counts = torch.bincount(soft.argmax(1), minlength=spec["num_classes"])
     truth = Truth(images=images.detach().clone().cpu(), labels=soft.argmax(1), targets=soft.detach().clone(),
                   counts=counts)

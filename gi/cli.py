@@ -20,6 +20,7 @@ EPILOG = """examples:
   gi labels configs/labels/<table>.yaml         label-recovery benchmark table
   gi ablate configs/ablate/<table>.yaml         label-knowledge ablation (soft-label paper Tables 3, 4)
   gi ablate CONFIG out=runs/t3                  ... interrupted? the same command again reuses finished rows
+  gi defend configs/defend/fmnist.yaml          defences x strengths: label/image leakage vs utility; re-run resumes
   gi sweep configs/sweep/<grid>.yaml            grid of jobs over devices/machines; re-run resumes
   gi bench [configs/bench/<name>.yaml]          speed/quality benchmark as JSON (LeNet, ResNet-18; B = 1, 8)
   gi methods                                    list the registered label-recovery methods
@@ -85,6 +86,16 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_defend(args: argparse.Namespace) -> int:
+    from gi.experiments.defend import load_defend_config, run_defend
+
+    cfg = load_defend_config(args.config, args.overrides)
+    _apply_threads()
+    out = run_defend(cfg)
+    print(f"wrote {out}")
+    return 0
+
+
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from gi.experiments.sweep import load_sweep_config, run_sweep
 
@@ -131,6 +142,8 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str, bool | str]]
                "truth=FILE", "capture"),
     "labels": (_cmd_labels, "label-recovery benchmark: a table (CSV/Markdown/JSON) and a plot", True),
     "ablate": (_cmd_ablate, "label-knowledge ablation: the same captures under every label mode and α/β variant", True),
+    "defend": (_cmd_defend, "defences x strengths on one federation: label and image leakage, utility, ε; "
+               "privacy-utility plots", True),
     "sweep": (_cmd_sweep, "many jobs (grid x seeds) across devices and machines, resumable, aggregated", True),
     "bench": (_cmd_bench, "time per iteration, final PSNR and peak memory of fixed reconstructions (JSON)",
               "optional"),

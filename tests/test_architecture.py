@@ -11,8 +11,8 @@ PACKAGES = ("gi", "labels", "fcn_analytic")
 # (module prefix, layer); the longest matching prefix wins
 LAYERS = [
     ("gi.core", 0),
-    ("gi.fl", 1), ("gi.fl.schemes", 1), ("gi.fl.optim", 1), ("gi.fl.protocol", 1),
-    ("gi.losses", 2), ("gi.models", 2), ("gi.assets", 2), ("gi.fl.local", 2), ("gi.fl.dp", 2), ("gi.capture", 2),
+    ("gi.fl", 1), ("gi.fl.schemes", 1), ("gi.fl.optim", 1), ("gi.fl.protocol", 1), ("gi.fl.defences", 1),
+    ("gi.losses", 2), ("gi.models", 2), ("gi.assets", 2), ("gi.fl.local", 2), ("gi.capture", 2),
     ("gi.label_result", 2),
     ("gi.data", 3), ("gi.train", 3), ("gi.lpips_offline", 3), ("gi.metrics", 3), ("gi.fl.victim", 3),
     ("gi.fl.partition", 3), ("gi.victim_setup", 3), ("gi.fl.flower", 3),

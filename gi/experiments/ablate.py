@@ -25,7 +25,6 @@ import datetime as _dt
 import hashlib
 import json
 import logging
-import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -44,6 +43,10 @@ from gi.experiments.pipeline import (
     used_labels,
 )
 from gi.experiments.report import (
+    cells_dir,
+    load_cell,
+    restore_cell_file,
+    save_cell,
     save_grid,
     staged_output,
     write_csv,
@@ -200,23 +203,8 @@ def _cell_key(scfg: AblateConfig, setting: str, variant: str, mode: str, attack:
 
 
 def _load_cell(cache: Path | None, key: str) -> Row | None:
-    path = None if cache is None else cache / f"{key}.json"
-    if path is None or not path.exists():
-        return None
-    return Row(**json.loads(path.read_text()))
-
-
-def _save_cell(cache: Path | None, key: str, row: Row, grid: Path) -> None:
-    """Atomically keep a finished row (JSON) and its grid (PNG) for a resumed run."""
-    if cache is None:
-        return
-    cache.mkdir(parents=True, exist_ok=True)
-    if grid.exists():
-        shutil.copyfile(grid, cache / f".{key}.png.tmp")
-        os.replace(cache / f".{key}.png.tmp", cache / f"{key}.png")
-    tmp = cache / f".{key}.json.tmp"
-    tmp.write_text(json.dumps(dataclasses.asdict(row)))
-    os.replace(tmp, cache / f"{key}.json")
+    record = load_cell(cache, key)
+    return None if record is None else Row(**record)
 
 
 def reconstruct_many(*args: Any, **kwargs: Any) -> Any:
@@ -257,8 +245,7 @@ def run_setting(cfg: AblateConfig, setting: str, out: Path, cache: Path | None =
             grid = out / f"grid-{_slug(setting)}-{_slug(variant)}-{_slug(mode)}.png"
             cached = _load_cell(cache, key)
             if cached is not None:
-                if (cache / f"{key}.png").exists():
-                    shutil.copyfile(cache / f"{key}.png", grid)
+                restore_cell_file(cache, key, "png", grid)
                 rows.append(cached)
                 print(f"  {setting:>24s} {variant:>12s} {mode:>16s}  (finished earlier, reused)", flush=True)
                 continue
@@ -272,7 +259,7 @@ def run_setting(cfg: AblateConfig, setting: str, out: Path, cache: Path | None =
             except GIError as exc:  # e.g. a feature term without a feature target: the row reports why
                 print(f"  {setting:>24s} {variant:>12s} {mode:>16s}  FAILED: {exc}", flush=True)
                 rows.append(Row(setting, variant, mode, [], 0.0, 0.0, error=str(exc)))
-                _save_cell(cache, key, rows[-1], grid)
+                save_cell(cache, key, dataclasses.asdict(rows[-1]), {"png": grid})
                 continue
             seconds = time.perf_counter() - start
             per_image = []
@@ -294,7 +281,7 @@ def run_setting(cfg: AblateConfig, setting: str, out: Path, cache: Path | None =
             truth_row = torch.cat([t.images for t in truths])
             rec_row = torch.cat([r.images[torch.as_tensor(r.history["perm"])] for r in recs])
             save_grid(grid, [truth_row, rec_row], scale=2)
-            _save_cell(cache, key, row, grid)
+            save_cell(cache, key, dataclasses.asdict(row), {"png": grid})
     return rows
 
 
@@ -331,7 +318,7 @@ def run_ablation(cfg: AblateConfig) -> Path:
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(cfg.out or f"runs/ablate-{cfg.name}-{stamp}")
     torch.manual_seed(cfg.seed)
-    cache = out.parent / f".{out.name}.cells"
+    cache = cells_dir(out)
     with staged_output(out, overwrite=cfg.overwrite) as tmp:
         t0 = time.perf_counter()
         write_yaml(tmp / "config.yaml", cfg.written())

@@ -459,3 +459,67 @@ def save_bar_plot(path: Path, groups: Sequence[str], series: dict[str, Sequence[
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- resumable tables
+def cells_dir(final: Path) -> Path:
+    """Where a resumable table keeps its finished cells: ``.<out>.cells/`` next to the output directory (removed
+    by the command once the output directory is complete)."""
+    return final.parent / f".{final.name}.cells"
+
+
+def load_cell(cache: Path | None, key: str) -> dict[str, Any] | None:
+    """A finished cell's JSON record kept by :func:`save_cell` (None when absent or ``cache`` is None)."""
+    path = None if cache is None else cache / f"{key}.json"
+    if path is None or not path.exists():
+        return None
+    return json.loads(path.read_text())
+
+
+def save_cell(cache: Path | None, key: str, record: dict[str, Any], files: dict[str, Path] | None = None) -> None:
+    """Atomically keep a finished cell: its ``files`` (suffix → path, e.g. ``{"png": grid}``) as ``<key>.<suffix>``,
+    then its JSON ``record`` (written last: a record on disk means the cell is complete)."""
+    if cache is None:
+        return
+    cache.mkdir(parents=True, exist_ok=True)
+    for suffix, path in (files or {}).items():
+        if path.exists():
+            shutil.copyfile(path, cache / f".{key}.{suffix}.tmp")
+            os.replace(cache / f".{key}.{suffix}.tmp", cache / f"{key}.{suffix}")
+    tmp = cache / f".{key}.json.tmp"
+    tmp.write_text(json.dumps(_jsonable(record)))
+    os.replace(tmp, cache / f"{key}.json")
+
+
+def restore_cell_file(cache: Path | None, key: str, suffix: str, dest: Path) -> None:
+    """Copy a kept cell's file (``<key>.<suffix>``) to ``dest``, if it was kept."""
+    if cache is not None and (cache / f"{key}.{suffix}").exists():
+        shutil.copyfile(cache / f"{key}.{suffix}", dest)
+
+
+def save_tradeoff_plot(path: Path, curves: dict[str, tuple[Sequence[float], Sequence[float], Sequence[str]]],
+                       xlabel: str, ylabel: str, title: str = "",
+                       reference: tuple[float, float] | None = None) -> None:
+    """One curve per series through its points ``(xs, ys)``, each point annotated with its label (e.g. a defence
+    at its strengths: leakage against accuracy); ``reference``: one starred point (e.g. no defence)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4.2), dpi=120)
+    for name, (xs, ys, labels) in curves.items():
+        line, = ax.plot(list(xs), list(ys), marker="o", ms=4, label=name)
+        for x, y, text in zip(xs, ys, labels):
+            ax.annotate(text, (x, y), fontsize=6, color=line.get_color(), xytext=(2, 2), textcoords="offset points")
+    if reference is not None:
+        ax.scatter([reference[0]], [reference[1]], marker="*", s=120, color="black", zorder=3, label="no defence")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    ax.legend(fontsize=6, ncol=2)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -1,8 +1,8 @@
-"""Federated learning, in one home: the protocol, the schemes, the local update rules and training loop, DP.
+"""Federated learning, in one home: the protocol, the schemes, the local update rules and training loop, the
+client-side defences (:mod:`gi.fl.defences`).
 
 Importing this package (or :mod:`gi.fl.protocol`) loads no torch, so configs are checked at once; the training
-loop (:mod:`gi.fl.local`), the DP defence (:mod:`gi.fl.dp`) and the simulated clients and server
-(:mod:`gi.fl.victim`) load on first use.
+loop (:mod:`gi.fl.local`) and the simulated clients and server (:mod:`gi.fl.victim`) load on first use.
 """
 
 from __future__ import annotations

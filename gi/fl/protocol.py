@@ -2,16 +2,18 @@
 
 A :class:`Protocol` travels inside every :class:`gi.Capture`, so an attack can interpret a gradient
 or an update without guessing: which loss, which label augmentation, which optimiser, how many
-local epochs or steps, which FL scheme (:mod:`gi.fl.schemes`) and its hyper-parameters, which defence.
+local epochs or steps, which FL scheme (:mod:`gi.fl.schemes`) and its hyper-parameters, which defences
+(:mod:`gi.fl.defences`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gi.core.errors import ConfigError
+from gi.fl.defences import at, check_entries
 from gi.fl.optim import RULES
 from gi.fl.schemes import SCHEMES, get_scheme
 
@@ -34,8 +36,12 @@ class Protocol:
 
     ``local_steps`` caps local training at that many steps on fresh batches (RLU's "local epochs", its eq. 5
     and public code; epochs continue, reshuffled, until the cap); ``None`` runs ``local_epochs`` full passes.
-    DP (:mod:`gi.fl.dp`): clip the shared message's global L2 norm to ``dp_clip`` and add N(0, ``dp_sigma``²),
-    where ``dp_scale`` says: on the update itself, on the gradient-like ``−Δθ/η``, or on every local step.
+    ``defences``: the client's defences in order, ``{name, strength, params}`` entries of
+    :data:`gi.fl.defences.DEFENCES` (noise, clipping, DP-SGD, top-k, quantisation, dropout, oversampling, secure
+    aggregation, label smoothing, mixup), e.g. ``[{name: dp-sgd, strength: 1.0, params: {max_grad_norm: 1.0}}]``.
+    Legacy DP fields (mapped onto the registry before ``defences``, :func:`gi.fl.defences.specs`): clip the shared
+    message's global L2 norm to ``dp_clip`` (``clip``) and add N(0, ``dp_sigma``²), where ``dp_scale`` says: on the
+    update itself, on the gradient-like ``−Δθ/η`` (``gaussian``), or on every local step (``gaussian-step``).
     ``share_bn_stats``: the threat model grants the server the client's BatchNorm batch statistics.
     """
 
@@ -65,6 +71,7 @@ class Protocol:
     dp_clip: float | None = None
     dp_scale: str = "update"
     share_bn_stats: bool = False
+    defences: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for name, allowed in (
@@ -92,6 +99,14 @@ class Protocol:
             raise ConfigError(f"protocol.local_steps must be >= 1 (or null), got {self.local_steps!r}")
         if self.label_eps is not None and not 0.0 <= self.label_eps < 1.0:
             raise ConfigError(f"protocol.label_eps must be in [0, 1), got {self.label_eps!r}")
+        self.defences = check_entries(self.defences)
+        per_example = at(self, "per-example")
+        if len(per_example) > 1:
+            raise ConfigError(f"protocol.defences: at most one per-example defence, got "
+                              f"{[s.name for s in per_example]}")
+        if per_example and self.model_mode == "train":
+            raise ConfigError(f"protocol.defences: {per_example[0].name} needs per-sample gradients, which "
+                              "model_mode='train' (BatchNorm mixes the samples) does not have; use model_mode=eval")
 
     @property
     def is_update(self) -> bool:

@@ -6,11 +6,11 @@ scheme terms of :mod:`gi.fl.schemes` (A.6–A.9). RLU's "local epochs" are local
 eq. 5 and its public code): ``protocol.local_steps`` caps training at that many steps, otherwise the client runs
 ``local_epochs`` full passes (:func:`gi.fl.local.local_schedule`, which the attack side derives too).
 
-The capture carries the global model θᵗ, the update ``Δθ = θ_local − θᵗ`` (after the DP defence of
-:mod:`gi.fl.dp`, when the protocol asks for it), the protocol with ``num_samples = N_k`` and the scheme's history
-terms (``capture.history``, keys ``"<term>/<param>"``, see :attr:`gi.fl.schemes.Scheme.history`). The truth
-carries the label counts of the distinct samples used, and in ``truth.extra`` the per-step and per-epoch counts
-and the per-step cross-entropy bias gradient.
+The capture carries the global model θᵗ, the update ``Δθ = θ_local − θᵗ`` (after the protocol's defences,
+:mod:`gi.fl.defences`, recorded in ``capture.meta["defences"]``), the protocol with ``num_samples = N_k`` and the
+scheme's history terms (``capture.history``, keys ``"<term>/<param>"``, see :attr:`gi.fl.schemes.Scheme.history`).
+The truth carries the label counts of the distinct samples used, and in ``truth.extra`` the per-step and per-epoch
+counts and the per-step cross-entropy bias gradient.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from torch.func import functional_call
 from gi.capture import Capture, Truth, describe_model
 from gi.core.devices import torch_device
 from gi.core.errors import CaptureError, ConfigError
-from gi.fl.dp import privatize, step_noise
+from gi.fl import defences
+from gi.fl.defences.secagg import merge
 from gi.fl.local import local_schedule, local_train
 from gi.fl.protocol import Protocol
 from gi.fl.schemes import SCHEMES, get_scheme
@@ -88,11 +89,17 @@ def _train_client(
     history: State,
     last_layer: str = "fc",
 ) -> ClientRun:
-    """Local training of one client from the model's current weights (θᵗ); the model is not modified."""
+    """Local training of one client from the model's current weights (θᵗ); the model is not modified. The
+    protocol's defences act on its data, model, batches and steps (:mod:`gi.fl.defences`)."""
     if not protocol.is_update:
         raise ConfigError(f"gi.fl.victim trains update-sharing schemes; protocol.scheme={protocol.scheme!r} is not "
                           f"one of {sorted(n for n, s in SCHEMES.items() if s.shares == 'update')} (FedSGD "
                           "captures come from gi.capture_gradients)")
+    ctx = defences.Context(protocol, generator)
+    originals = int(labels.shape[0])
+    keep = defences.data_indices(labels, ctx)
+    if keep is not None:  # the client trains on (and reports) its defended set; the truth keeps the originals
+        images, labels = images[keep], labels[keep]
     n = int(labels.shape[0])
     schedule = local_schedule(protocol, n)
     local = copy.deepcopy(model)
@@ -106,7 +113,7 @@ def _train_client(
     step_counts = torch.zeros(len(schedule), num_classes, dtype=torch.long)
     bias_grads = torch.zeros(len(schedule), num_classes, dtype=torch.float64) if bias_idx is not None else None
     epoch_of_step = torch.zeros(len(schedule), dtype=torch.long)
-    used = torch.zeros(n, dtype=torch.bool)
+    used = torch.zeros(originals, dtype=torch.bool)
     order = {"perm": torch.randperm(n, generator=generator), "pos": 0, "epoch": 0}
     last_loss = [torch.zeros(())]
 
@@ -116,23 +123,23 @@ def _train_client(
             order.update(perm=torch.randperm(n, generator=generator), pos=0, epoch=order["epoch"] + 1)
         idx = order["perm"][order["pos"]:order["pos"] + size]
         order["pos"] += size
-        used[idx] = True
+        used[idx if keep is None else keep[idx]] = True
         y = labels[idx]
         step_counts[step] = torch.bincount(y, minlength=num_classes)
         epoch_of_step[step] = order["epoch"]
-        live = {k: t.detach().requires_grad_() for k, t in theta.items()}
-        with torch.enable_grad():
-            loss = loss_fn(functional_call(local, live, (images[idx],)),
-                           _targets(y, num_classes, protocol, images.dtype).to(images.device))
-            grads = torch.autograd.grad(loss, list(live.values()))
+        ctx.batch_size = size
+        loss, clean, grads = defences.defended_gradient(lambda p, x: functional_call(local, p, (x,)), theta,
+                                                        images[idx],
+                                                        _targets(y, num_classes, protocol, images.dtype).to(images.device),
+                                                        loss_fn, ctx)
         if bias_grads is not None:
-            bias_grads[step] = grads[bias_idx].double().cpu()
-        if not math.isfinite(float(loss.detach())):
+            bias_grads[step] = clean[names[bias_idx]].double().cpu()
+        if not math.isfinite(float(loss)):
             raise CaptureError("client loss became NaN/Inf during local training; lower protocol.lr")
-        last_loss[0] = loss.detach()
-        return dict(zip(names, step_noise(grads, protocol, size, generator)))
+        last_loss[0] = loss
+        return grads
 
-    with torch.no_grad():
+    with torch.no_grad(), defences.model_defences(local, ctx):
         theta = local_train(theta0, protocol, len(schedule), gradient, history)
     update = {k: (theta[k] - theta0[k]).cpu() for k in names}
     return ClientRun(update=update, num_samples=n, step_counts=step_counts, step_bias_grad=bias_grads,
@@ -160,11 +167,14 @@ def _make_capture(model: torch.nn.Module, run: ClientRun, protocol: Protocol, hi
     proto = dataclasses.replace(protocol, num_samples=run.num_samples)
     if state is None:
         state = {k: v.detach().clone().cpu() for k, v in model.state_dict().items()}
-    meta = {"num_samples": run.num_samples, "num_steps": int(run.step_counts.shape[0]),
-            "labelled_samples": int(run.step_counts.sum()), **meta}
+    steps = int(run.step_counts.shape[0])
+    meta = {"num_samples": run.num_samples, "num_steps": steps, "labelled_samples": int(run.step_counts.sum()), **meta}
+    if defences.specs(proto):  # which defences, and the privacy spent over the rounds so far (one client per round)
+        rate = min(int(proto.batch_size), run.num_samples) / run.num_samples
+        meta["defences"] = defences.record(proto, steps * int(meta.get("round", 1)), rate)
     return Capture(model_spec=dict(spec), model_state=state, protocol=proto,
-                   update=privatize(run.update, proto, generator), history=history, meta=meta,
-                   last_layer_name=last_layer)
+                   update=defences.apply("shared", run.update, defences.Context(proto, generator)), history=history,
+                   meta=meta, last_layer_name=last_layer)
 
 
 def _make_truth(images: Tensor, labels: Tensor, num_classes: int, run: ClientRun, indices: Tensor,
@@ -286,7 +296,9 @@ def run_federation(
     (Acar et al. 2021), FedDC adds the mean drift (Gao et al. 2022), Scaffold updates the server
     control variate by the mean of the client control changes. Captures (with DP noise, if the
     protocol asks for it) are taken at ``capture_rounds`` for ``capture_clients`` (default all); the
-    server's own aggregation uses the noisy updates too, as a real server would. ``keep_states``:
+    server's own aggregation uses the noisy updates too, as a real server would. Under secure aggregation
+    (``secagg`` of k) a capture is the merged message of clients ``[c, c + k)`` (``gi.fl.defences.secagg.merge``),
+    listed under its first client. ``keep_states``:
     ``"captured"`` keeps θᵗ of the captured rounds, ``"all"`` of every round (plus θ^{rounds+1}). The
     captures of one round share one ``model_state`` dict (θᵗ): treat it as read-only.
     """
@@ -313,6 +325,7 @@ def run_federation(
     states: dict[int, State] = {c: _history_for(protocol, None, params) for c in range(num_clients)}
     scheme = get_scheme(protocol.scheme, shares="update")
     server: State = {}  # the scheme's server state (FedDyn's h)
+    group = defences.group_size(protocol)  # secure aggregation: the server sees groups of clients only
     fed = Federation(partition=partition)
     for t in range(1, rounds + 1):
         if keep_states == "all" or t in capture_rounds:
@@ -322,17 +335,20 @@ def run_federation(
             fed.accuracy[t] = _accuracy(glob, ev_images, ev_labels)
         shared: list[State] = []
         round_state = {k: v.detach().clone() for k, v in glob.state_dict().items()}  # θᵗ, shared by the captures
+        seen: dict[int, tuple[Capture, Truth]] = {}
         for c, idx in enumerate(partition):
             hist = states[c]
             run = _train_client(glob, images[idx], labels[idx], num_classes, protocol, rng, hist, described[1])
             capture = _make_capture(glob, run, protocol, hist, rng, {"round": t, "client": c}, round_state,
                                     described)
-            if t in capture_rounds and c in capture_clients:
-                truth = _make_truth(images[idx], labels[idx], num_classes, run, idx, keep_images)
-                fed.captures.append((t, c, capture, truth))
+            first = c - c % group
+            if t in capture_rounds and capture_clients.intersection(range(first, first + group)):
+                seen[c] = (capture, _make_truth(images[idx], labels[idx], num_classes, run, idx, keep_images))
             shared.append(capture.update)
             states[c] = hist if scheme.client_state is None else scheme.client_state(protocol, hist, run.update,
                                                                                       len(run.step_counts))
+        for first in sorted({c - c % group for c in seen}):  # secure aggregation: one sum per group of clients
+            fed.captures.append((t, first, *merge([seen[m] for m in range(first, min(first + group, num_clients))])))
         _aggregate(glob, protocol, shared, weights, states, server)
     if keep_states == "all":
         fed.global_states[rounds + 1] = {k: v.detach().clone() for k, v in glob.state_dict().items()}

@@ -182,6 +182,7 @@ def test_defaults_errors(tmp_path):
 def _loader(path: Path):
     from gi.experiments.ablate import load_ablate_config
     from gi.experiments.bench import load_bench_config
+    from gi.experiments.defend import load_defend_config
     from gi.experiments.labelbench import load_label_bench_config as load_labels
     from gi.experiments.sweep import load_sweep_config
 
@@ -189,7 +190,7 @@ def _loader(path: Path):
         return load_yaml
     kind = path.parts[1] if len(path.parts) > 2 else ""
     return {"labels": load_labels, "ablate": load_ablate_config, "sweep": load_sweep_config,
-            "bench": load_bench_config}.get(kind, load_run_config)
+            "bench": load_bench_config, "defend": load_defend_config}.get(kind, load_run_config)
 
 
 CONFIGS = sorted(Path("configs").rglob("*.yaml"))

@@ -18,6 +18,7 @@ from gi.core.config import to_dict
 from gi.core.errors import ConfigError
 from gi.experiments import pipeline
 from gi.experiments.ablate import AblateConfig, load_ablate_config
+from gi.experiments.defend import DefendConfig, load_defend_config
 from gi.experiments.labelbench import grid_points, load_label_bench_config
 from gi.experiments.pipeline import RunConfig, RunDataConfig, load_run_config
 from gi.experiments.sweep import load_sweep_config
@@ -29,9 +30,10 @@ from gi.scenarios.single_sample import SingleSampleSetup
 
 SECTIONS = {"data": setup.DataConfig, "model": setup.ModelConfig, "train": setup.TrainConfig,
             "aux": setup.AuxConfig, "protocol": Protocol}
-USERS = [RunConfig, AblateConfig, FedSGDBatchSetup, FedAvgClientSetup, SingleSampleSetup]
+USERS = [RunConfig, AblateConfig, DefendConfig, FedSGDBatchSetup, FedAvgClientSetup, SingleSampleSetup]
 CONFIGS = sorted(p for p in Path("configs").rglob("*.yaml") if not any(part.startswith("_") for part in p.parts))
-LOADERS = {"labels": load_label_bench_config, "ablate": load_ablate_config, "sweep": load_sweep_config}
+LOADERS = {"labels": load_label_bench_config, "ablate": load_ablate_config, "sweep": load_sweep_config,
+           "defend": load_defend_config}
 
 
 @pytest.mark.parametrize("path", [p for p in CONFIGS if p.parts[1] != "bench"], ids=str)

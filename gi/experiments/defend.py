@@ -1,0 +1,444 @@
+"""``gi defend CONFIG``: which defence, at which strength, stops label and image leakage, and what does it cost?
+
+For every defence × strength of the config (plus the undefended baseline) the **same** federation is trained
+(same data, partition, initial model and seeds; only the protocol's defences differ, :mod:`gi.fl.defences`):
+
+- **utility**: the global model's test accuracy after ``federation.rounds`` rounds
+  (:func:`gi.fl.victim.run_federation`);
+- **label leakage**: every captured client at ``federation.capture_round`` is attacked by each of
+  ``label_methods`` (``labels.recover`` with the attacker's aux set) on what that method reads: its ``update``
+  (e.g. RLU), or (``gradient``, e.g. the posterior attack) a defended FedSGD gradient of ``label_batch`` of its
+  samples at the same global model; ``label_acc`` = 1 − ½‖p̂ − p‖₁ (the proportion of the client's label
+  distribution recovered, 1 = exact), ``ins_acc`` and ``prop_mse`` beside it;
+- **image leakage**: ``images.count`` images of the first captured client (or of its secure-aggregation group),
+  shared as defended FedSGD gradients of ``images.batch_size`` images at the same round's global model, are
+  reconstructed with the ``attack`` recipe (``gi.reconstruct``) and the labels of ``labels.mode``; PSNR / LPIPS
+  against the truth (matched one-to-one);
+- DP-SGD rows report ε (Opacus' accountant, the entry's ``delta``) spent by a client over the ``rounds``.
+
+Output directory: ``table.md`` / ``table.csv`` / ``metrics.json`` (one row per cell), ``results.csv`` (per image),
+``clients.csv`` (per client and label method), a truth-over-reconstruction grid per cell, and privacy–utility
+plots ``tradeoff-<metric>.png`` (leakage against accuracy, one curve per defence). Long runs resume like
+``gi ablate``: finished cells are kept in ``.<out>.cells/`` (:func:`gi.experiments.report.save_cell`) and the same
+command after an interruption computes only the missing ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import hashlib
+import json
+import logging
+import math
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gi.core.config import require, to_dict
+from gi.core.errors import ConfigError, GIError
+from gi.experiments.pipeline import LABEL_MODES, LabelConfig, MetricConfig
+from gi.experiments.report import (
+    cells_dir,
+    check_run_name,
+    load_cell,
+    restore_cell_file,
+    save_cell,
+    save_grid,
+    save_tradeoff_plot,
+    staged_output,
+    write_csv,
+    write_json,
+    write_markdown_table,
+    write_yaml,
+)
+from gi.fl.protocol import Protocol
+from gi.recon.config import ReconConfig
+from gi.victim_setup import AuxConfig, DataConfig, ModelConfig, VictimSetup, load_config, section
+
+log = logging.getLogger("gi.experiments.defend")
+BASELINE = "none"
+
+
+@dataclass
+class FederationConfig:
+    """The federation every cell trains: ``num_clients`` Dirichlet(``alpha``) clients over ``samples`` images of
+    ``data.split`` (a seeded draw; null: all), each at least ``min_size`` (default the batch size); utility after
+    ``rounds`` rounds on ``eval_samples`` images of ``aux.split``; captures of round ``capture_round`` from
+    ``capture_clients`` (default all)."""
+
+    num_clients: int = 10
+    samples: int | None = 1000
+    alpha: float = 0.5
+    min_size: int | None = None
+    rounds: int = 10
+    capture_round: int = 2
+    capture_clients: list[int] | None = None
+    eval_samples: int = 1000
+
+    def __post_init__(self) -> None:
+        require(self.num_clients >= 1, "federation.num_clients", self.num_clients, ">= 1")
+        require(self.samples is None or self.samples >= self.num_clients, "federation.samples", self.samples,
+                ">= num_clients or null")
+        require(self.alpha > 0, "federation.alpha", self.alpha, "> 0")
+        require(self.rounds >= 1, "federation.rounds", self.rounds, ">= 1")
+        require(1 <= self.capture_round <= self.rounds, "federation.capture_round", self.capture_round,
+                f"in [1, rounds={self.rounds}]")
+        require(self.eval_samples >= 1, "federation.eval_samples", self.eval_samples, ">= 1")
+        bad = [c for c in self.capture_clients or [] if not 0 <= c < self.num_clients]
+        require(not bad, "federation.capture_clients", self.capture_clients, f"client ids in [0, {self.num_clients})")
+
+
+@dataclass
+class ImageConfig:
+    """Image leakage: ``count`` images reconstructed, shared as FedSGD gradients of ``batch_size`` images each."""
+
+    count: int = 4
+    batch_size: int = 1
+
+    def __post_init__(self) -> None:
+        require(self.batch_size >= 1, "images.batch_size", self.batch_size, ">= 1")
+        require(self.count >= self.batch_size and self.count % self.batch_size == 0, "images.count", self.count,
+                f"a positive multiple of images.batch_size={self.batch_size}")
+
+
+@dataclass
+class DefendConfig(VictimSetup):
+    """``gi defend``: the victim setup (``data``, ``model``, ``aux``, ``protocol``: the clients' protocol without the
+    swept defence; its own ``defences`` apply in every cell), the ``federation``, the attacks (``label_methods``:
+    {method: ``update`` or ``gradient``, what it reads}, their ``method_options``, ``label_batch``: samples per
+    FedSGD label capture, default ``protocol.batch_size``; ``images``, ``labels`` and ``attack`` for the
+    reconstruction) and ``defences``: a list of ``{name, strengths: [...], params: {...}, label}`` (``label`` names
+    the curve; default ``name``).
+    ``only``: run just these labels. The baseline (no extra defence) is always the first row."""
+
+    name: str = "defend"
+    seed: int = 0
+    out: str | None = None
+    overwrite: bool = False
+    data: DataConfig = section(DataConfig, name="fashion-mnist", split="train")
+    model: ModelConfig = section(ModelConfig, name="lenet5")
+    aux: AuxConfig = section(AuxConfig, per_class=20, split="test")
+    protocol: Protocol = section(Protocol, scheme="fedavg", batch_size=32, lr=0.05)
+    federation: FederationConfig = field(default_factory=FederationConfig)
+    label_methods: dict[str, str] = field(default_factory=lambda: {"rlu": "update", "posterior": "gradient"})
+    label_batch: int | None = None
+    method_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    images: ImageConfig = field(default_factory=ImageConfig)
+    labels: LabelConfig = field(default_factory=lambda: LabelConfig(mode="truth"))
+    attack: ReconConfig = field(default_factory=ReconConfig)
+    metrics: MetricConfig = field(default_factory=lambda: MetricConfig(lpips_vgg=False))
+    defences: list[dict[str, Any]] = field(default_factory=list)
+    only: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        check_run_name(self.name)
+        if not self.protocol.is_update:
+            raise ConfigError(f"protocol.scheme={self.protocol.scheme!r}: gi defend trains a federation; use an "
+                              "update scheme (fedavg, fedprox, ...); image leakage is measured on FedSGD gradients")
+        if self.train.epochs > 0:
+            raise ConfigError("train: gi defend's federation starts from the initial model; leave train out")
+        if self.labels.mode not in LABEL_MODES:
+            raise ConfigError(f"labels.mode={self.labels.mode!r} is not allowed; valid: {list(LABEL_MODES)}")
+        kind = LABEL_MODES[self.labels.mode].kind
+        if self.attack.labels != kind:  # derived from labels.mode, as in gi run
+            self.attack = dataclasses.replace(self.attack, labels=kind)
+        import labels as label_methods
+
+        unknown = sorted(set(self.label_methods) - set(label_methods.METHODS))
+        if unknown or not self.label_methods:
+            raise ConfigError(f"label_methods has unknown {unknown}; valid: {sorted(label_methods.METHODS)}")
+        bad = {m: v for m, v in self.label_methods.items() if v not in ("update", "gradient")}
+        if bad:
+            raise ConfigError(f"label_methods {bad}: say what each method reads, 'update' or 'gradient'")
+        require(self.label_batch is None or self.label_batch >= 1, "label_batch", self.label_batch, ">= 1 or null")
+        seen = set()
+        for i, entry in enumerate(self.defences):
+            sweep = _sweep(entry, f"defences[{i}]")
+            if sweep["label"] in seen or sweep["label"] == BASELINE:
+                raise ConfigError(f"defences[{i}]: label {sweep['label']!r} is used twice (or is {BASELINE!r}); give "
+                                  "each entry its own label")
+            seen.add(sweep["label"])
+            for s in sweep["strengths"]:  # every cell's protocol is valid before any work
+                cell_protocol(self.protocol, sweep, s)
+        unknown = sorted(set(self.only or []) - seen - {BASELINE})
+        if unknown:
+            raise ConfigError(f"only names unknown defence label(s) {unknown}; valid: {sorted(seen | {BASELINE})}")
+
+
+def _sweep(entry: Any, where: str) -> dict[str, Any]:
+    """A ``defences`` entry checked: ``{name, strengths, params, label}``."""
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{where}={entry!r}: expected a mapping {{name, strengths, params, label}}")
+    unknown = sorted(set(entry) - {"name", "strengths", "params", "label"})
+    if unknown:
+        raise ConfigError(f"{where} has unknown key(s) {unknown}; valid: ['label', 'name', 'params', 'strengths']")
+    strengths = entry.get("strengths")
+    if not isinstance(strengths, list) or not strengths:
+        raise ConfigError(f"{where}.strengths={strengths!r}: expected a non-empty list of numbers")
+    return {"name": entry.get("name"), "strengths": strengths, "params": entry.get("params") or {},
+            "label": str(entry.get("label") or entry.get("name"))}
+
+
+def cell_protocol(base: Protocol, sweep: dict[str, Any] | None, strength: float | None) -> Protocol:
+    """The clients' protocol of one cell: ``base`` with the swept defence appended (none for the baseline)."""
+    if sweep is None:
+        return base
+    extra = {"name": sweep["name"], "strength": strength, "params": sweep["params"]}
+    try:
+        return dataclasses.replace(base, defences=[*base.defences, extra])
+    except ConfigError as exc:
+        raise ConfigError(f"defences {sweep['label']!r} at strength {strength!r}: {exc}") from None
+
+
+def load_defend_config(path: str | Path, overrides: list[str] | None = None) -> DefendConfig:
+    return load_config(DefendConfig, path, overrides)
+
+
+# ----------------------------------------------------------------------------- the shared setup
+@dataclass
+class Setup:
+    """What every cell shares: the clients' pool, their partition, the initial model, the test and aux sets."""
+
+    pool: Any
+    partition: list[Any]
+    model: Any
+    eval_data: tuple[Any, Any]
+    aux: Any
+
+
+def build_setup(cfg: DefendConfig) -> Setup:
+    import torch
+
+    from gi.data import ImageDataset
+    from gi.fl.partition import dirichlet_partition
+    from gi.victim_setup import build_model, draw_aux, load_data
+
+    fed = cfg.federation
+    data = load_data(cfg.data)
+    gen = torch.Generator().manual_seed(int(cfg.seed))
+    if fed.samples is not None and fed.samples < len(data.labels):
+        keep = torch.randperm(len(data.labels), generator=gen)[: fed.samples]
+        data = ImageDataset(data.images[keep], data.labels[keep], data.num_classes, data.name, data.classes,
+                            data.split)
+    min_size = fed.min_size if fed.min_size is not None else cfg.protocol.batch_size
+    parts = dirichlet_partition(data.labels, fed.num_clients, fed.alpha, gen, min_size=int(min_size))
+    model = build_model(cfg.model, data, int(cfg.seed))
+    test = load_data(cfg.data, cfg.aux.split)
+    n = min(fed.eval_samples, len(test.labels))
+    order = torch.randperm(len(test.labels), generator=gen)
+    eval_data = (test.images[order[:n]], test.labels[order[:n]])
+    aux = None
+    if cfg.aux.per_class > 0:  # never one of the test images the utility is measured on
+        aux = draw_aux(test, cfg.aux.per_class, gen, exclude=order[:n])[0]
+    return Setup(data, parts, model, eval_data, aux)
+
+
+# ----------------------------------------------------------------------------- one cell
+def _label_leakage(cfg: DefendConfig, setup: Setup, protocol: Protocol, model: Any,
+                   captures: list[tuple[int, Any, Any]]) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    import labels
+    from gi.fl.defences import group_size
+    from gi.metrics import label_metrics
+
+    batch = cfg.label_batch or protocol.batch_size
+    gradient = {c: fedsgd_capture(cfg, setup, protocol, model, c, group_size(protocol), batch, 0)
+                for c, _, _ in captures} if "gradient" in cfg.label_methods.values() else {}
+    per_client, summary = [], {}
+    for method, reads in cfg.label_methods.items():
+        scores = []
+        for client, capture, truth in captures:
+            if reads == "gradient":
+                capture, truth = gradient[client]
+            try:
+                result = labels.recover(capture, method, aux=setup.aux, **cfg.method_options.get(method, {}))
+                m = label_metrics(result, truth, match_soft=False)
+                row = {"label_acc": 1 - 0.5 * m["l1"], "ins_acc": m["ins_acc"], "prop_mse": m["prop_mse"],
+                       "ok": m["ok"]}
+                if not result.ok:
+                    row["error"] = result.info.get("reason")
+            except GIError as exc:  # a method that cannot read this capture: no leakage from it
+                row = {"label_acc": math.nan, "ins_acc": math.nan, "prop_mse": math.nan, "ok": 0.0,
+                       "error": str(exc)}
+            scores.append(row)
+            per_client.append({"client": client, "method": method, "reads": reads, **row})
+        for key in ("label_acc", "ins_acc", "prop_mse"):
+            vals = [s[key] for s in scores if not math.isnan(s[key])]
+            summary[f"{key}:{method}"] = sum(vals) / len(vals) if vals else math.nan
+    return summary, per_client
+
+
+def fedsgd_capture(cfg: DefendConfig, setup: Setup, protocol: Protocol, model: Any, first: int, group: int,
+                   batch: int, index: int) -> tuple[Any, Any]:
+    """The defended FedSGD capture of the ``index``-th batch of ``batch`` samples of client ``first``, merged with
+    those of the rest of its secure-aggregation group of ``group`` clients (who each add a batch of theirs)."""
+    import torch
+
+    from gi.capture import capture_gradients
+    from gi.fl.defences.secagg import merge
+
+    pairs = []
+    for client in range(first, min(first + group, len(setup.partition))):
+        idx = setup.partition[client]
+        pick = idx[torch.arange(index * batch, (index + 1) * batch) % len(idx)]
+        proto = dataclasses.replace(protocol, scheme="fedsgd", batch_size=batch, num_samples=len(idx))
+        gen = torch.Generator().manual_seed(int(cfg.seed) * 7919 + 31 * index + client)
+        cap, truth = capture_gradients(model, setup.pool.images[pick], setup.pool.labels[pick], proto, generator=gen)
+        pairs.append((dataclasses.replace(cap, meta={**cap.meta, "client": client}), truth))
+    return merge(pairs)
+
+
+def _image_leakage(cfg: DefendConfig, setup: Setup, protocol: Protocol, model: Any, first: int, group: int,
+                   grid: Path) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    import torch
+
+    from gi.metrics import score
+    from gi.recon import reconstruct_many
+
+    bs = cfg.images.batch_size
+    pairs = [fedsgd_capture(cfg, setup, protocol, model, first, group, bs, k) for k in range(cfg.images.count // bs)]
+    lcfg = cfg.labels
+    results = [LABEL_MODES[lcfg.mode].labels(lcfg, c, t, setup.aux) for c, t in pairs]
+    features = [None if r is None else r.features for r in results]
+    attack = dataclasses.replace(cfg.attack, progress=False)
+    recs = reconstruct_many([c for c, _ in pairs], results, features, attack)
+    per_image, rows_true, rows_rec = [], [], []
+    for k, (rec, (_, truth)) in enumerate(zip(recs, pairs)):
+        sc = score(rec.images, truth.images, match=cfg.metrics.match, vgg=cfg.metrics.lpips_vgg)
+        for i in range(truth.images.shape[0]):
+            per_image.append({"capture": k, "image": i, "psnr": sc["psnr"][i], "ssim": sc["ssim"][i],
+                              "lpips": sc["lpips_alex"][i], "true_label": int(truth.labels[i])})
+        rows_true.append(truth.images)
+        rows_rec.append(rec.images[torch.as_tensor(sc["perm"])] if "perm" in sc else rec.images)
+    save_grid(grid, [torch.cat(rows_true), torch.cat(rows_rec)], scale=2)
+    psnr = sorted(r["psnr"] for r in per_image)
+    summary = {"psnr_mean": sum(psnr) / len(psnr), "psnr_median": psnr[len(psnr) // 2] if len(psnr) % 2 else
+               (psnr[len(psnr) // 2 - 1] + psnr[len(psnr) // 2]) / 2, "psnr_min": psnr[0],
+               "lpips": sum(r["lpips"] for r in per_image) / len(per_image), "images": len(per_image)}
+    return summary, per_image
+
+
+def run_cell(cfg: DefendConfig, setup: Setup, label: str, strength: float | None, protocol: Protocol,
+             grid: Path) -> dict[str, Any]:
+    """One defence at one strength: utility, label leakage and image leakage on the shared setup."""
+    import torch
+
+    from gi.fl import defences
+    from gi.fl.victim import run_federation
+
+    start = time.perf_counter()
+    fed_cfg = cfg.federation
+    fed = run_federation(setup.model, setup.pool, protocol, fed_cfg.num_clients, fed_cfg.rounds, None,
+                         rng=torch.Generator().manual_seed(int(cfg.seed) + 1), partition=setup.partition,
+                         capture_rounds=[fed_cfg.capture_round], capture_clients=fed_cfg.capture_clients,
+                         eval_data=setup.eval_data)
+    summary: dict[str, Any] = {"defence": label, "strength": strength,
+                               "accuracy": fed.accuracy[fed_cfg.rounds + 1]}
+    captures = [(c, cap, truth) for _, c, cap, truth in fed.captures]
+    first = captures[0][1].meta.get("defences")  # what the capture records of its defences
+    privacy = [d for d in first or [] if "epsilon" in d]
+    if privacy:  # ε spent by the captured client over the whole training (its steps per round × rounds)
+        cap = captures[0][1]
+        rate = min(protocol.batch_size, cap.num_samples) / cap.num_samples
+        rec = defences.record(protocol, int(cap.meta["num_steps"]) * fed_cfg.rounds, rate)
+        summary["epsilon"] = next(d["epsilon"] for d in rec if "epsilon" in d)
+        summary["delta"] = privacy[0]["delta"]
+    model = fed.model(setup.model, fed_cfg.capture_round)
+    label_summary, per_client = _label_leakage(cfg, setup, protocol, model, captures)
+    summary.update(label_summary)
+    image_summary, per_image = _image_leakage(cfg, setup, protocol, model, captures[0][0],
+                                              defences.group_size(protocol), grid)
+    summary.update(image_summary)
+    summary["seconds"] = time.perf_counter() - start
+    for r in per_image + per_client:
+        r.update(defence=label, strength=strength)
+    return {"summary": summary, "per_image": per_image, "per_client": per_client}
+
+
+# ----------------------------------------------------------------------------- the table
+def cells(cfg: DefendConfig) -> list[tuple[str, float | None, Protocol]]:
+    """``(label, strength, protocol)`` of every cell: the baseline first, then each defence at each strength."""
+    out: list[tuple[str, float | None, Protocol]] = [(BASELINE, None, cfg.protocol)]
+    for i, entry in enumerate(cfg.defences):
+        sweep = _sweep(entry, f"defences[{i}]")
+        out += [(sweep["label"], s, cell_protocol(cfg.protocol, sweep, s)) for s in sweep["strengths"]]
+    return [c for c in out if cfg.only is None or c[0] in cfg.only]
+
+
+def _cell_key(cfg: DefendConfig, protocol: Protocol) -> str:
+    """Hash of everything that determines one cell (not the output paths, the other cells)."""
+    keep = {k: v for k, v in to_dict(cfg).items() if k not in ("out", "overwrite", "defences", "only", "protocol")}
+    text = json.dumps([keep, to_dict(protocol)], sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def _slug(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in text)
+
+
+def _plots(out: Path, cfg: DefendConfig, table: list[dict[str, Any]]) -> list[str]:
+    """Privacy–utility plots: one per leakage metric, accuracy against leakage, one curve per defence."""
+    metrics = [f"label_acc:{m}" for m in cfg.label_methods] + ["psnr_mean"]
+    base = next((r for r in table if r["defence"] == BASELINE), None)
+    names = []
+    for metric in metrics:
+        curves: dict[str, tuple[list[float], list[float], list[str]]] = {}
+        for r in table:
+            if r["defence"] == BASELINE:
+                continue
+            xs, ys, texts = curves.setdefault(r["defence"], ([], [], []))
+            xs.append(r[metric])
+            ys.append(r["accuracy"])
+            texts.append(f"{r['strength']:g}")
+        name = f"tradeoff-{_slug(metric.replace(':', '-'))}.png"
+        xlabel = "image leakage: PSNR [dB]" if metric == "psnr_mean" else f"label leakage: {metric}"
+        save_tradeoff_plot(out / name, curves, xlabel, f"test accuracy after {cfg.federation.rounds} rounds",
+                           title=f"gi defend {cfg.name}: {metric}",
+                           reference=None if base is None else (base[metric], base["accuracy"]))
+        names.append(name)
+    return names
+
+
+def run_defend(cfg: DefendConfig) -> Path:
+    """Every cell (resuming finished ones), then the table, per-image and per-client CSVs, grids and plots."""
+    import torch
+
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(cfg.out or f"runs/defend-{cfg.name}-{stamp}")
+    cache = cells_dir(out)
+    with staged_output(out, overwrite=cfg.overwrite) as tmp:
+        t0 = time.perf_counter()
+        write_yaml(tmp / "config.yaml", to_dict(cfg))
+        setup = None
+        records = []
+        for label, strength, protocol in cells(cfg):
+            key = _cell_key(cfg, protocol)
+            grid = tmp / f"grid-{_slug(label)}-{strength if strength is not None else 0:g}.png"
+            record = load_cell(cache, key)
+            if record is not None:
+                restore_cell_file(cache, key, "png", grid)
+                print(f"  {label:>16s} {strength!s:>8s}  (finished earlier, reused)", flush=True)
+            else:
+                setup = setup or build_setup(cfg)
+                torch.manual_seed(cfg.seed)
+                record = run_cell(cfg, setup, label, strength, protocol, grid)
+                save_cell(cache, key, record, {"png": grid})
+                s = record["summary"]
+                leak = "  ".join(f"{m} {s[f'label_acc:{m}']:.3f}" for m in cfg.label_methods)
+                eps = f"  ε {s['epsilon']:.3g}" if "epsilon" in s else ""
+                print(f"  {label:>16s} {strength!s:>8s}  acc {s['accuracy']:.3f}  {leak}  PSNR {s['psnr_mean']:5.2f}"
+                      f"{eps}  ({s['seconds']:.0f} s)", flush=True)
+            records.append(record)
+        table = [r["summary"] for r in records]
+        write_csv(tmp / "table.csv", table)
+        write_csv(tmp / "results.csv", [row for r in records for row in r["per_image"]])
+        write_csv(tmp / "clients.csv", [row for r in records for row in r["per_client"]])
+        md = write_markdown_table(tmp / "table.md", table, title=f"gi defend: {cfg.name}")
+        plots = _plots(tmp, cfg, table)
+        write_json(tmp / "metrics.json", {"name": cfg.name, "table": table, "plots": plots,
+                                          "seconds": time.perf_counter() - t0, "torch": torch.__version__})
+        print(md)
+    shutil.rmtree(cache, ignore_errors=True)
+    return out
