@@ -96,6 +96,12 @@ def test_clear_errors():
         labels.recover(cap, "decaf", aux=aux, solver="adam")
     with pytest.raises(ConfigError, match="calibrator"):
         labels.recover(cap, "decaf", aux=aux, calibrator="median")
+    with pytest.raises(ConfigError, match="null_test"):
+        labels.recover(cap, "decaf", aux=aux, null_test="bayes")
+    with pytest.raises(ConfigError, match="min_count"):
+        labels.recover(cap, "decaf", aux=aux, null_test="calibrated", min_count=-1.0)
+    with pytest.raises(ConfigError, match="null_removal"):
+        labels.recover(cap, "decaf", aux=aux, null_removal="no")
     with pytest.raises(ConfigError, match="aux"):
         labels.recover(cap, "decaf", aux=None)
     few = ImageDataset(aux.images[aux.labels != 2], aux.labels[aux.labels != 2], C)
@@ -157,15 +163,3 @@ def test_calibrated_null_test_readmits_a_one_sample_class_with_exact_bases():
     strict = labels.recover(cap, "decaf", aux=aux, null_test="calibrated", min_count=1.5)
     assert strict.info["null"] == [1, 2]
 
-
-def test_switch_errors():
-    images, labels_ = _client([5, 5, 5, 5, 5])
-    cap, _ = simulate_client(_cnn(), (images, labels_), Protocol(scheme="fedavg", batch_size=8),
-                             torch.Generator().manual_seed(0))
-    aux = ImageDataset(*_data(100, 9), C)
-    with pytest.raises(ConfigError, match="null_test"):
-        labels.recover(cap, "decaf", aux=aux, null_test="bayes")
-    with pytest.raises(ConfigError, match="min_count"):
-        labels.recover(cap, "decaf", aux=aux, null_test="calibrated", min_count=-1.0)
-    with pytest.raises(ConfigError, match="null_removal"):
-        labels.recover(cap, "decaf", aux=aux, null_removal="no")
