@@ -256,8 +256,12 @@ def _proportions(counts: Tensor) -> Tensor:
     return torch.where(total > 0, counts / total.clamp_min(1e-300), uniform)
 
 
-# every key :func:`label_metrics` can report (the last two only for methods that recover soft labels)
-LABEL_METRICS = ("ok", "cls_acc", "ins_acc", "count_acc", "prop_mse", "prop_kl", "l1", "l2", "linf", "soft_l1", "top1")
+# every key :func:`label_metrics` can report (soft_l1 / top1 only for methods that recover soft labels)
+LABEL_METRICS = ("ok", "cls_acc", "ins_acc", "count_acc", "prop_mse", "prop_kl", "l1", "l2", "linf", "absent_hit",
+                 "absent_called", "absent_true", "soft_l1", "top1")
+# metrics pooled over trials (Σ numerator / Σ denominator of per-trial counts), not averaged: the precision and
+# recall of "class absent" decisions (a class is called absent when its predicted proportion is 0)
+POOLED_METRICS = {"absent_precision": ("absent_hit", "absent_called"), "absent_recall": ("absent_hit", "absent_true")}
 
 
 def label_metrics_from_counts(pred_counts: Any, true_counts: Any, pred_proportions: Any = None,
@@ -271,7 +275,9 @@ def label_metrics_from_counts(pred_counts: Any, true_counts: Any, pred_proportio
     - ``ins_acc`` = Σ_c min(n̂_c, n_c) / B            (instance accuracy, iLRG / LLG),
     - ``count_acc`` = 1 if n̂ = n exactly else 0,
     - ``prop_mse`` = mean_c (p̂_c − p_c)²; ``l1``, ``l2``, ``linf`` = norms of p̂ − p,
-    - ``prop_kl`` = KL(p ‖ p̂_ε) with p̂_ε = (p̂ + ε) / (1 + C ε), ε = ``kl_eps`` (1e-6): finite when a class is missed.
+    - ``prop_kl`` = KL(p ‖ p̂_ε) with p̂_ε = (p̂ + ε) / (1 + C ε), ε = ``kl_eps`` (1e-6): finite when a class is missed,
+    - ``absent_hit`` / ``absent_called`` / ``absent_true`` = the number of classes with p̂_c = 0 and n_c = 0 / with
+      p̂_c = 0 / with n_c = 0 (pooled over trials into :data:`POOLED_METRICS`' precision and recall).
     """
     pred, true = _as_counts(pred_counts, "pred_counts"), _as_counts(true_counts, "true_counts")
     if pred.shape != true.shape:
@@ -297,6 +303,9 @@ def label_metrics_from_counts(pred_counts: Any, true_counts: Any, pred_proportio
         "l1": diff.abs().sum(-1),
         "l2": diff.pow(2).sum(-1).sqrt(),
         "linf": diff.abs().amax(-1),
+        "absent_hit": ((p_hat == 0) & (true == 0)).double().sum(-1),
+        "absent_called": (p_hat == 0).double().sum(-1),
+        "absent_true": (true == 0).double().sum(-1),
     }
     return {k: float(v) for k, v in metrics.items()} if pred.ndim == 1 else metrics
 
@@ -340,6 +349,7 @@ __all__ = [
     "KL_EPS",
     "LABEL_METRICS",
     "MATCH_COSTS",
+    "POOLED_METRICS",
     "label_metrics",
     "label_metrics_from_counts",
     "lpips",

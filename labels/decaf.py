@@ -25,6 +25,21 @@ cone of the ``g_c``) and both give the same estimate; it matters only with gradi
 decides how much of the fit ``η_u`` takes. ``decaf-paper`` is the literal form of Algorithms 2–3: union-mean
 calibrator and 1000 epochs of gradient descent from η = 0 (on Fashion-MNIST it pulls estimates toward
 uniform: better on the uniform user, worse on skewed ones).
+
+Switches for the paper's ablations and for realistic partitions:
+
+- ``null_removal=False`` skips step 2 (§IV-E, Fig. 9 / Table XIV): every class enters the decomposition.
+- ``calibrator="none"`` drops ``g_u`` (§IV-F, Fig. 10 / Table XV); it changes the estimate only with ``solver="gd"``.
+- ``null_test="calibrated"`` (ours): Algorithm 1's sign test is a necessary condition only (null ⇒ no positive
+  entry; the converse fails for a class with one or two samples among thousands, whose single positive
+  contribution is outweighed by every other sample's negative one). The calibrated test keeps Algorithm 1's
+  candidates and re-admits a candidate c when the decomposition on *every* class with the per-class bases
+  alone (``g_k`` = the aux data's per-class gradient at θᵗ, no calibrator, so ``η_k`` is proportional to the
+  class's sample count: ``ΔW/α ≈ Σ_k (visits of class k)·g_k``) attributes at least ``min_count`` samples to
+  c, ``n̂_c = η_c / Σ_k η_k · N`` with N the client's distinct samples. Measured on Dirichlet splits of
+  Fashion-MNIST (README, "Paper tables") it fails: the coefficients of truly absent classes move by 10–55 samples
+  with the client's drift from θᵗ, so it re-admits them and recall falls to 0–0.06. It is exact only with exact
+  bases (one full-batch step, the client's own samples as aux) and is kept to reproduce that measurement.
 """
 
 from __future__ import annotations
@@ -46,6 +61,7 @@ from labels.rlu import update_view
 Tensor = torch.Tensor
 SOLVERS = ("nnls", "gd")
 CALIBRATORS = ("sum", "mean", "none")
+NULL_TESTS = ("sign", "calibrated")
 
 
 def null_classes(target: Tensor, threshold: float = 0.0) -> Tensor:
@@ -67,6 +83,19 @@ def gradient_bases(features: Tensor, logit_grads: Tensor, labels: Tensor, classe
         mask = torch.isin(labels, torch.tensor(classes))
         cols.append(-(logit_grads[mask].T @ features[mask]).flatten() / int(mask.sum()))
     return torch.stack(cols, dim=1)
+
+
+def calibrated_null_test(features: Tensor, logit_grads: Tensor, labels: Tensor, target: Tensor, null: Tensor,
+                         distinct: int, min_count: float = 0.5) -> tuple[Tensor, list[float]]:
+    """The calibrated null test (ours; see the module docstring): which of Algorithm 1's ``null`` classes to
+    re-admit. Decomposes ``target`` (C, D) on the per-class bases of *every* class (no calibrator, exact NNLS),
+    so ``η_k ∝`` the visits of class k, and re-admits a null candidate c when ``η_c / Σ_k η_k · distinct >=
+    min_count``. Returns the boolean (C,) re-admission mask and the estimated counts of every class."""
+    classes = list(range(target.shape[0]))
+    eta = decompose(gradient_bases(features, logit_grads, labels, classes, "none"), target.flatten())
+    total = float(eta.sum())
+    counts = eta * distinct / total if total > 0 else torch.zeros_like(eta)
+    return null & (counts >= min_count), [float(v) for v in counts]
 
 
 def decompose(bases: Tensor, target: Tensor, solver: str = "nnls", epochs: int = 1000,
@@ -93,25 +122,36 @@ def decompose(bases: Tensor, target: Tensor, solver: str = "nnls", epochs: int =
 
 @register("decaf", "Decaf (Dai et al. 2024): null classes from update signs, NNLS on per-class gradient bases")
 def recover_decaf(capture: Capture, aux=None, threshold: float = 0.0, solver: str = "nnls", calibrator: str = "sum",
-                  epochs: int = 1000, step: float | None = None, dtype: torch.dtype = torch.float64) -> LabelResult:
+                  epochs: int = 1000, step: float | None = None, dtype: torch.dtype = torch.float64,
+                  null_removal: bool = True, null_test: str = "sign", min_count: float = 0.5) -> LabelResult:
     """Decaf (Algorithms 1–3): the class proportions of the victim's local data.
 
     ``threshold``: null-class threshold on ``ΔW/α`` (Algorithm 1; raise it slightly for leaky activations).
     ``solver``: ``"nnls"`` or ``"gd"`` (``epochs``, ``step``). ``calibrator``: ``"sum"`` (default, see the
     module docstring), ``"mean"`` (literal union step) or ``"none"`` (ablation of §IV-F).
-    ``info['null']`` lists the null classes found.
+    ``null_removal``: False skips Algorithm 1 and decomposes on every class (ablation of §IV-E).
+    ``null_test``: ``"sign"`` (Algorithm 1) or ``"calibrated"`` (Algorithm 1's nulls re-admitted when the
+    per-class decomposition gives them ``>= min_count`` samples; module docstring).
+    ``info['null']`` lists the null classes found (``info['sign_null']`` Algorithm 1's, with the calibrated test).
     """
     if calibrator not in CALIBRATORS:
         raise ConfigError(f"decaf calibrator={calibrator!r} is not allowed; valid: {list(CALIBRATORS)}")
     if solver not in SOLVERS:
         raise ConfigError(f"decaf solver={solver!r} is not allowed; valid: {list(SOLVERS)}")
+    if null_test not in NULL_TESTS:
+        raise ConfigError(f"decaf null_test={null_test!r} is not allowed; valid: {list(NULL_TESTS)}")
+    if not min_count >= 0:
+        raise ConfigError(f"decaf min_count={min_count!r} must be >= 0 (samples a re-admitted class needs)")
+    if not isinstance(null_removal, bool):
+        raise ConfigError(f"decaf null_removal={null_removal!r} must be true or false")
     c = capture.num_classes
     start = time.perf_counter()
     view = update_view(capture, linear=False)  # Decaf reads directions: any optimiser (Adadelta in the paper)
     target = view.weight  # (ΔW + h)/η = −Σ_τ ρ_τ ∇W_τ: the "gradient change" of eq. 4
-    null = null_classes(target, threshold)
+    null = null_classes(target, threshold) if null_removal else torch.zeros(c, dtype=torch.bool)
     remaining = torch.nonzero(~null).flatten().tolist()
-    info = {"null": torch.nonzero(null).flatten().tolist(), "threshold": threshold}
+    info: dict = {"null": torch.nonzero(null).flatten().tolist(), "threshold": threshold,
+                  "null_removal": null_removal, "null_test": null_test}
     if not remaining:
         return LabelResult.failure("decaf", c, f"every class looks null (no weight change above {threshold}); "
                                    "the update is zero or the threshold too high", **info)
@@ -119,10 +159,18 @@ def recover_decaf(capture: Capture, aux=None, threshold: float = 0.0, solver: st
     if isinstance(embedding, str):
         return LabelResult.failure("decaf", c, embedding, **info)
     stats = aux_forward(capture, aux, dtype=dtype, method="decaf")
-    missing = [k for k in remaining if int((stats.labels == k).sum()) == 0]
+    tested = list(range(c)) if null_test == "calibrated" and null_removal else remaining
+    missing = [k for k in tested if int((stats.labels == k).sum()) == 0]
     if missing:
         return LabelResult.failure("decaf", c, f"aux set has no samples of remaining class(es) {missing}", **info)
     grads = logit_gradients(stats.logits, embedded_targets(stats.labels, c, embedding), capture.protocol)
+    if tested is not remaining and bool(null.any()):
+        readmit, counts_all = calibrated_null_test(stats.features, grads, stats.labels, target, null, view.distinct,
+                                                   min_count)
+        info.update({"sign_null": info["null"], "null_counts": counts_all})
+        null = null & ~readmit
+        remaining = torch.nonzero(~null).flatten().tolist()
+        info["null"] = torch.nonzero(null).flatten().tolist()
     proportions = torch.zeros(c, dtype=torch.float64)
     if len(remaining) == 1:
         proportions[remaining[0]] = 1.0

@@ -6,6 +6,14 @@ Every method sees exactly the same captures; trials that share an auxiliary set 
 vectorised call (:func:`labels.recover_many`). Output: ``trials.csv`` (one row per trial and method),
 ``summary.csv`` / ``summary.md`` / ``summary.json`` (means per grid point and method, with the paper's
 value next to ours where the config gives one), ``config.yaml``, ``plot.png`` and the log.
+
+``variants`` names a method with fixed options (``{no-null: {method: decaf, options: {null_removal: false}}}``) so
+one table compares switches of the same method; ``methods`` lists variants like methods. Pooled metrics
+(:data:`gi.metrics.POOLED_METRICS`: ``absent_precision``, ``absent_recall``) are Σ hits / Σ decisions over every
+trial of a row, not means. ``proportion_class: c`` adds ``proportions.png``: the estimated against the true
+proportion of class c, one point per captured client (Ramakrishna & Dán Figs. 5–6), and ``p_true`` / ``p_hat`` to
+``trials.csv``. ``pool: [key, ...]`` pools grid keys into one summary row (e.g. ``pool: [round]`` averages rounds
+1–10 as Decaf Figs. 7–8 do); ``trials.csv`` keeps every point in its ``grid`` column.
 """
 
 from __future__ import annotations
@@ -53,6 +61,9 @@ class LabelBenchConfig:
     method_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     metrics: list[str] = field(default_factory=lambda: ["ins_acc", "cls_acc"])
     paper: dict[str, dict[str, float]] = field(default_factory=dict)
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
+    proportion_class: int | None = None
+    pool: list[str] = field(default_factory=list)
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -63,19 +74,36 @@ class LabelBenchConfig:
         scenario = get_scenario(self.scenario)
         if not self.methods:
             raise ConfigError("methods is empty; list label methods to compare, e.g. [idlg, yin]")
-        unknown = [m for m in self.methods if m not in labels.METHODS]
+        for name, spec in self.variants.items():
+            if name in labels.METHODS:
+                raise ConfigError(f"variants: {name!r} is already a label method; give the variant another name")
+            if not isinstance(spec, dict) or set(spec) - {"method", "options"} or "method" not in spec:
+                raise ConfigError(f"variants.{name} must be {{method: NAME, options: {{...}}}}, got {spec!r}")
+            if spec["method"] not in labels.METHODS:
+                raise ConfigError(f"variants.{name}: unknown label method {spec['method']!r}; valid: "
+                                  f"{sorted(labels.METHODS)}")
+            if not isinstance(spec.get("options", {}), dict):
+                raise ConfigError(f"variants.{name}.options must be a mapping, got {spec['options']!r}")
+        unknown = [m for m in self.methods if m not in labels.METHODS and m not in self.variants]
         if unknown:
-            raise ConfigError(f"unknown label method(s) {unknown}; valid: {sorted(labels.METHODS)}")
+            raise ConfigError(f"unknown label method(s) {unknown}; valid: {sorted(labels.METHODS)} or a name in "
+                              f"`variants` ({sorted(self.variants)})")
         extra = sorted(set(self.method_options) - set(self.methods))
         if extra:
             raise ConfigError(f"method_options for methods not in `methods`: {extra}")
+        stray = [k for k in self.pool if k not in self.grid]
+        if stray:
+            raise ConfigError(f"pool={self.pool}: {stray} not grid keys; pool names keys of `grid` ({list(self.grid)})")
+        if self.proportion_class is not None and self.proportion_class < 0:
+            raise ConfigError(f"proportion_class={self.proportion_class} must be a class index >= 0 or null")
         if self.trials < 1:
             raise ConfigError("trials must be >= 1")
-        from gi.metrics import LABEL_METRICS  # light: torch loads there, but before any trial runs
+        from gi.metrics import LABEL_METRICS, POOLED_METRICS  # light: torch loads there, but before any trial runs
 
-        bad = [m for m in self.metrics if m not in LABEL_METRICS]
+        valid = [*LABEL_METRICS, *POOLED_METRICS]
+        bad = [m for m in self.metrics if m not in valid]
         if bad or not self.metrics:
-            raise ConfigError(f"metrics={self.metrics}: unknown {bad}; valid: {list(LABEL_METRICS)}")
+            raise ConfigError(f"metrics={self.metrics}: unknown {bad}; valid: {valid}")
         for point, setup in grid_points(self):  # every grid point's setup is typed and checked now, not mid-run
             try:
                 scenario.resolve(setup)
@@ -87,9 +115,10 @@ def load_label_bench_config(path: str | Path, overrides: list[str] | None = None
     return load_config(LabelBenchConfig, path, overrides)
 
 
-def grid_points(cfg: LabelBenchConfig) -> list[tuple[str, dict[str, Any]]]:
+def grid_points(cfg: LabelBenchConfig, pooled: bool = False) -> list[tuple[str, dict[str, Any]]]:
     """``[(label, setup)]``, one per combination of grid values (the label reads ``key=value, …`` of the grid keys
-    as written; old spellings of setup keys are set under their new ones)."""
+    as written; old spellings of setup keys are set under their new ones). ``pooled``: labels leave out the keys
+    of ``cfg.pool`` (the summary row a point belongs to; ``"all"`` when every key is pooled)."""
     from gi.scenarios import get_scenario
 
     scenario = get_scenario(cfg.scenario)
@@ -106,9 +135,17 @@ def grid_points(cfg: LabelBenchConfig) -> list[tuple[str, dict[str, Any]]]:
             if scenario.key(k) != k:
                 deprecated("grid", k, scenario.key(k))
             set_dotted(setup, scenario.key(k).split("."), copy.deepcopy(v), scenario.setup, f"grid key {k!r}")
-        label = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in zip(keys, values))
+        label = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in zip(keys, values)
+                          if not (pooled and k in cfg.pool)) or "all"
         points.append((label, setup))
     return points
+
+
+def method_call(cfg: LabelBenchConfig, name: str) -> tuple[str, dict[str, Any]]:
+    """The label method and options a ``methods`` entry runs: a variant's method with its options, updated by
+    ``method_options[name]``."""
+    spec = cfg.variants.get(name, {"method": name})
+    return spec["method"], {**spec.get("options", {}), **cfg.method_options.get(name, {})}
 
 
 def _paper_value(cfg: LabelBenchConfig, point: str, method: str) -> float | None:
@@ -131,6 +168,7 @@ def run_bench(cfg: LabelBenchConfig) -> Path:
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(cfg.out or f"runs/labels/{cfg.name}-{stamp}")
     points = grid_points(cfg)
+    summary_labels = [p for p, _ in grid_points(cfg, pooled=True)]
     rows: list[dict[str, Any]] = []
     with staged_output(out, overwrite=cfg.overwrite) as tmp:
         t0 = time.perf_counter()
@@ -146,17 +184,20 @@ def run_bench(cfg: LabelBenchConfig) -> Path:
             for entry in trials:
                 groups[id(entry[2].aux)].append(entry)
             for method in cfg.methods:
-                options = cfg.method_options.get(method, {})
+                base, options = method_call(cfg, method)
                 for entries in groups.values():
                     caps = [e[2].capture for e in entries]
                     start = time.perf_counter()
-                    results = labels.recover_many(caps, method, aux=entries[0][2].aux, **options)
+                    results = labels.recover_many(caps, base, aux=entries[0][2].aux, **options)
                     per = (time.perf_counter() - start) / len(caps)
                     for (t, k, trial), res in zip(entries, results):
-                        row = {"point": point, "trial": t, "message": k, "group": trial.group, "method": method,
+                        row = {"point": summary_labels[p_index], "grid": point, "trial": t, "message": k,
+                               "group": trial.group, "method": method,
                                **label_metrics(res, trial.truth),
                                "seconds": float(res.info.get("seconds", per)),
                                "reason": res.info.get("reason", "")}
+                        if cfg.proportion_class is not None:
+                            row.update(class_proportions(res, trial.truth, cfg.proportion_class))
                         rows.append(row)
             log.info("%s: %d captures, %d methods", point, len(trials), len(cfg.methods))
         bar.close()
@@ -167,13 +208,19 @@ def run_bench(cfg: LabelBenchConfig) -> Path:
         text = write_markdown_table(tmp / "summary.md", summary, title=f"{cfg.name} ({cfg.trials} trials per point)")
         write_json(tmp / "summary.json", {"name": cfg.name, "trials": cfg.trials, "rows": summary,
                                           "seconds": time.perf_counter() - t0, "torch": torch.__version__})
-        _plot(tmp / "plot.png", cfg, summary, points)
+        rows_in_order = list(dict.fromkeys(summary_labels))
+        _plot(tmp / "plot.png", cfg, summary, rows_in_order)
+        if cfg.proportion_class is not None:
+            _proportion_plot(tmp / "proportions.png", cfg, rows, rows_in_order)
         print(text)
     return out
 
 
 def summarize_rows(cfg: LabelBenchConfig, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Means per (grid point, method) of the chosen metrics, success rate, median seconds, paper value."""
+    """Means per (grid point, method) of the chosen metrics (pooled ratios for :data:`gi.metrics.POOLED_METRICS`),
+    success rate, median seconds, paper value."""
+    from gi.metrics import POOLED_METRICS
+
     out = []
     keyed: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
@@ -181,6 +228,10 @@ def summarize_rows(cfg: LabelBenchConfig, rows: list[dict[str, Any]]) -> list[di
     for (point, method), rs in keyed.items():
         row: dict[str, Any] = {"point": point, "method": method, "n": len(rs)}
         for m in cfg.metrics:
+            if m in POOLED_METRICS:
+                num, den = (sum(float(r[k]) for r in rs if r.get(k) is not None) for k in POOLED_METRICS[m])
+                row[m] = num / den if den > 0 else None
+                continue
             vals = [float(r[m]) for r in rs if m in r and r[m] is not None]
             row[m] = sum(vals) / len(vals) if vals else None
         paper = _paper_value(cfg, point, method)
@@ -193,9 +244,48 @@ def summarize_rows(cfg: LabelBenchConfig, rows: list[dict[str, Any]]) -> list[di
     return out
 
 
-def _plot(path: Path, cfg: LabelBenchConfig, summary: list[dict[str, Any]], points: list[tuple[str, Any]]) -> None:
+def _plot(path: Path, cfg: LabelBenchConfig, summary: list[dict[str, Any]], points: list[str]) -> None:
     metric = cfg.metrics[0]
-    labels_ = [p for p, _ in points]
-    series = {m: [next((r[metric] for r in summary if r["point"] == p and r["method"] == m), float("nan"))
+    labels_ = points
+    series = {m: [next((float("nan") if r[metric] is None else r[metric] for r in summary
+                        if r["point"] == p and r["method"] == m), float("nan"))
                   for p in labels_] for m in cfg.methods}
     save_bar_plot(path, labels_, series, metric, title=cfg.name)
+
+
+def class_proportions(result: Any, truth: Any, cls: int) -> dict[str, float]:
+    """``p_true`` / ``p_hat``: the true and estimated proportion of class ``cls`` (uniform for a failed result)."""
+    true = truth.counts.double()
+    if cls >= true.numel():
+        raise ConfigError(f"proportion_class={cls} is not a class of this data ({true.numel()} classes)")
+    hat = result.proportions if result.proportions is not None else None
+    p_hat = float(hat[cls]) if hat is not None else 1.0 / true.numel()
+    return {"p_true": float(true[cls] / true.sum()), "p_hat": p_hat}
+
+
+def _proportion_plot(path: Path, cfg: LabelBenchConfig, rows: list[dict[str, Any]],
+                     points: list[str]) -> None:
+    """Ramakrishna & Dán Figs. 5–6: estimated against true proportion of ``cfg.proportion_class``, one panel per
+    grid point, one marker series per method, the diagonal for reference."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(points), figsize=(4.2 * len(points), 4.0), squeeze=False)
+    for ax, point in zip(axes[0], points):
+        top = 0.0
+        for method in cfg.methods:
+            rs = [r for r in rows if r["point"] == point and r["method"] == method]
+            xs, ys = [r["p_true"] for r in rs], [r["p_hat"] for r in rs]
+            top = max([top, *xs, *ys])
+            ax.scatter(xs, ys, s=14, label=method, alpha=0.8)
+        ax.plot([0, top], [0, top], color="grey", lw=0.8, ls="--")
+        ax.set_title(point, fontsize=9)
+        ax.set_xlabel(f"true proportion of class {cfg.proportion_class}")
+        ax.set_ylabel("estimate")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(cfg.name)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

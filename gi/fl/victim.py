@@ -128,10 +128,9 @@ def _train_client(
         step_counts[step] = torch.bincount(y, minlength=num_classes)
         epoch_of_step[step] = order["epoch"]
         ctx.batch_size = size
+        targets = _targets(y, num_classes, protocol, images.dtype).to(images.device)
         loss, clean, grads = defences.defended_gradient(lambda p, x: functional_call(local, p, (x,)), theta,
-                                                        images[idx],
-                                                        _targets(y, num_classes, protocol, images.dtype).to(images.device),
-                                                        loss_fn, ctx)
+                                                        images[idx], targets, loss_fn, ctx)
         if bias_grads is not None:
             bias_grads[step] = clean[names[bias_idx]].double().cpu()
         if not math.isfinite(float(loss)):

@@ -16,7 +16,8 @@ change ``round`` (or the attack) see the *same* federation: it is simulated once
   ``B·local_steps``; ``balance`` the reference code's rule), ``simplex`` (Ramakrishna & Dán §6: client size
   ``N_k ~ U[client_size]``, proportions uniform on the simplex, disjoint draws) or ``table`` (Decaf
   Tables III–VII: fixed ``compositions`` — one list of C proportions or percentages per client — of
-  ``client_size`` samples each).
+  ``client_size`` samples each). ``samples``: Dirichlet-split only a seeded random subset of that many samples
+  (smaller clients, cheaper runs; default all).
 - ``model`` (default ``cnn``); ``dtype``: ``float32`` or ``float64`` (the model).
 - ``protocol``: :class:`gi.Protocol` fields of the clients (``scheme`` defaults to ``fedavg``);
   ``protocol.local_steps`` is RLU's "epochs": that many steps on fresh batches.
@@ -80,6 +81,7 @@ class FedAvgClientSetup(VictimSetup):
     alpha: float = 0.5
     balance: bool = False
     min_size: int | None = None
+    samples: int | None = None
     client_size: int | list[int] = field(default_factory=lambda: [100, 1500])
     compositions: list[list[float]] | None = None
     dtype: str = "float32"
@@ -94,6 +96,8 @@ class FedAvgClientSetup(VictimSetup):
         require(self.dtype in DTYPES, "setup.dtype", self.dtype, f"one of {list(DTYPES)}")
         require(self.partition in PARTITIONS, "setup.partition", self.partition, f"one of {list(PARTITIONS)}")
         require(self.num_clients >= 1, "setup.num_clients", self.num_clients, ">= 1")
+        require(self.samples is None or (self.samples >= self.num_clients and self.partition == "dirichlet"),
+                "setup.samples", self.samples, "null, or >= num_clients with partition=dirichlet")
         if not self.protocol.is_update:
             raise ConfigError(f"fedavg-client needs an update scheme; protocol.scheme={self.protocol.scheme!r}")
         if self.round > self.rounds:
@@ -171,7 +175,15 @@ def _partition(s: FedAvgClientSetup, data: Any, gen: torch.Generator) -> list[Te
         min_size = s.min_size
         if min_size is None:
             min_size = protocol.batch_size * int(protocol.local_steps or 1)
-        return dirichlet_partition(data.labels, k, float(s.alpha), gen, min_size=int(min_size), balance=s.balance)
+        if s.samples is None:
+            return dirichlet_partition(data.labels, k, float(s.alpha), gen, min_size=int(min_size),
+                                       balance=s.balance)
+        if s.samples > len(data.labels):
+            raise ConfigError(f"setup.samples={s.samples} exceeds the {len(data.labels)} samples of the client data")
+        subset = torch.sort(torch.randperm(len(data.labels), generator=gen)[:s.samples]).values
+        parts = dirichlet_partition(data.labels[subset], k, float(s.alpha), gen, min_size=int(min_size),
+                                    balance=s.balance)
+        return [subset[p] for p in parts]
     if kind == "simplex":
         sizes = s.client_size
         if not isinstance(sizes, list) or len(sizes) != 2:

@@ -5,7 +5,7 @@ import torch
 
 from gi.capture import capture_gradients
 from gi.core.errors import ConfigError
-from gi.experiments.labelbench import LabelBenchConfig, grid_points, run_bench
+from gi.experiments.labelbench import LabelBenchConfig, grid_points, run_bench, summarize_rows
 from gi.fl.protocol import Protocol
 from gi.models import build
 from gi.scenarios import SCENARIOS, Trial, register_scenario
@@ -50,3 +50,49 @@ def test_grid_expands_dotted_keys():
 def test_bad_bench_configs(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         LabelBenchConfig(**kwargs)
+
+
+def test_variants_pool_and_proportion_plot(tmp_path):
+    """A variant runs a method under its own name; pooled grid keys share a summary row; proportion_class adds
+    p_true / p_hat per trial and proportions.png."""
+    cfg = LabelBenchConfig(name="v", scenario="test-single-onehot", trials=2, out=str(tmp_path / "v"),
+                           grid={"activation": ["sigmoid", "relu"]}, pool=["activation"], methods=["idlg", "again"],
+                           variants={"again": {"method": "idlg"}}, metrics=["ins_acc", "absent_recall"],
+                           proportion_class=0, progress=False)
+    out = run_bench(cfg)
+    summary = json.loads((out / "summary.json").read_text())["rows"]
+    assert [(r["point"], r["method"], r["n"]) for r in summary] == [("all", "idlg", 4), ("all", "again", 4)]
+    assert summary[0]["ins_acc"] == summary[1]["ins_acc"] == 1.0
+    assert summary[0]["absent_recall"] == 1.0  # iDLG on one sample: 9 absent classes, every one called absent
+    trials = (out / "trials.csv").read_text()
+    assert "p_true" in trials and "activation=relu" in trials
+    assert (out / "proportions.png").is_file()
+
+
+def test_pooled_metrics_are_ratios_of_sums():
+    cfg = LabelBenchConfig(scenario="test-single-onehot", methods=["idlg"],
+                           metrics=["absent_precision", "absent_recall", "cls_acc"])
+    rows = [{"point": "p", "method": "idlg", "absent_hit": 3, "absent_called": 4, "absent_true": 3, "cls_acc": 0.9,
+             "seconds": 0.0},
+            {"point": "p", "method": "idlg", "absent_hit": 1, "absent_called": 1, "absent_true": 3, "cls_acc": 0.7,
+             "seconds": 0.0},
+            {"point": "q", "method": "idlg", "absent_hit": 0, "absent_called": 0, "absent_true": 0, "cls_acc": 1.0,
+             "seconds": 0.0}]
+    p, q = summarize_rows(cfg, rows)
+    assert p["absent_precision"] == 4 / 5 and p["absent_recall"] == 4 / 6 and p["cls_acc"] == pytest.approx(0.8)
+    assert q["absent_precision"] is None and q["absent_recall"] is None  # no decision, no absent class
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"variants": {"idlg": {"method": "yin"}}}, "already a label method"),
+    ({"variants": {"v": {"method": "psychic"}}, "methods": ["v"]}, "unknown label method"),
+    ({"variants": {"v": {"options": {}}}, "methods": ["v"]}, "method: NAME"),
+    ({"variants": {"v": {"method": "idlg", "options": 3}}, "methods": ["v"]}, "options must be a mapping"),
+    ({"pool": ["round"]}, "not grid keys"),
+    ({"proportion_class": -1}, "proportion_class"),
+    ({"metrics": ["absent_f1"]}, "unknown"),
+])
+def test_bad_variant_pool_and_metric_configs(kwargs, match):
+    base = {"scenario": "test-single-onehot", "methods": ["idlg"]}
+    with pytest.raises(ConfigError, match=match):
+        LabelBenchConfig(**{**base, **kwargs})

@@ -313,6 +313,16 @@ def test_ins_acc_property(pair: tuple[list[int], list[int]]) -> None:
         assert (m["ins_acc"] == 1.0) == (pred == true) == (m["count_acc"] == 1.0)
 
 
+
+def test_absent_class_decisions_exact():
+    """absent_hit / absent_called / absent_true count classes with p̂ = 0 and n = 0 / p̂ = 0 / n = 0."""
+    m = label_metrics_from_counts(torch.tensor([0, 0, 3, 0, 1]), torch.tensor([0, 1, 2, 0, 0]))
+    assert (m["absent_hit"], m["absent_called"], m["absent_true"]) == (2.0, 3.0, 3.0)
+    assert m["cls_acc"] == pytest.approx(3 / 5)
+    given = label_metrics_from_counts(torch.tensor([0, 0, 3, 0, 1]), torch.tensor([0, 1, 2, 0, 0]),
+                                      pred_proportions=torch.tensor([0.1, 0.0, 0.6, 0.0, 0.3]))
+    assert (given["absent_hit"], given["absent_called"]) == (1.0, 2.0)  # decided on the proportions when given
+
 # ---------------------------------------------------------------- restricted unpickler
 
 

@@ -66,3 +66,23 @@ def test_table_partition_follows_the_compositions():
         _table_partition(labels, comps + [[0] * 7 + [1, 0, 0]], 80, C, torch.Generator().manual_seed(0))
     with pytest.raises(ConfigError, match="non-negative"):
         _table_partition(labels, [[1, -1] + [0] * 8], 10, C, torch.Generator())
+
+
+def test_dirichlet_subset_partitions_only_that_many_samples():
+    """``samples``: a seeded random subset of the client data is split; parts index the full dataset."""
+    from types import SimpleNamespace
+
+    from gi.scenarios.fedavg_client import FedAvgClientSetup, _partition
+
+    labels = _labels(300)
+    setup = FedAvgClientSetup(samples=400, min_size=5, alpha=0.5)
+    parts = _partition(setup, SimpleNamespace(labels=labels), torch.Generator().manual_seed(0))
+    flat = torch.cat(parts)
+    assert len(parts) == 10 and len(flat) == 400 and len(torch.unique(flat)) == 400
+    assert int(flat.max()) < len(labels) and min(len(p) for p in parts) >= 5
+    again = _partition(setup, SimpleNamespace(labels=labels), torch.Generator().manual_seed(0))
+    assert all(torch.equal(a, b) for a, b in zip(parts, again))
+    with pytest.raises(ConfigError, match="samples"):
+        _partition(FedAvgClientSetup(samples=4000), SimpleNamespace(labels=labels), torch.Generator())
+    with pytest.raises(ConfigError, match="samples"):
+        FedAvgClientSetup(samples=400, partition="simplex")

@@ -96,6 +96,12 @@ def test_clear_errors():
         labels.recover(cap, "decaf", aux=aux, solver="adam")
     with pytest.raises(ConfigError, match="calibrator"):
         labels.recover(cap, "decaf", aux=aux, calibrator="median")
+    with pytest.raises(ConfigError, match="null_test"):
+        labels.recover(cap, "decaf", aux=aux, null_test="bayes")
+    with pytest.raises(ConfigError, match="min_count"):
+        labels.recover(cap, "decaf", aux=aux, null_test="calibrated", min_count=-1.0)
+    with pytest.raises(ConfigError, match="null_removal"):
+        labels.recover(cap, "decaf", aux=aux, null_removal="no")
     with pytest.raises(ConfigError, match="aux"):
         labels.recover(cap, "decaf", aux=None)
     few = ImageDataset(aux.images[aux.labels != 2], aux.labels[aux.labels != 2], C)
@@ -119,3 +125,41 @@ def test_calibrator_does_not_change_the_nnls_fit_and_decaf_paper_is_the_literal_
     assert paper.method == "decaf-paper" and paper.ok
     assert torch.equal(paper.proportions, literal.proportions) and paper.info["null"] == [2]
     assert float(paper.proportions.sum()) == pytest.approx(1.0)
+
+
+def test_without_null_removal_every_class_enters_the_decomposition():
+    """§IV-E ablation: no class is removed, every class has a basis in the decomposition (and η_u, when the solver
+    uses it, is added to absent classes too: Table XIV)."""
+    images, labels_ = _client([10, 0, 30, 0, 5])
+    protocol = Protocol(scheme="fedavg", batch_size=8, lr=0.05, local_epochs=2, drop_last=False)
+    cap, _ = simulate_client(_cnn(), (images, labels_), protocol, torch.Generator().manual_seed(0))
+    aux = ImageDataset(*_data(200, 9), C)
+    kept = labels.recover(cap, "decaf", aux=aux, null_removal=False)
+    assert kept.ok and kept.info["null"] == [] and kept.info["null_removal"] is False
+    assert len(kept.info["eta"]) == C + 1  # every class and the calibrator
+    assert float(kept.proportions.sum()) == pytest.approx(1.0)
+    removed = labels.recover(cap, "decaf", aux=aux)
+    assert removed.info["null"] == [1, 3] and len(removed.info["eta"]) == C - 2 + 1
+
+
+def test_calibrated_null_test_readmits_a_one_sample_class_with_exact_bases():
+    """One full-batch step with the client's own samples as aux (plus other samples of the absent class): the
+    per-class bases are exact, so the decomposition of every class gives the true counts. Algorithm 1 calls the
+    one-sample class null (its positive row is outweighed); the calibrated test re-admits it and keeps the truly
+    absent class null."""
+    counts = [40, 1, 0, 40, 40]
+    images, labels_ = _client(counts, seed=4)
+    cap, truth = simulate_client(_cnn(), (images, labels_), Protocol(scheme="fedavg", batch_size=10_000, lr=0.1),
+                                 torch.Generator().manual_seed(0))
+    other, other_labels = _data(300, 11)
+    aux = ImageDataset(torch.cat([images, other[other_labels == 2].double()]),
+                       torch.cat([labels_, other_labels[other_labels == 2]]), C)
+    sign = labels.recover(cap, "decaf", aux=aux)
+    assert sign.info["null"] == [1, 2]  # the sign test misses the one-sample class
+    calibrated = labels.recover(cap, "decaf", aux=aux, null_test="calibrated")
+    assert calibrated.info["sign_null"] == [1, 2] and calibrated.info["null"] == [2]
+    assert calibrated.info["null_counts"] == pytest.approx([float(k) for k in counts], abs=1e-6)
+    assert torch.equal(calibrated.counts, truth.counts)
+    strict = labels.recover(cap, "decaf", aux=aux, null_test="calibrated", min_count=1.5)
+    assert strict.info["null"] == [1, 2]
+
