@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--root", help="a folder of images (default: write cifar10-samples PNGs)")
     parser.add_argument("--size", type=int, default=32, help="resize every image to size × size")
     parser.add_argument("--images", type=int, default=5, help="captures (one image each) to attack")
-    parser.add_argument("--iterations", type=int, default=3000)
+    parser.add_argument("--iterations", type=int, default=2000, help="of the default preset (L-BFGS)")
     parser.add_argument("--out", help="where the captures go (default: a temporary folder)")
     parser.add_argument("--mode", choices=("eval", "train"), default="eval", help="BatchNorm mode (protocol)")
     parser.add_argument("--normalize", action="store_true", help="the model maps pixels to (x − 0.5)/0.25 first")
@@ -110,9 +110,8 @@ def main(argv: list[str] | None = None) -> dict:
         path = work / f"capture-{i}.safetensors"
         capture.save(path)
         capture = gi.Capture.load(path)                      # what another process would read
-        result = labels.recover(capture, "idlg")
-        cfg = ReconConfig(iterations=args.iterations, lr=0.01, objective="cosine", regularizers={"tv": 0.002},
-                          init="uniform", restarts=1, seed=i, progress=False)
+        result = labels.recover(capture, "auto")             # one sample: the soft-label search (gi run's default)
+        cfg = ReconConfig.from_preset("default", iterations=args.iterations, seed=i, progress=False)  # + features
         rec = gi.reconstruct(capture, result, config=cfg)
         rows.append({"image": i, "label": int(truth.labels[0]), "recovered": result.labels.tolist(),
                      "psnr": float(psnr(rec.images.clamp(0, 1), truth.images).mean())})

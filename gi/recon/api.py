@@ -170,6 +170,7 @@ class ProgressLines(L.Callback):
 
 STALL_RATIO = 0.5  # the gradient-matching term kept more than this fraction of its start: it stalled
 DOMINANT = 0.5  # a regulariser above this share of the final objective dominates it
+MATCHED = 1e-2  # ... unless the match term fell below this fraction of its start: then the gradients are matched
 
 
 def diagnose(module: GradientInversion, cfg: ReconConfig, start: Tensor | None = None) -> list[str]:
@@ -203,7 +204,7 @@ def diagnose(module: GradientInversion, cfg: ReconConfig, start: Tensor | None =
                        f"{cfg.iterations} iterations (median over captures); raise attack.iterations or change "
                        f"attack.lr (now {cfg.lr:g}), or try attack.preset=strong{hold}")
         total = sum(final.values())
-        for name, weight in regs.items():
+        for name, weight in (regs.items() if kept > MATCHED else ()):  # a near-perfect match is no warning
             share = float((final[name] / total.clamp_min(1e-30)).median())
             if share > DOMINANT:
                 out.append(f"the regulariser {name} (weight {weight:g}) is {100 * share:.0f}% of the final attack "

@@ -434,7 +434,7 @@ def test_own_model_reconstruction_reaches_25_db_mean_over_5_images(tmp_path):
     saved and re-loaded, labels exact, mean PSNR >= 25 dB over 5 images (README: the measured numbers)."""
     from examples.own_model_folder import main
 
-    summary = main(["--images", "5", "--iterations", "3000", "--out", str(tmp_path)])
+    summary = main(["--images", "5", "--out", str(tmp_path)])  # the default preset: 2000 L-BFGS iterations
     assert summary["labels_exact"] and summary["images"] == 5
     assert summary["psnr_mean"] >= 25.0, summary
 
@@ -458,3 +458,34 @@ def test_victim_setup_builds_a_factory_model_on_a_folder(tmp_path):
     assert capture.last_layer_name == "head.out" and torch.equal(labels.recover(capture, "ilrg").counts, truth.counts)
     with pytest.raises(ConfigError, match="model.factory"):
         VictimSetup.from_mapping({"model": {"factory": "no_colon"}})
+
+
+def test_gi_attack_in_a_new_process_recovers_a_user_model_captures_labels(tmp_path):
+    """Issue 13's acceptance path on the command line: a user CNN (BatchNorm, head ``head.out``) on a folder of PNG
+    files → capture saved → ``gi attack`` in a new process (only the factory's package on PYTHONPATH) → labels
+    exact, the output directory complete and scored against the saved truth."""
+    from examples.own_model_folder import write_pngs
+
+    data = load("folder", root=str(write_pngs(tmp_path / "images", 3)), size=32)
+    model = from_factory("examples.own_model_folder:make_net", num_classes=data.num_classes, seed=0)
+    for i in range(3):
+        capture, truth = gi.capture_gradients(model, data.images[i:i + 1], data.labels[i:i + 1], gi.Protocol())
+        capture.save(tmp_path / f"c{i}" / "capture.safetensors")
+        truth.save(tmp_path / f"c{i}" / "truth.safetensors")
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "GI_THREADS": "1"}
+        out = subprocess.run([sys.executable, "-m", "gi.cli", "attack", str(tmp_path / f"c{i}"), "attack.iterations=3",
+                              "attack.progress=false", f"truth={tmp_path / f'c{i}'}", f"out={tmp_path / f'a{i}'}"],
+                             env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-2000:]
+        metrics = __import__("json").loads((tmp_path / f"a{i}" / "metrics.json").read_text())
+        assert metrics["labels"]["counts"] == truth.counts.tolist()
+        assert [s["name"] for s in metrics["stages"]] == ["labels", "features", "reconstruct"]
+        assert "psnr_mean" in metrics and (tmp_path / f"a{i}" / "grid.png").is_file()
+
+
+def test_the_attack_saved_capture_example_reproduces_the_run(tmp_path):
+    from examples.attack_saved_capture import main
+
+    summary = main(["--iterations", "5", "--out", str(tmp_path)])
+    assert summary["same_labels"] and summary["same_images"]
+    assert summary["psnr_attack"] == pytest.approx(summary["psnr_run"])
