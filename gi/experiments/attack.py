@@ -159,7 +159,9 @@ def check_attack_labels(data: Any) -> None:
 
 def with_preset(data: Any, default: str | None) -> Any:
     """A config mapping with its ``attack`` section filled from its preset (``attack.preset``, else ``default``)
-    under the explicit keys (:func:`gi.recon.presets.apply_preset`)."""
+    under the explicit keys (:func:`gi.recon.presets.apply_preset`), after :func:`check_attack_labels`: the one
+    loading step of every config with ``labels`` and ``attack`` sections (gi run, gi attack)."""
+    check_attack_labels(data)
     if default is None and not (isinstance(data, dict) and isinstance(data.get("attack"), dict)
                                 and "preset" in data["attack"]):
         return data
@@ -555,7 +557,6 @@ class AttackConfig:
     def from_mapping(cls, data: dict[str, Any] | None, where: str = "") -> Any:
         from gi.core.config import from_dict
 
-        check_attack_labels(data)
         return from_dict(cls, with_preset(data, cls.ATTACK_PRESET))
 
     def __post_init__(self) -> None:

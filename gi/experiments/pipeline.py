@@ -120,7 +120,6 @@ class RunConfig(VictimSetup):
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any] | None, where: str = "") -> Any:
-        check_attack_labels(data)
         return super().from_mapping(with_preset(data, cls.ATTACK_PRESET), where)
 
     def __post_init__(self) -> None:
