@@ -42,7 +42,7 @@ from scipy.optimize import minimize, nnls
 from gi.capture import Capture
 from gi.core.errors import CaptureError, ConfigError
 from gi.fl import LINEAR, LocalOptimizer, get_scheme, local_schedule, local_train
-from gi.fl.local import scheme_constants
+from gi.fl.local import distinct_samples, scheme_constants
 from gi.label_result import LabelResult
 from labels.aux_stats import aux_forward
 from labels.base import register
@@ -276,7 +276,7 @@ def update_view(capture: Capture, linear: bool = True) -> UpdateView:
     labelled = int(sum(sizes))
     const = offsets[LAST_BIAS] / (p.lr * float(rho.sum())) if LAST_BIAS in offsets else None
     return UpdateView(weight=out[LAST_WEIGHT], bias=out.get(LAST_BIAS), rho=rho, batch_sizes=sizes,
-                      labelled=labelled, distinct=min(num_samples, labelled), bias_const=const)
+                      labelled=labelled, distinct=distinct_samples(p, num_samples), bias_const=const)
 
 
 def _local_capture(capture: Capture) -> Capture:

@@ -381,10 +381,11 @@ def write_outputs(tmp: Path, name: str, config: dict[str, Any], captures: Sequen
     import torch
 
     from gi.metrics import label_metrics, score, summarize
+    from gi.recon.problem import image_slots
 
     recs = outcome.reconstructions
     metrics: dict[str, Any] = {"name": name, "num_captures": len(captures),
-                               "num_images": sum(c.num_samples for c in captures)}
+                               "num_images": sum(image_slots(c) for c in captures)}
     rows: list[dict[str, Any]] = []
     shown_rec, shown_truth, captions = [], [], []
     lrs = outcome.label_results

@@ -48,6 +48,16 @@ def local_schedule(protocol: Any, num_samples: int | None = None) -> list[int]:
     return (per_epoch * math.ceil(steps / len(per_epoch)))[:steps]
 
 
+def distinct_samples(protocol: Any, num_samples: int | None = None) -> int:
+    """How many of the client's ``N_k`` samples its local steps touch: ``min(N_k, Σ_τ |B^τ|)``.
+
+    ``local_steps`` × ``batch_size`` < ``N_k`` (e.g. a Flower client running 1 step of 8 over 66 samples) leaves
+    the rest unseen: the update depends on the first ``distinct_samples`` slots of :func:`slot_schedule` only, and
+    RLU's counts sum to it."""
+    n = num_samples if num_samples is not None else protocol.num_samples
+    return min(int(n), int(sum(local_schedule(protocol, n))))
+
+
 def slot_schedule(protocol: Any, num_samples: int) -> list[tuple[int, int]]:
     """``(start, size)`` of every local step over ``num_samples`` slots walked in order, from the protocol alone.
 

@@ -17,6 +17,7 @@ import torch
 from gi.capture import Capture
 from gi.core.devices import resolve_device
 from gi.core.errors import CaptureError, ConfigError, GIError
+from gi.fl.local import distinct_samples
 from gi.fl.protocol import Protocol
 from gi.label_result import LabelResult
 from gi.recon.config import SMALL_MODEL, ReconConfig
@@ -84,6 +85,12 @@ def choose_batching(batching: str, rows: int, model: torch.nn.Module, accelerato
         return batching
     small = sum(p.numel() for p in model.parameters()) < SMALL_MODEL
     return "vmap" if rows > 1 and (accelerator == "gpu" or small) else "loop"
+
+
+def image_slots(capture: Capture) -> int:
+    """The number of images a reconstruction of ``capture`` has: its samples, or for an update the samples the
+    client's local steps touch (:func:`gi.fl.local.distinct_samples`; 1 step of 8 over N_k = 66 depends on 8)."""
+    return distinct_samples(capture.protocol, capture.num_samples) if capture.is_update else capture.num_samples
 
 
 def labels_for_slots(label_result: LabelResult | None, batch: int, num_classes: int) -> Tensor:
@@ -206,7 +213,7 @@ def same_model(a: Capture, b: Capture) -> bool:
 def _feature_rows(captures: list[Capture], label_results: list[LabelResult | None], features: list[Tensor | None],
                   soft: Tensor | None, classes: int) -> Tensor:
     """f* (N, B, D): the given features, else :func:`feature_targets` of each capture."""
-    b = captures[0].num_samples
+    b = image_slots(captures[0])
     slots = soft if soft is not None else torch.zeros(len(captures), b, classes)
     rows = [f if f is not None else (feature_targets(c, lr, s) if soft is not None or b == 1 else None)
             for c, lr, f, s in zip(captures, label_results, features, slots)]
@@ -242,7 +249,8 @@ def build_problem(captures: Sequence[Capture], label_results: Sequence[LabelResu
     model = first.model()
     for c in captures:
         c.validate(model)
-    b, classes = first.num_samples, first.num_classes
+    classes = first.num_classes
+    b = image_slots(first)
     joint_random = cfg.labels == "joint" and all(lr is None for lr in label_results)
     soft = None if joint_random else torch.stack([labels_for_slots(lr, b, classes) for lr in label_results])
     targets = {k: torch.stack([c.shared[k] for c in captures]) for k in first.shared}

@@ -306,6 +306,37 @@ def test_from_update_equals_the_victims_update_and_rlu_is_exact(steps):
     assert torch.equal(torch.tensor(result.info["labelled_counts"]), counts)
 
 
+def test_an_update_of_fewer_steps_than_its_data_is_reconstructed_over_the_samples_it_touched():
+    """A Flower-style client: N_k = 10 samples, 1 local step of 4 (RLU's counts sum to 4). The problem has 4 image
+    slots, the unrolled update at the 4 trained images equals the capture's, and reconstruct runs end to end."""
+    from gi.fl.local import distinct_samples
+    from gi.recon import ReconConfig, reconstruct
+    from gi.recon.problem import build_problem, image_slots
+    from gi.recon.simulate import SIMULATORS
+
+    data = load("fashion-mnist")
+    model = from_factory(f"{__name__}:net", channels=1, size=28)
+    protocol = gi.Protocol(scheme="fedavg", lr=0.05, batch_size=4, local_steps=1, drop_last=False)
+    aux = data.subset(torch.cat([torch.nonzero(data.labels[100:] == c).flatten()[:5] + 100 for c in range(10)]))
+    capture, truth = gi.simulate_client(model, data.subset(range(10)), protocol, torch.Generator().manual_seed(0))
+    after = {k: v + capture.update[k] if k in capture.update else v for k, v in model.state_dict().items()}
+    cap = Capture.from_update(model, after, protocol, num_samples=10, in_shape=(1, 28, 28))
+    assert cap.num_samples == 10 and image_slots(cap) == 4 == distinct_samples(cap.protocol)
+    assert distinct_samples(dataclasses.replace(cap.protocol, local_steps=3)) == 10  # 4 + 4 + 2
+    assert distinct_samples(dataclasses.replace(cap.protocol, local_steps=None, drop_last=True)) == 8
+    result = labels.recover(cap, "rlu", aux=aux)
+    assert int(result.counts.sum()) == 4
+    cfg = ReconConfig(iterations=3, optimizer="adam", objective="l2", regularizers={}, progress=False)
+    problem = build_problem([cap], [result], cfg)
+    assert problem.num_samples == 4
+    names = list(cap.update)
+    sim = SIMULATORS["update"](cap.model(), cap.protocol, names, num_samples=problem.num_samples)
+    upd, _ = sim(truth.images, truth.targets)
+    for k in names:
+        torch.testing.assert_close(upd[k], cap.update[k], rtol=1e-4, atol=1e-6)
+    assert reconstruct(cap, result, config=cfg).images.shape == (4, 1, 28, 28)
+
+
 def test_from_update_checks_its_input():
     model = net()
     sd = model.state_dict()
