@@ -24,6 +24,21 @@ OPTIMIZERS: dict[str, Callable[[list[dict[str, Any]], Any], torch.optim.Optimize
 register_optimizer = registrar(OPTIMIZERS, "optimizer")
 
 
+def select_rows(opt: torch.optim.Optimizer, rows: Tensor) -> None:
+    """Keep only the problems ``rows`` (indices into the leading dimension of every parameter) in the
+    optimiser's state, e.g. after culling restarts: :meth:`BatchedLBFGS.select_rows`, else every per-parameter
+    state tensor shaped like its parameter (Adam's moments, SGD's momentum) is indexed."""
+    if isinstance(opt, BatchedLBFGS):
+        opt.select_rows(rows)
+        return
+    for group in opt.param_groups:
+        for p in group["params"]:
+            state = opt.state.get(p, {})
+            for key, value in state.items():
+                if isinstance(value, Tensor) and value.shape == p.shape:
+                    state[key] = value[rows]
+
+
 @register_optimizer("adam")
 def _adam(groups: list[dict[str, Any]], cfg: Any) -> torch.optim.Optimizer:
     return torch.optim.Adam(groups, lr=cfg.lr)
@@ -64,6 +79,16 @@ class BatchedLBFGS(torch.optim.Optimizer):
         self.active: Tensor | None = None
         self.g0: Tensor | None = None
         self.iterations = 0
+
+    def select_rows(self, rows: Tensor) -> None:
+        """Keep the problems ``rows`` only, each with its memory, step scaling and convergence state."""
+        def pick(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t[rows]
+
+        self.mem_s, self.mem_y = [s[rows] for s in self.mem_s], [y[rows] for y in self.mem_y]
+        self.mem_rho = [rho[rows] for rho in self.mem_rho]
+        self.prev_x, self.prev_g, self.h_diag = pick(self.prev_x), pick(self.prev_g), pick(self.h_diag)
+        self.active, self.g0 = pick(self.active), pick(self.g0)
 
     def _params(self) -> list[tuple[Tensor, float]]:
         return [(p, g["lr"]) for g in self.param_groups for p in g["params"]]
