@@ -122,16 +122,18 @@ class BatchedLBFGS(torch.optim.Optimizer):
             self.mem_y.append(y)
             self.mem_rho.append(torch.where(ok, 1.0 / ys.where(ok, torch.ones_like(ys)), torch.zeros_like(ys)))
             self.h_diag = torch.where(ok, ys / (y * y).sum(1).clamp_min(1e-30), self.h_diag)
+        # the two-loop recursion, one fused kernel per dot product and per update (it is a quarter of a packed
+        # LeNet step with 100 pairs when written with separate multiply, sum and subtract)
         q = -g
         alphas = []
         for s_i, y_i, rho_i in zip(reversed(self.mem_s), reversed(self.mem_y), reversed(self.mem_rho)):
-            a = (s_i * q).sum(1) * rho_i
-            q = q - a[:, None] * y_i
+            a = torch.linalg.vecdot(s_i, q) * rho_i
+            q.addcmul_(a[:, None], y_i, value=-1.0)
             alphas.append(a)
-        d = q * self.h_diag[:, None]
+        d = q.mul_(self.h_diag[:, None])
         for s_i, y_i, rho_i, a in zip(self.mem_s, self.mem_y, self.mem_rho, reversed(alphas)):
-            b = (y_i * d).sum(1) * rho_i
-            d = d + s_i * (a - b)[:, None]
+            b = torch.linalg.vecdot(y_i, d) * rho_i
+            d.addcmul_(s_i, (a - b)[:, None])
         descent = (g * d).sum(1) < -1e-12 * g.norm(dim=1) * d.norm(dim=1)
         d = torch.where((self.active & descent)[:, None], d, torch.zeros_like(d))
         first = self.iterations == 0
