@@ -192,7 +192,9 @@ def diagnose(module: GradientInversion, cfg: ReconConfig, start: Tensor | None =
     regs = {k: w for k, w in module.problem.terms.items() if k not in ("match", "features")}
     if "match" in final:
         if start is not None:
-            first = terms(start[module.culled["keep"]] if module.culled is not None else start)["match"]
+            if module.culled is not None:  # the survivors' starts (the index may be on the fit's device)
+                start = start[module.culled["keep"].to(start.device)]
+            first = terms(start)["match"]
         else:
             history = module.history.get("objective") or [[float("inf")] * (n * r)]
             first = torch.tensor(history[0], dtype=torch.float64)[rows]

@@ -32,25 +32,28 @@ def _capture(sample: int = 0, b: int = 1):
 
 def _config(**keys) -> ReconConfig:
     base = dict(optimizer="lbfgs", lr=1.0, objective="l2", schedule="constant", signed=False, regularizers={},
-                iterations=24, restarts=3, progress=False, threads=1, log_every=1)
+                iterations=16, restarts=3, progress=False, threads=1, log_every=1)
     return ReconConfig(**{**base, **keys})
 
 
-@pytest.mark.parametrize("optimizer", ["lbfgs", "adam"])
-def test_cull_keeps_the_best_restart_by_objective_and_its_trajectory(optimizer):
+@pytest.mark.parametrize(("optimizer", "batching", "labels"),
+                         [("lbfgs", "vmap", "fixed"), ("adam", "vmap", "fixed"), ("lbfgs", "loop", "fixed"),
+                          ("lbfgs", "vmap", "joint")])
+def test_cull_keeps_the_best_restart_by_objective_and_its_trajectory(optimizer, batching, labels):
     """The survivor is the restart with the lowest objective over the first k steps, and it ends where it ends
     without culling (its optimiser state, the L-BFGS memory, goes with it); culled restarts keep their best
     iterate from before the cull and log NaN after it."""
     k = 8
-    keys = dict(optimizer=optimizer, lr=1.0 if optimizer == "lbfgs" else 0.05)
-    captures, labels = zip(*[(c, lr) for c, _, lr in (_capture(s) for s in (0, 1))])
-    full = reconstruct_many(captures, labels, None, _config(**keys))
-    culled = reconstruct_many(captures, labels, None, _config(cull_after=k, **keys))
+    keys = dict(optimizer=optimizer, lr=1.0 if optimizer == "lbfgs" else 0.05, batching=batching, labels=labels)
+    captures, results = zip(*[(c, lr) for c, _, lr in (_capture(s) for s in (0, 1))])
+    full = reconstruct_many(captures, results, None, _config(**keys))
+    culled = reconstruct_many(captures, results, None, _config(cull_after=k, **keys))
     for f, c in zip(full, culled):
         before = torch.tensor(f.history["objective"][:k])  # steps 0..k-1, one column per restart
         survivor = int(before.min(0).values.argmin())
         assert c.best_restart == survivor
         assert torch.allclose(c.images, f.all_images[survivor], atol=1e-4)
+        assert torch.allclose(c.labels, f.all_labels[survivor], atol=1e-4)  # joint labels follow their images
         assert math.isclose(float(c.objective[survivor]), float(f.objective[survivor]), rel_tol=1e-3)
         for r in range(3):
             if r != survivor:  # its best before the cull, never better than the survivor's end
