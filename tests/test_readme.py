@@ -11,6 +11,7 @@ def test_readme_python_blocks_run():
     assert blocks, "the README has no Python block"
     for block in blocks:
         code = re.sub(r"iterations=\d+", "iterations=3", block)
+        code = re.sub(r'from_preset\("(\w+)"\)', r'from_preset("\1", iterations=3)', code)
         code = code.replace("ReconConfig(", "ReconConfig(progress=False, ")
         namespace: dict = {}
         exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 (our own README)

@@ -179,7 +179,7 @@ def diagnose(module: GradientInversion, cfg: ReconConfig, start: Tensor | None =
     the start images ``start``, or of the first logged objective), or a regulariser makes up more than
     :data:`DOMINANT` of the final objective (so the gradients are hardly matched)."""
     out: list[str] = []
-    n, r = module.num_problems, cfg.restarts
+    n, r = module.num_problems, module.rows
     best = module.best_loss.detach().cpu().view(n, r).argmin(1)
     rows = torch.arange(n) * r + best
 
@@ -192,6 +192,8 @@ def diagnose(module: GradientInversion, cfg: ReconConfig, start: Tensor | None =
     regs = {k: w for k, w in module.problem.terms.items() if k not in ("match", "features")}
     if "match" in final:
         if start is not None:
+            if module.culled is not None:  # the survivors' starts (the index may be on the fit's device)
+                start = start[module.culled["keep"].to(start.device)]
             first = terms(start)["match"]
         else:
             history = module.history.get("objective") or [[float("inf")] * (n * r)]
@@ -216,9 +218,14 @@ def diagnose(module: GradientInversion, cfg: ReconConfig, start: Tensor | None =
 def results(module: GradientInversion, cfg: ReconConfig, seconds: float, threads: int) -> list[Reconstruction]:
     """One :class:`Reconstruction` per row of a fitted module: its restart with the lowest objective."""
     n, r = module.num_problems, cfg.restarts
-    loss = module.best_loss.detach().cpu().view(n, r)
-    images = module.best_images.detach().cpu().clamp(0, 1).view(n, r, *module.best_images.shape[1:])
-    labels = module.best_soft.detach().cpu().view(n, r, *module.best_soft.shape[1:])
+    culled = module.culled or {}  # restarts culled early keep their best iterate from before the cull
+
+    def rows(name: str, best: Tensor) -> Tensor:
+        return module.all_rows(best.detach().cpu(), culled[name].cpu()) if culled else best.detach().cpu()
+
+    loss = rows("loss", module.best_loss).view(n, r)
+    images = rows("images", module.best_images).clamp(0, 1).view(n, r, *module.best_images.shape[1:])
+    labels = rows("soft", module.best_soft).view(n, r, *module.best_soft.shape[1:])
     out = []
     for i in range(n):
         best = int(torch.argmin(loss[i]))

@@ -33,7 +33,10 @@ class ReconConfig:
     at random; ``label_lr`` is their step, null = ``lr``). ``init``: a name of
     :data:`gi.recon.inits.INITS` (``analytic`` inverts a fully-connected net with ``fcn_analytic.invert``;
     restarts after the first add ``init_noise``). ``restarts`` R are optimised as one batched problem and
-    ranked by the objective only. ``batching``: how the P = N·R problems are simulated: ``vmap`` (one
+    ranked by the objective only. ``cull_after`` k > 0 (with R > 1): successive halving in one step, after k
+    iterations every capture keeps its restart with the lowest objective and only it runs the remaining
+    ``iterations − k`` (R starts for the price of about one; 0: all restarts run to the end). ``batching``: how
+    the P = N·R problems are simulated: ``vmap`` (one
     vectorised call; cheapest for small nets, e.g. R = 8 costs ~2× R = 1 on the DLG LeNet on CPU), ``loop`` (one
     call per problem, summed into one backward; for large conv nets on CPU, where vmap's batched double-backward
     of convolutions costs more than R separate calls), ``auto``: vmap on GPUs and for models under 2M
@@ -63,6 +66,7 @@ class ReconConfig:
     labels: str = "fixed"
     label_lr: float | None = None
     restarts: int = 1
+    cull_after: int = 0
     init: str = "uniform"
     init_noise: float = 0.1
     signed: bool = True
@@ -111,6 +115,8 @@ class ReconConfig:
                 raise ConfigError(f"attack.regularizers has unknown {name!r}; valid: {sorted(REGULARIZERS)}")
         if self.iterations < 1 or self.restarts < 1:
             raise ConfigError("attack.iterations and attack.restarts must be >= 1")
+        if self.cull_after < 0:
+            raise ConfigError(f"attack.cull_after must be >= 0 (0: no culling), got {self.cull_after}")
         if self.lr <= 0 or (self.label_lr is not None and self.label_lr <= 0):
             raise ConfigError(f"attack.lr and attack.label_lr must be > 0, got {self.lr}, {self.label_lr}")
         if self.last_layer_weight < 0 or self.feature_weight < 0:

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 from gi.recon.config import ReconConfig
 from gi.recon.inits import INITS
 from gi.recon.objectives import FLAT_OBJECTIVES, OBJECTIVES
-from gi.recon.optim import OPTIMIZERS
+from gi.recon.optim import OPTIMIZERS, select_rows
 from gi.recon.problem import Problem
 from gi.recon.simulate import SIMULATORS
 from gi.recon.terms import TERMS, Evaluation
@@ -53,6 +53,8 @@ class GradientInversion(L.LightningModule):
         self.automatic_optimization = False
         self.problem, self.cfg = problem, cfg
         self.num_problems, self.batch = problem.num_problems, problem.num_samples
+        self.rows = cfg.restarts  # restarts still optimised per problem: R, then 1 after the cull
+        self.culled: dict[str, Tensor] | None = None  # every restart's best (keep, loss, images, soft) at the cull
         self.net = problem.model
         if problem.protocol.model_mode == "train":
             torch.func.replace_all_batch_norm_modules_(self.net)
@@ -71,7 +73,7 @@ class GradientInversion(L.LightningModule):
 
     def _per_problem(self, t: Tensor) -> Tensor:
         """(N, …) → (1, …) when one problem (broadcast over restarts), else (N·R, …)."""
-        return t if self.num_problems == 1 else t.repeat_interleave(self.cfg.restarts, 0)
+        return t if self.num_problems == 1 else t.repeat_interleave(self.rows, 0)
 
     def _register_targets(self) -> None:
         """The matched targets and f* as buffers (they follow the module to its device)."""
@@ -235,6 +237,8 @@ class GradientInversion(L.LightningModule):
         """One optimisation step of every problem. No host synchronisation: the objective stays on the device
         except every ``log_every`` steps (the history) and, with a progress bar, every 10 steps."""
         opts, scheds = self.raw_optimizers, self.raw_schedulers
+        if self.rows > 1 and batch_idx == self.cfg.cull_after > 0:
+            self.cull()
         for opt in opts:
             opt.zero_grad(set_to_none=True)
         per_problem = self.objective_and_backward()
@@ -250,9 +254,41 @@ class GradientInversion(L.LightningModule):
                 self.images.clamp_(0, 1)
         if batch_idx % self.cfg.log_every == 0 or batch_idx == self.cfg.iterations - 1:
             self.history["step"].append(batch_idx)
-            self.history["objective"].append(per_problem.detach().cpu().tolist())
+            self.history["objective"].append(self.all_rows(per_problem.detach().cpu()).tolist())
         if self.cfg.progress and batch_idx % 10 == 0:  # self.log costs ~0.5 ms: a small net's whole step is ~7 ms
             self.log("objective", per_problem.detach().min(), prog_bar=True, on_step=True, logger=False)
+
+    def cull(self) -> None:
+        """Successive halving in one step (``cfg.cull_after``): keep every problem's restart with the lowest
+        objective so far and continue only it, with its optimiser state (its L-BFGS memory), so it follows the
+        iterates it would have followed had it run alone. The other restarts' best iterates stay in
+        :attr:`culled`. Ranked by the attack objective only."""
+        n, r = self.num_problems, self.rows
+        keep = torch.arange(n, device=self.best_loss.device) * r + self.best_per_problem()
+        self.culled = {"keep": keep, "loss": self.best_loss.clone(), "images": self.best_images.clone(),
+                       "soft": self.best_soft.clone()}
+        params = [self.images] + ([self.label_logits] if self.joint else [])
+        for opt in self.raw_optimizers:
+            select_rows(opt, keep)
+        for p in params:
+            p.data = p.data[keep]
+            p.grad = None
+        for name, buf in list(self.named_buffers(recurse=False)):  # the module's own: not the victim model's
+            if buf.dim() and buf.shape[0] == n * r:  # per-row (targets of one problem broadcast: 1 row)
+                setattr(self, name, buf[keep])
+        self.rows = 1
+
+    def all_rows(self, values: Tensor, fill: Tensor | float = float("nan")) -> Tensor:
+        """Per-row ``values`` of the rows still optimised, spread over all N·R restarts (before the cull: as they
+        are); the culled rows get ``fill`` (a tensor of N·R rows, or a scalar)."""
+        if self.culled is None:
+            return values
+        keep = self.culled["keep"].to(values.device)
+        full = fill.clone() if isinstance(fill, Tensor) else torch.full(
+            (self.num_problems * self.cfg.restarts, *values.shape[1:]), fill, dtype=values.dtype)
+        full = full.to(values.device)
+        full[keep] = values
+        return full
 
     def on_train_end(self) -> None:
         with torch.no_grad():
@@ -268,7 +304,7 @@ class GradientInversion(L.LightningModule):
         """Best iterate so far of every problem's best restart (by the attack objective), (N, B, C, H, W)."""
         finite = torch.isfinite(self.best_loss).any()
         src = self.best_images if finite else self.images.detach()
-        r = self.cfg.restarts
+        r = self.rows
         view = src.view(self.num_problems, r, *src.shape[1:])
         idx = self.best_per_problem() if finite else torch.zeros(self.num_problems, dtype=torch.long)
         return view[torch.arange(self.num_problems), idx.to(view.device)].detach().clamp(0, 1)
