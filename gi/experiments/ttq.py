@@ -315,34 +315,48 @@ def without_normalize(model: Any) -> tuple[Any, list[float], list[float]]:
     return Unnormalized().eval(), mean, std
 
 
-def _breaching_attack(cfg: TTQConfig, victim: Victim, k: int, clock: AttackClock,
-                      score: Callable[[Any], float]) -> Curve:
-    """breaching's invertinggradients attack on capture ``k`` (module docstring), true labels given."""
-    import logging
+def breaching_setup(capture: Any, labels: Any, tv: float, max_iterations: int, device: str = "cpu"
+                    ) -> tuple[Any, list[dict[str, Any]], list[dict[str, Any]], list[float], list[float]]:
+    """breaching's ``invertinggradients`` attacker for ``capture`` wired as its authors wire it: the model without
+    its ``Normalize`` layer (:func:`without_normalize`), the dataset mean/std in the payload's metadata (its
+    candidate lives in normalised space), ``labels`` given. Returns ``(attacker, server_payload, shared_data,
+    mean, std)`` for ``attacker.reconstruct(server_payload, shared_data, {})``."""
     from types import SimpleNamespace
 
     import breaching
     import torch
     from omegaconf import OmegaConf
 
+    bcfg = breaching.get_attack_config("invertinggradients")
+    OmegaConf.set_struct(bcfg, False)
+    bcfg.optim.max_iterations = max_iterations
+    bcfg.optim.callback = 10**9
+    bcfg.regularization.total_variation.scale = tv
+    model, mean, std = without_normalize(capture.model().eval())
+    attacker = breaching.attacks.prepare_attack(model, torch.nn.CrossEntropyLoss(), bcfg,
+                                                dict(dtype=torch.float, device=torch.device(device)))
+    meta = SimpleNamespace(shape=tuple(capture.model_spec["in_shape"]), modality="vision", mean=mean, std=std)
+    payload = [dict(parameters=[p.detach().to(device) for p in model.parameters()],
+                    buffers=[b.to(device) for b in model.buffers()], metadata=meta)]
+    names = [n for n, _ in model.named_parameters()]
+    shared = [dict(gradients=[capture.gradients[n].to(device) for n in names], buffers=None,
+                   metadata=dict(num_data_points=capture.num_samples, labels=labels.to(device),
+                                 local_hyperparams=None))]
+    return attacker, payload, shared, mean, std
+
+
+def _breaching_attack(cfg: TTQConfig, victim: Victim, k: int, clock: AttackClock,
+                      score: Callable[[Any], float]) -> Curve:
+    """breaching's invertinggradients attack on capture ``k`` (module docstring), true labels given."""
+    import logging
+
+    import torch
+
     logging.getLogger("breaching").setLevel(logging.WARNING)
     capture, truth = victim.captures[k], victim.truths[k]
     opts = cfg.breaching
-    bcfg = breaching.get_attack_config("invertinggradients")
-    OmegaConf.set_struct(bcfg, False)
-    bcfg.optim.max_iterations = opts.max_iterations
-    bcfg.optim.callback = 10**9
-    bcfg.regularization.total_variation.scale = opts.tv
-    model, mean, std = without_normalize(capture.model().eval())
-    attacker = breaching.attacks.prepare_attack(model, torch.nn.CrossEntropyLoss(), bcfg,
-                                                dict(dtype=torch.float, device=torch.device("cpu")))
-    meta = SimpleNamespace(shape=tuple(capture.model_spec["in_shape"]), modality="vision", mean=mean, std=std)
-    payload = [dict(parameters=[p.detach() for p in model.parameters()], buffers=[b for b in model.buffers()],
-                    metadata=meta)]
-    names = [n for n, _ in model.named_parameters()]
-    shared = [dict(gradients=[capture.gradients[n] for n in names], buffers=None,
-                   metadata=dict(num_data_points=capture.num_samples, labels=truth.labels.clone(),
-                                 local_hyperparams=None))]
+    attacker, payload, shared, mean, std = breaching_setup(capture, truth.labels.clone(), opts.tv,
+                                                           opts.max_iterations)
     dm, ds = torch.tensor(mean).view(1, -1, 1, 1), torch.tensor(std).view(1, -1, 1, 1)
 
     def pixels(x: torch.Tensor) -> torch.Tensor:
