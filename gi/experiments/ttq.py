@@ -561,6 +561,33 @@ def run_ttq(cfg: TTQConfig) -> Path:
     return out
 
 
+def merge_runs(parts: Sequence[str | Path], out: str | Path, overwrite: bool = False) -> Path:
+    """One output directory from several runs of one config over disjoint ``select`` lists (e.g. two processes
+    on two cores): every curve, the summary over all captures and the plot; ``parts.json`` names the parts."""
+    import yaml
+
+    parts = [Path(p) for p in parts]
+    configs = [yaml.safe_load((p / "config.yaml").read_text()) for p in parts]
+    strip = ("select", "out", "overwrite")
+    if any({k: v for k, v in c.items() if k not in strip} != {k: v for k, v in configs[0].items() if k not in strip}
+           for c in configs[1:]):
+        raise ConfigError(f"merge_runs: {[str(p) for p in parts]} ran different configs (beyond select/out)")
+    curves = [Curve(**c) for p in parts for c in json.loads((p / "curves.json").read_text())]
+    seen = [c.capture for c in curves if c.contender == curves[0].contender]
+    if len(seen) != len(set(seen)):
+        raise ConfigError(f"merge_runs: the parts attack the same capture twice ({sorted(seen)})")
+    cfg = from_dict(TTQConfig, {**configs[0], "select": sorted(set(seen)), "out": str(out)})
+    metas = [json.loads((p / "summary.json").read_text()) for p in parts]
+    with staged_output(Path(out), overwrite=overwrite) as tmp:
+        write_yaml(tmp / "config.yaml", to_dict(cfg))
+        write_json(tmp / "curves.json", [dataclasses.asdict(c) for c in curves])
+        keep = ("created", "git", "torch", "python", "machine", "cpus", "load_average_end", "threads")
+        write_json(tmp / "summary.json", {"parts": [{"path": str(p), **{k: m.get(k) for k in keep}}
+                                                    for p, m in zip(parts, metas)], **summarize(cfg, curves)})
+        save_plot(tmp / "ttq.png", cfg, curves, f"{cfg.name}: {cfg.job} ({len(seen)} captures)")
+    return Path(out)
+
+
 def _git_commit() -> str | None:
     import subprocess
 

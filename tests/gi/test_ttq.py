@@ -167,3 +167,34 @@ def test_bench_kinds_and_bad_configs():
             load_ttq_config(LENET, [bad])
     with pytest.raises(ConfigError, match="select"):
         ttq.build_victim_side(load_ttq_config(LENET, ["select=[99]"]))
+
+
+def test_merge_runs_joins_disjoint_parts_and_refuses_overlaps(tmp_path):
+    from gi.core.config import to_dict
+    from gi.experiments.report import write_json, write_yaml
+
+    def part(name, captures, budget=100.0):
+        d = tmp_path / name
+        d.mkdir()
+        cfg = TTQConfig(budget=budget, select=captures)
+        write_yaml(d / "config.yaml", to_dict(cfg))
+        curves = []
+        for k in captures:
+            for who, (t, p) in (("gi", (2.0 + k, 31.0)), ("breaching", (40.0 + k, 30.5))):
+                c = ttq.Curve(who, k)
+                c.add(10, {"wall": t, "cpu": t}, p)
+                curves.append(json.loads(json.dumps(c.__dict__)))
+        write_json(d / "curves.json", curves)
+        write_json(d / "summary.json", {"git": "x", "load_average_end": [1.0, 1.0, 1.0]})
+        return d
+
+    a, b = part("a", [0, 1]), part("b", [2])
+    out = ttq.merge_runs([a, b], tmp_path / "m")
+    s = json.loads((out / "summary.json").read_text())
+    assert [r["capture"] for r in s["rows"]] == [0, 1, 2] and len(s["parts"]) == 2
+    assert s["ratios"]["breaching_30"]["median"] == pytest.approx(41.0 / 3.0)  # 40/2, 41/3, 42/4
+    assert s["ratios"]["breaching_30"]["min"] == pytest.approx(42.0 / 4.0)
+    with pytest.raises(ConfigError, match="same capture"):
+        ttq.merge_runs([a, part("c", [1])], tmp_path / "m2")
+    with pytest.raises(ConfigError, match="different configs"):
+        ttq.merge_runs([a, part("d", [5], budget=7.0)], tmp_path / "m3")
