@@ -274,7 +274,7 @@ def _gi_default_job(cfg: TTQConfig, victim: Victim, k: int, clock: AttackClock,
     clock.pause()
     rec = outcome.reconstructions[0]
     curve.add(steps[0], clock.read(), score(rec.images))
-    curve.info = {"stages": [{k: v for k, v in s.items() if k != "seconds"} for s in outcome.stages],
+    curve.info = {"stages": outcome.stages,  # the reconstruct stage's own seconds include the scoring pauses
                   "labels_ok": all(lr is None or lr.ok for lr in outcome.label_results),
                   "labels_given": False}
     return curve
@@ -335,6 +335,10 @@ def breaching_setup(capture: Any, labels: Any, tv: float, max_iterations: int, d
     model, mean, std = without_normalize(capture.model().eval())
     attacker = breaching.attacks.prepare_attack(model, torch.nn.CrossEntropyLoss(), bcfg,
                                                 dict(dtype=torch.float, device=torch.device(device)))
+    channels = int(capture.model_spec["in_shape"][0])
+    for reg in attacker.regularizers:  # shim: breaching's TV builds its filters for 3 channels (groups=3)
+        if type(reg).__name__ == "TotalVariation" and not reg.double_opponents and reg.groups != channels:
+            reg.groups, reg.weight = channels, reg.weight[: 2 * channels]
     meta = SimpleNamespace(shape=tuple(capture.model_spec["in_shape"]), modality="vision", mean=mean, std=std)
     payload = [dict(parameters=[p.detach().to(device) for p in model.parameters()],
                     buffers=[b.to(device) for b in model.buffers()], metadata=meta)]

@@ -198,3 +198,18 @@ def test_merge_runs_joins_disjoint_parts_and_refuses_overlaps(tmp_path):
         ttq.merge_runs([a, part("c", [1])], tmp_path / "m2")
     with pytest.raises(ConfigError, match="different configs"):
         ttq.merge_runs([a, part("d", [5], budget=7.0)], tmp_path / "m3")
+
+
+def test_breaching_setup_runs_on_grey_images():
+    """breaching's TV filters are built for 3 channels; the adapter's shim makes them fit a 1-channel model."""
+    pytest.importorskip("breaching")
+    import gi
+    from gi.models import build
+
+    model = build("lenet", 10, in_shape=(1, 28, 28), seed=0).eval()
+    capture, truth = gi.capture_gradients(model, torch.rand(2, 1, 28, 28), torch.tensor([1, 2]),
+                                          gi.Protocol(batch_size=2))
+    attacker, payload, shared, mean, std = ttq.breaching_setup(capture, truth.labels, 5e-4, 3)
+    assert [r.groups for r in attacker.regularizers] == [1] and len(mean) == len(std) == 1
+    out, _ = attacker.reconstruct(payload, shared, {}, dryrun=False)
+    assert out["data"].shape == (2, 1, 28, 28)
