@@ -37,6 +37,7 @@ from typing import Any
 
 from gi.core.config import apply_overrides, from_dict, load_yaml, require, to_dict
 from gi.core.errors import ConfigError
+from gi.core.registry import registrar
 from gi.experiments.report import check_output_file, check_run_name, publish_file
 from gi.recon.config import ReconConfig
 
@@ -117,12 +118,7 @@ class BenchKind:
 BENCH_KINDS: dict[str, BenchKind] = {}
 
 
-def register_bench_kind(name: str, kind: BenchKind) -> BenchKind:
-    """Register a bench kind under ``name`` (a config's ``kind:``); a name registered twice is an error."""
-    if name in BENCH_KINDS:
-        raise ValueError(f"bench kind {name!r} registered twice")
-    BENCH_KINDS[name] = kind
-    return kind
+register_bench_kind = registrar(BENCH_KINDS, "bench kind")  # register_bench_kind(name)(BenchKind(...))
 
 
 def load_bench_config(path: str | Path | None, overrides: list[str] | None = None) -> Any:
@@ -374,7 +370,7 @@ def entries(cfg: BenchConfig) -> list[dict[str, Any]]:
     return out
 
 
-def _git_commit() -> str | None:
+def git_commit() -> str | None:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
                               cwd=Path(__file__).resolve().parent).stdout.strip() or None
@@ -412,7 +408,7 @@ def run_bench(cfg: BenchConfig) -> Path:
             print(f"{res['model']:>9s} B={res['batch']:<2d} R={res['restarts']:<2d} {res['device']:>3s}: "
                   f"{1000 * res['sec_per_iteration']:8.1f} ms/it  peak {res['peak_rss_mb']:.0f} MB "
                   f"(+{res['attack_rss_mb']:.0f}){extra}", flush=True)
-    report = {"schema": SCHEMA, "name": cfg.name, "created": stamp, "git": _git_commit(),
+    report = {"schema": SCHEMA, "name": cfg.name, "created": stamp, "git": git_commit(),
               "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
               "cpus": os.cpu_count(), "load_average": list(os.getloadavg()),
               "config": to_dict(dataclasses.replace(cfg)), "results": results}
@@ -430,7 +426,7 @@ def format_report(path: Path) -> str:
     return "\n".join(lines)
 
 
-register_bench_kind("throughput", BenchKind(lambda: BenchConfig, run_bench, format_report))
+register_bench_kind("throughput")(BenchKind(lambda: BenchConfig, run_bench, format_report))
 
 
 def _ttq() -> Any:
@@ -439,5 +435,5 @@ def _ttq() -> Any:
     return ttq
 
 
-register_bench_kind("time-to-quality", BenchKind(lambda: _ttq().TTQConfig, lambda cfg: _ttq().run_ttq(cfg),
+register_bench_kind("time-to-quality")(BenchKind(lambda: _ttq().TTQConfig, lambda cfg: _ttq().run_ttq(cfg),
                                                  lambda path: _ttq().format_ttq(path)))

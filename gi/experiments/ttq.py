@@ -44,6 +44,8 @@ from typing import Any
 
 from gi.core.config import apply_overrides, from_dict, load_yaml, require, to_dict
 from gi.core.errors import ConfigError
+from gi.core.registry import registrar
+from gi.experiments.bench import git_commit
 from gi.experiments.report import check_run_name, staged_output, write_json, write_yaml
 
 BREACHING_INSTALL = ("pip download --no-deps breaching==0.1.2 -d /tmp/w && pip install --no-deps --target /tmp/br "
@@ -233,11 +235,7 @@ class Contender:
 CONTENDERS: dict[str, Contender] = {}
 
 
-def register_contender(name: str, contender: Contender) -> Contender:
-    if name in CONTENDERS:
-        raise ValueError(f"contender {name!r} registered twice")
-    CONTENDERS[name] = contender
-    return contender
+register_contender = registrar(CONTENDERS, "contender")  # register_contender(name)(Contender(...))
 
 
 def _no_check(cfg: TTQConfig) -> None:
@@ -407,9 +405,9 @@ def _breaching_attack(cfg: TTQConfig, victim: Victim, k: int, clock: AttackClock
     return curve
 
 
-register_contender("gi", Contender(_no_check, _gi_default_job,
+register_contender("gi")(Contender(_no_check, _gi_default_job,
                                    "this toolkit's default job: labels (recovered) -> features -> preset"))
-register_contender("breaching", Contender(check_breaching, _breaching_attack,
+register_contender("breaching")(Contender(check_breaching, _breaching_attack,
                                           "breaching invertinggradients, normalised space, TV 5e-4, true labels"))
 
 
@@ -555,7 +553,7 @@ def run_ttq(cfg: TTQConfig) -> Path:
                 print(f"capture {curve.capture:2d} {name:>10s}: {curve.psnr[-1]:6.2f} dB after {secs[-1]:7.1f} s "
                       f"({curve.iterations[-1]} it; {reached})  load {os.getloadavg()[0]:.2f}", flush=True)
         summary = summarize(cfg, curves)
-        meta = {"created": stamp, "git": _git_commit(), "torch": torch.__version__,
+        meta = {"created": stamp, "git": git_commit(), "torch": torch.__version__,
                 "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
                 "load_average_end": list(os.getloadavg()), "threads": torch.get_num_threads()}
         write_yaml(tmp / "config.yaml", to_dict(cfg))
@@ -590,16 +588,6 @@ def merge_runs(parts: Sequence[str | Path], out: str | Path, overwrite: bool = F
                                                     for p, m in zip(parts, metas)], **summarize(cfg, curves)})
         save_plot(tmp / "ttq.png", cfg, curves, f"{cfg.name}: {cfg.job} ({len(seen)} captures)")
     return Path(out)
-
-
-def _git_commit() -> str | None:
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                              cwd=Path(__file__).resolve().parent).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def format_ttq(out: Path) -> str:
