@@ -22,7 +22,8 @@ EPILOG = """examples:
   gi ablate CONFIG out=runs/t3                  ... interrupted? the same command again reuses finished rows
   gi defend configs/defend/fmnist.yaml          defences x strengths: label/image leakage vs utility; re-run resumes
   gi sweep configs/sweep/<grid>.yaml            grid of jobs over devices/machines; re-run resumes
-  gi bench [configs/bench/<name>.yaml]          speed/quality benchmark as JSON (LeNet, ResNet-18; B = 1, 8)
+  gi bench [configs/bench/<name>.yaml]          speed/quality benchmark as JSON (LeNet, ResNet-18; B = 1, 8);
+                                                kind: time-to-quality (ttq-*.yaml): PSNR vs seconds, vs breaching
   gi methods                                    list the registered label-recovery methods
 
 Every run writes one output directory (config.yaml, metrics.json, results.csv, PNG grid, plots, log).
@@ -112,15 +113,16 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from gi.experiments.bench import format_report, load_bench_config, run_bench
+    from gi.experiments.bench import bench_kind, load_bench_config
 
     config, overrides = args.config, list(args.overrides)
     if config and "=" in config and not os.path.exists(config):  # `gi bench key=value ...` without a config
         config, overrides = None, [config] + overrides
     cfg = load_bench_config(config, overrides)
+    kind = bench_kind(cfg)
     _apply_threads()
-    path = run_bench(cfg)
-    print(format_report(path))
+    path = kind.run(cfg)
+    print(kind.format(path))
     print(f"wrote {path}")
     return 0
 

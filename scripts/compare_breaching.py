@@ -1,14 +1,20 @@
-"""Side-by-side speed of one gradient-inversion iteration: this toolkit vs breaching (Geiping et al.).
+"""Side-by-side cost of one gradient-inversion iteration: this toolkit vs breaching (Geiping et al.).
 
 Same machine, same process, same torch threads, same model weights and capture (one CIFAR-10 sample, FedSGD,
-oracle labels), same attack (cosine distance + TV, signed Adam, boxed); the two loops alternate in
+oracle labels), same kind of attack (cosine distance + TV, signed Adam, boxed); the two loops alternate in
 ``--rounds`` rounds so that load changes on a shared machine hit both alike; medians of the per-iteration
-wall times are reported. breaching is not a dependency of this project: install its wheel (and hydra-core) into
-a separate folder and put it on PYTHONPATH, e.g.
+wall times are reported. breaching is wired as its authors wire it (:func:`gi.experiments.ttq.breaching_setup`:
+the model without our ``Normalize`` layer, the CIFAR mean/std in its metadata, its candidate in normalised space,
+TV 5e-4 by default: its CIFAR notebook's value).
+
+This script measures the cost of a step only. Time to a PSNR level (which recipe gets there first) is
+``gi bench configs/bench/ttq-lenet.yaml`` (and ``ttq-resnet18.yaml``, ``ttq-batch8.yaml``): README, "Time to
+quality vs breaching". breaching is not a dependency of this project: install its wheel (and hydra-core) into a
+separate folder and put it on PYTHONPATH, e.g.
 
     pip download --no-deps breaching==0.1.2 -d /tmp/w && pip install --no-deps --target /tmp/br /tmp/w/*.whl
     pip install --target /tmp/br hydra-core
-    PYTHONPATH=/tmp/br GI_THREADS=1 python scripts/compare_breaching.py --model lenet --iterations 200
+    PYTHONPATH=$PWD:/tmp/br GI_THREADS=1 python scripts/compare_breaching.py --model lenet --iterations 200
 
 Ours runs through ``gi.reconstruct`` (Lightning loop included); R restarts are one batched problem for us and
 R sequential trials for breaching (its only mode).
@@ -21,7 +27,6 @@ import json
 import os
 import statistics
 import time
-from types import SimpleNamespace
 
 import torch
 
@@ -31,27 +36,13 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def breaching_seconds(model: torch.nn.Module, capture, labels: torch.Tensor, iterations: int, restarts: int,
-                      device: str = "cpu") -> float:
-    """Wall seconds per iteration of breaching's invertinggradients attack (its defaults except iterations)."""
-    import breaching
-    from omegaconf import OmegaConf
+def breaching_seconds(capture, labels: torch.Tensor, iterations: int, restarts: int, device: str = "cpu",
+                      tv: float = 5e-4) -> float:
+    """Wall seconds per iteration of breaching's invertinggradients attack (its defaults except iterations and TV)."""
+    from gi.experiments.ttq import breaching_setup
 
-    cfg = breaching.get_attack_config("invertinggradients")
-    OmegaConf.set_struct(cfg, False)
-    cfg.optim.max_iterations = iterations
-    cfg.optim.callback = 10**9
-    cfg.restarts.num_trials = restarts
-    cfg.regularization.total_variation.scale = 2e-3
-    attacker = breaching.attacks.prepare_attack(model, torch.nn.CrossEntropyLoss(), cfg,
-                                                dict(dtype=torch.float, device=torch.device(device)))
-    meta = SimpleNamespace(shape=tuple(capture.model_spec["in_shape"]), modality="vision", mean=[0.0] * 3,
-                           std=[1.0] * 3)  # our model normalises inside: breaching works in [0, 1] pixels
-    payload = [dict(parameters=[p.detach().to(device) for p in model.parameters()],
-                    buffers=[b.to(device) for b in model.buffers()],
-                    metadata=meta)]
-    shared = [dict(gradients=[capture.gradients[n].to(device) for n, _ in model.named_parameters()], buffers=None,
-                   metadata=dict(num_data_points=1, labels=labels.to(device), local_hyperparams=None))]
+    attacker, payload, shared, _, _ = breaching_setup(capture, labels, tv, iterations, device)
+    attacker.cfg.restarts.num_trials = restarts
     _sync(device)
     start = time.perf_counter()
     attacker.reconstruct(payload, shared, {}, dryrun=False)
@@ -82,6 +73,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None, help="JSON file for the results")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (both attacks run there; timings synchronise)")
+    ap.add_argument("--tv", type=float, default=5e-4, help="breaching's TV scale (normalised space)")
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("GI_THREADS", "1")))
 
@@ -98,9 +90,10 @@ def main() -> None:
         for r in args.restarts:
             times.setdefault(f"ours R={r}", []).append(ours_seconds(capture, truth, args.iterations, r, args.device))
             times.setdefault(f"breaching R={r}", []).append(
-                breaching_seconds(capture.model(), capture, y, args.iterations, r, args.device))
+                breaching_seconds(capture, y, args.iterations, r, args.device, args.tv))
     rows = {k: statistics.median(v) for k, v in times.items()}
-    report = {"model": args.model, "iterations": args.iterations, "threads": torch.get_num_threads(),
+    report = {"model": args.model, "breaching_wiring": "normalised space (model without Normalize)", "tv": args.tv,
+              "iterations": args.iterations, "threads": torch.get_num_threads(),
               "load_average": os.getloadavg(), "torch": torch.__version__, "device": args.device,
               "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
               "ms_per_iteration": {k: 1000 * v for k, v in rows.items()},

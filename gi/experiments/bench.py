@@ -15,6 +15,9 @@ each, FedSGD, oracle labels) reconstructed as one problem (:func:`gi.recon.recon
 reconstructions per CPU-core-hour (``threads`` cores) or per GPU-hour, and the PSNR of every image both ways
 (a capture packed with others starts from the same image as alone, so the PSNRs agree up to float rounding).
 ``packed.compile``: also time the packed problem with ``attack.compile=true`` (see :mod:`gi.recon.module`).
+
+A bench config's ``kind`` names an entry of :data:`BENCH_KINDS` (default ``throughput``, the entries above):
+``time-to-quality`` is :mod:`gi.experiments.ttq` (PSNR against seconds, ours vs breaching).
 """
 
 from __future__ import annotations
@@ -27,12 +30,14 @@ import platform
 import statistics
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gi.core.config import apply_overrides, from_dict, load_yaml, require, to_dict
 from gi.core.errors import ConfigError
+from gi.core.registry import registrar
 from gi.experiments.report import check_output_file, check_run_name, publish_file
 from gi.recon.config import ReconConfig
 
@@ -62,6 +67,7 @@ class BenchConfig:
     ``devices``: ``cpu``/``gpu`` (``auto``: cpu, plus gpu
     when one is available); ``threads``: torch CPU threads (1 on shared machines)."""
 
+    kind: str = "throughput"
     name: str = "bench"
     models: list[str] = field(default_factory=lambda: ["lenet", "resnet18"])
     batch_sizes: list[int] = field(default_factory=lambda: [1, 8])
@@ -84,6 +90,7 @@ class BenchConfig:
         from gi.models import BODIES
 
         check_run_name(self.name)
+        require(self.kind == "throughput", "kind", self.kind, "throughput")
         bad = [m for m in self.models + ([self.packed.model] if self.packed.captures else []) if m not in BODIES]
         if bad:
             raise ConfigError(f"models has unknown {bad}; valid: {sorted(BODIES)}")
@@ -98,9 +105,37 @@ class BenchConfig:
                 raise ConfigError(f"devices has {d!r}; valid: auto, cpu, gpu")
 
 
-def load_bench_config(path: str | Path | None, overrides: list[str] | None = None) -> BenchConfig:
+@dataclass(frozen=True)
+class BenchKind:
+    """A kind of benchmark: its config dataclass (``config()``, imported on first use), ``run(cfg)`` → the path it
+    wrote, ``format(path)`` → the text ``gi bench`` prints."""
+
+    config: Callable[[], type]
+    run: Callable[[Any], Path]
+    format: Callable[[Path], str]
+
+
+BENCH_KINDS: dict[str, BenchKind] = {}
+
+
+register_bench_kind = registrar(BENCH_KINDS, "bench kind")  # register_bench_kind(name)(BenchKind(...))
+
+
+def load_bench_config(path: str | Path | None, overrides: list[str] | None = None) -> Any:
+    """The config of ``gi bench``: the dataclass of the file's ``kind`` (default ``throughput``:
+    :class:`BenchConfig`), with the overrides."""
     data = load_yaml(path) if path else {}
-    return from_dict(BenchConfig, apply_overrides(data, list(overrides or []), BenchConfig))
+    overrides = list(overrides or [])
+    kind = next((o.split("=", 1)[1] for o in overrides if o.startswith("kind=")), data.get("kind", "throughput"))
+    if kind not in BENCH_KINDS:
+        raise ConfigError(f"kind={kind!r} is not a bench kind; valid: {sorted(BENCH_KINDS)}")
+    cls = BENCH_KINDS[kind].config()
+    return from_dict(cls, apply_overrides(data, overrides, cls))
+
+
+def bench_kind(cfg: Any) -> BenchKind:
+    """The registered kind of a loaded bench config."""
+    return BENCH_KINDS[cfg.kind]
 
 
 class StepTimer:
@@ -335,7 +370,7 @@ def entries(cfg: BenchConfig) -> list[dict[str, Any]]:
     return out
 
 
-def _git_commit() -> str | None:
+def git_commit() -> str | None:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
                               cwd=Path(__file__).resolve().parent).stdout.strip() or None
@@ -373,7 +408,7 @@ def run_bench(cfg: BenchConfig) -> Path:
             print(f"{res['model']:>9s} B={res['batch']:<2d} R={res['restarts']:<2d} {res['device']:>3s}: "
                   f"{1000 * res['sec_per_iteration']:8.1f} ms/it  peak {res['peak_rss_mb']:.0f} MB "
                   f"(+{res['attack_rss_mb']:.0f}){extra}", flush=True)
-    report = {"schema": SCHEMA, "name": cfg.name, "created": stamp, "git": _git_commit(),
+    report = {"schema": SCHEMA, "name": cfg.name, "created": stamp, "git": git_commit(),
               "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
               "cpus": os.cpu_count(), "load_average": list(os.getloadavg()),
               "config": to_dict(dataclasses.replace(cfg)), "results": results}
@@ -389,3 +424,16 @@ def format_report(path: Path) -> str:
                      f"{1000 * r['sec_per_iteration']:.1f} | {r.get('psnr', float('nan')):.2f} | "
                      f"{r['peak_rss_mb']:.0f} | {r.get('ratio_to_one_restart', float('nan')):.2f} |")
     return "\n".join(lines)
+
+
+register_bench_kind("throughput")(BenchKind(lambda: BenchConfig, run_bench, format_report))
+
+
+def _ttq() -> Any:
+    from gi.experiments import ttq
+
+    return ttq
+
+
+register_bench_kind("time-to-quality")(BenchKind(lambda: _ttq().TTQConfig, lambda cfg: _ttq().run_ttq(cfg),
+                                                 lambda path: _ttq().format_ttq(path)))

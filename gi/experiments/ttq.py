@@ -1,0 +1,618 @@
+"""``gi bench`` kind ``time-to-quality`` (issue 12, point 5): PSNR against seconds, this toolkit's default job vs
+breaching (Geiping et al.) wired the way its authors wire it.
+
+For every capture of a ``gi run`` job (``job``: a ``gi run`` config such as ``configs/default.yaml``, plus
+``job_overrides``), every contender of ``contenders`` (a name of :data:`CONTENDERS`) attacks the same capture of the
+same model weights, in one process on ``threads`` torch threads, the contenders' order alternating from capture to
+capture so that load on a shared machine hits both alike. Each contender's clock (:class:`AttackClock`: wall and
+CPU seconds of the process) runs from the start of its attack and is stopped while its iterate is scored, every
+``every`` iterations and once at the end (the answer it returns). ``clock`` picks which of the two clocks the
+budgets, crossing times and ratios use (both are recorded).
+
+- ``gi``: the default job's attack side, :func:`gi.experiments.attack.attack_stages` with the job's ``labels`` and
+  ``attack`` sections (labels recovered, e.g. ``auto``; then features; then the preset's reconstruction). The score
+  is the best iterate by the attack objective (what the attack returns when stopped there).
+- ``breaching``: breaching's ``invertinggradients`` attack config with ``tv`` (its own CIFAR notebook's 5e-4
+  by default) and ``max_iterations``, given the TRUE labels (ours recovers them), on the model WITHOUT its
+  ``Normalize`` layer with the dataset mean/std in its metadata, so its candidate lives in normalised space as its
+  authors intend. The score is its best candidate so far by its own rule (lowest objective of the previous
+  iterate, the iterate after the step and the box projection). breaching is not a dependency of this project:
+  it is imported when this contender runs, and a missing install is a one-line :class:`ConfigError` raised before
+  any work (:func:`check_contenders`).
+
+Time to ``levels`` dB: the clock at the first checkpoint whose PSNR reaches the level (:func:`time_to`); a
+contender that never reaches it within its budget is *censored* at its last clock reading. The ratio
+breaching/ours per capture is exact when both reach the level, a lower bound (``>=``) when only ours does, an upper
+bound when only breaching does (:func:`ratio`). ``psnr_at`` gives each contender's PSNR at equal time (the last
+checkpoint at or before it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gi.core.config import apply_overrides, from_dict, load_yaml, require, to_dict
+from gi.core.errors import ConfigError
+from gi.core.registry import registrar
+from gi.experiments.bench import git_commit
+from gi.experiments.report import check_run_name, staged_output, write_json, write_yaml
+
+BREACHING_INSTALL = ("pip download --no-deps breaching==0.1.2 -d /tmp/w && pip install --no-deps --target /tmp/br "
+                     "/tmp/w/breaching*.whl && pip install --target /tmp/br hydra-core, then PYTHONPATH=$PWD:/tmp/br")
+
+
+# --------------------------------------------------------------------------- config
+@dataclass
+class BreachingOptions:
+    """breaching's ``invertinggradients`` attack config with these changes: ``tv`` (total-variation scale; 5e-4 is
+    its CIFAR notebook's value, 0.2 its config default), ``max_iterations`` (its step-lr schedule decays at 3/8,
+    5/8, 7/8 of it; 24000 is its default), ``seed`` (its randn start)."""
+
+    tv: float = 5.0e-4
+    max_iterations: int = 24000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        require(self.tv >= 0, "breaching.tv", self.tv, ">= 0")
+        require(self.max_iterations >= 1, "breaching.max_iterations", self.max_iterations, ">= 1")
+
+
+@dataclass
+class TTQConfig:
+    """``kind: time-to-quality``. ``job``: the ``gi run`` config whose victim (data, model, protocol, aux) and
+    attack (labels, attack) are measured, with ``job_overrides`` (``key=value``); ``select``: which of the job's
+    captures to attack (indices; null: all); ``contenders``: names of :data:`CONTENDERS`, run in this order on even
+    captures and reversed on odd ones; ``budget``: seconds of ``clock`` per contender and capture (a contender also
+    stops when its own iterations end); ``every``: iterations between scored checkpoints; ``levels``: PSNR levels
+    [dB] whose times are reported; ``equal_time``: seconds at which both PSNRs are compared (null: ``budget``)."""
+
+    kind: str = "time-to-quality"
+    name: str = "ttq"
+    job: str = "configs/default.yaml"
+    job_overrides: list[str] = field(default_factory=list)
+    select: list[int] | None = None
+    contenders: list[str] = field(default_factory=lambda: ["gi", "breaching"])
+    budget: float = 120.0
+    every: int = 50
+    levels: list[float] = field(default_factory=lambda: [25.0, 30.0])
+    equal_time: float | None = None
+    clock: str = "cpu"
+    threads: int = 1
+    breaching: BreachingOptions = field(default_factory=BreachingOptions)
+    out: str | None = None
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        check_run_name(self.name)
+        require(self.kind == "time-to-quality", "kind", self.kind, "time-to-quality")
+        require(self.select is None or (bool(self.select) and all(i >= 0 for i in self.select)), "select",
+                self.select, "a non-empty list of capture indices >= 0 (null: all)")
+        require(self.budget > 0, "budget", self.budget, "> 0 seconds")
+        require(self.every >= 1, "every", self.every, ">= 1")
+        require(self.threads >= 1, "threads", self.threads, ">= 1")
+        require(self.clock in CLOCKS, "clock", self.clock, f"one of {sorted(CLOCKS)}")
+        require(bool(self.levels) and all(v > 0 for v in self.levels), "levels", self.levels, "PSNRs > 0 dB")
+        require(self.equal_time is None or self.equal_time > 0, "equal_time", self.equal_time, "> 0 seconds")
+        bad = [c for c in self.contenders if c not in CONTENDERS]
+        if bad or not self.contenders or len(set(self.contenders)) != len(self.contenders):
+            raise ConfigError(f"contenders={self.contenders!r}: each once, from {sorted(CONTENDERS)}")
+
+
+def load_ttq_config(path: str | Path | None, overrides: list[str] | None = None) -> TTQConfig:
+    data = load_yaml(path) if path else {}
+    return from_dict(TTQConfig, apply_overrides(data, list(overrides or []), TTQConfig))
+
+
+# --------------------------------------------------------------------------- clock and curves
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+class AttackClock:
+    """Wall and CPU seconds of an attack with the scoring left out: :meth:`pause` / :meth:`resume` around it."""
+
+    def __init__(self) -> None:
+        self._start = {k: 0.0 for k in CLOCKS}
+        self._paused_at: dict[str, float] | None = None
+        self._excluded = {k: 0.0 for k in CLOCKS}
+
+    def start(self) -> None:
+        self._start = {k: f() for k, f in CLOCKS.items()}
+        self._excluded = {k: 0.0 for k in CLOCKS}
+        self._paused_at = None
+
+    def pause(self) -> None:
+        self._paused_at = {k: f() for k, f in CLOCKS.items()}
+
+    def resume(self) -> None:
+        if self._paused_at is not None:
+            for k, f in CLOCKS.items():
+                self._excluded[k] += f() - self._paused_at[k]
+        self._paused_at = None
+
+    def read(self) -> dict[str, float]:
+        """Seconds of attack so far, per clock (frozen while paused)."""
+        now = self._paused_at or {k: f() for k, f in CLOCKS.items()}
+        return {k: now[k] - self._start[k] - self._excluded[k] for k in CLOCKS}
+
+
+@dataclass
+class Curve:
+    """One contender on one capture: checkpoints (iterations done, wall and CPU seconds, PSNR in dB); the last
+    point is the answer the attack returned."""
+
+    contender: str
+    capture: int
+    iterations: list[int] = field(default_factory=list)
+    wall: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+    psnr: list[float] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, iterations: int, seconds: dict[str, float], value: float) -> None:
+        self.iterations.append(int(iterations))
+        self.wall.append(float(seconds["wall"]))
+        self.cpu.append(float(seconds["cpu"]))
+        self.psnr.append(float(value))
+
+    def seconds(self, clock: str) -> list[float]:
+        return self.wall if clock == "wall" else self.cpu
+
+
+def time_to(seconds: Sequence[float], psnr: Sequence[float], level: float) -> float | None:
+    """The time of the first checkpoint whose PSNR is >= ``level`` (None: never reached)."""
+    for t, p in zip(seconds, psnr):
+        if p >= level:
+            return float(t)
+    return None
+
+
+def psnr_at(seconds: Sequence[float], psnr: Sequence[float], when: float) -> float | None:
+    """The PSNR of the last checkpoint at or before ``when`` (None: no checkpoint that early)."""
+    best = None
+    for t, p in zip(seconds, psnr):
+        if t <= when:
+            best = float(p)
+    return best
+
+
+def ratio(ours: float | None, theirs: float | None, ours_budget: float, theirs_budget: float
+          ) -> tuple[float | None, str]:
+    """breaching's time over ours to a level: ``(value, "exact")`` when both reached it; ``(theirs_budget / ours,
+    ">=")`` when only ours did (theirs is censored at its budget); ``(theirs / ours_budget, "<=")`` when only
+    theirs did; ``(None, "neither")`` when neither did."""
+    if ours is not None and theirs is not None:
+        return theirs / ours, "exact"
+    if ours is not None:
+        return theirs_budget / ours, ">="
+    if theirs is not None:
+        return theirs / ours_budget, "<="
+    return None, "neither"
+
+
+def median_bound(pairs: Sequence[tuple[float | None, str]]) -> tuple[float | None, str]:
+    """Median and minimum of ratios some of which are bounds: the median of the values, marked ``>=`` when every
+    value is exact or a lower bound and some are bounds, ``~`` when upper bounds are mixed in."""
+    vals = [v for v, _ in pairs if v is not None]
+    if not vals:
+        return None, "neither"
+    kinds = {k for v, k in pairs if v is not None}
+    mark = "exact" if kinds == {"exact"} else (">=" if "<=" not in kinds else "~")
+    return statistics.median(vals), mark
+
+
+# --------------------------------------------------------------------------- contenders
+@dataclass
+class Victim:
+    """What every contender attacks: the job's config, its captures and truths (truths only score), aux data."""
+
+    job: Any
+    captures: list[Any]
+    truths: list[Any]
+    aux: Any
+
+
+@dataclass(frozen=True)
+class Contender:
+    """``check(cfg)`` raises before any work when the contender cannot run; ``run(cfg, victim, k, clock, score)``
+    attacks capture ``k`` and returns its :class:`Curve` (``score(images)`` → PSNR against the truth)."""
+
+    check: Callable[[TTQConfig], None]
+    run: Callable[[TTQConfig, Victim, int, AttackClock, Callable[[Any], float]], Curve]
+    summary: str
+
+
+CONTENDERS: dict[str, Contender] = {}
+
+
+register_contender = registrar(CONTENDERS, "contender")  # register_contender(name)(Contender(...))
+
+
+def _no_check(cfg: TTQConfig) -> None:
+    return None
+
+
+def _gi_default_job(cfg: TTQConfig, victim: Victim, k: int, clock: AttackClock,
+                    score: Callable[[Any], float]) -> Curve:
+    """The job's attack side on capture ``k`` alone: :func:`gi.experiments.attack.attack_stages` (labels →
+    features → reconstruct) on ``cfg.threads`` threads, scored every ``cfg.every`` steps, stopped at ``budget``."""
+    import lightning as L
+
+    from gi.experiments.attack import attack_stages
+
+    curve = Curve("gi", k)
+    budget, which = cfg.budget, cfg.clock
+    steps = [0]
+
+    class Checkpoints(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            done = steps[0] = batch_idx + 1
+            if done % cfg.every == 0:
+                clock.pause()
+                curve.add(done, clock.read(), score(pl_module.current_batch()[0]))
+                clock.resume()
+            if clock.read()[which] >= budget:
+                trainer.should_stop = True
+
+    job = victim.job
+    attack = dataclasses.replace(job.attack, threads=cfg.threads, progress=False)
+    truths = [victim.truths[k]] if job.labels.mode == "truth" else None
+    clock.start()
+    outcome = attack_stages(job.labels, attack, [victim.captures[k]], truths, victim.aux, callbacks=[Checkpoints()])
+    clock.pause()
+    rec = outcome.reconstructions[0]
+    curve.add(steps[0], clock.read(), score(rec.images))
+    curve.info = {"stages": outcome.stages,  # the reconstruct stage's own seconds include the scoring pauses
+                  "labels_ok": all(lr is None or lr.ok for lr in outcome.label_results),
+                  "labels_given": False}
+    return curve
+
+
+def check_breaching(cfg: TTQConfig) -> None:
+    """breaching importable (it is not a dependency of this project), else a one-line ConfigError."""
+    try:
+        import breaching  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError(f"contender 'breaching' needs the breaching package, which is not installed ({exc}); "
+                          f"install it outside the project: {BREACHING_INSTALL}") from None
+
+
+class _OutOfBudget(KeyboardInterrupt):
+    """Raised from the optimiser hook; breaching's trial loop catches KeyboardInterrupt and returns its best."""
+
+
+def without_normalize(model: Any) -> tuple[Any, list[float], list[float]]:
+    """A zoo model's ``fc(body(x))`` (the same parameters, no ``Normalize`` layer) and the mean/std that layer
+    applied: breaching's wiring, its candidate in normalised space and the dataset statistics in its metadata."""
+    import torch
+
+    if not all(hasattr(model, a) for a in ("normalize", "body", "fc")):
+        raise ConfigError("contender 'breaching' needs a zoo model (normalize -> body -> fc): its input "
+                          "normalisation moves into breaching's metadata")
+
+    class Unnormalized(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body, self.fc = model.body, model.fc
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(self.body(x))
+
+    mean = model.normalize.mean.flatten().tolist()
+    std = model.normalize.std.flatten().tolist()
+    return Unnormalized().eval(), mean, std
+
+
+def breaching_setup(capture: Any, labels: Any, tv: float, max_iterations: int, device: str = "cpu"
+                    ) -> tuple[Any, list[dict[str, Any]], list[dict[str, Any]], list[float], list[float]]:
+    """breaching's ``invertinggradients`` attacker for ``capture`` wired as its authors wire it: the model without
+    its ``Normalize`` layer (:func:`without_normalize`), the dataset mean/std in the payload's metadata (its
+    candidate lives in normalised space), ``labels`` given. Returns ``(attacker, server_payload, shared_data,
+    mean, std)`` for ``attacker.reconstruct(server_payload, shared_data, {})``."""
+    from types import SimpleNamespace
+
+    import breaching
+    import torch
+    from omegaconf import OmegaConf
+
+    bcfg = breaching.get_attack_config("invertinggradients")
+    OmegaConf.set_struct(bcfg, False)
+    bcfg.optim.max_iterations = max_iterations
+    bcfg.optim.callback = 10**9
+    bcfg.regularization.total_variation.scale = tv
+    model, mean, std = without_normalize(capture.model().eval())
+    attacker = breaching.attacks.prepare_attack(model, torch.nn.CrossEntropyLoss(), bcfg,
+                                                dict(dtype=torch.float, device=torch.device(device)))
+    channels = int(capture.model_spec["in_shape"][0])
+    for reg in attacker.regularizers:  # shim: breaching's TV builds its filters for 3 channels (groups=3)
+        if type(reg).__name__ == "TotalVariation" and not reg.double_opponents and reg.groups != channels:
+            reg.groups, reg.weight = channels, reg.weight[: 2 * channels]
+    meta = SimpleNamespace(shape=tuple(capture.model_spec["in_shape"]), modality="vision", mean=mean, std=std)
+    payload = [dict(parameters=[p.detach().to(device) for p in model.parameters()],
+                    buffers=[b.to(device) for b in model.buffers()], metadata=meta)]
+    names = [n for n, _ in model.named_parameters()]
+    shared = [dict(gradients=[capture.gradients[n].to(device) for n in names], buffers=None,
+                   metadata=dict(num_data_points=capture.num_samples, labels=labels.to(device),
+                                 local_hyperparams=None))]
+    return attacker, payload, shared, mean, std
+
+
+def _breaching_attack(cfg: TTQConfig, victim: Victim, k: int, clock: AttackClock,
+                      score: Callable[[Any], float]) -> Curve:
+    """breaching's invertinggradients attack on capture ``k`` (module docstring), true labels given."""
+    import logging
+
+    import torch
+
+    logging.getLogger("breaching").setLevel(logging.WARNING)
+    capture, truth = victim.captures[k], victim.truths[k]
+    opts = cfg.breaching
+    attacker, payload, shared, mean, std = breaching_setup(capture, truth.labels.clone(), opts.tv,
+                                                           opts.max_iterations)
+    dm, ds = torch.tensor(mean).view(1, -1, 1, 1), torch.tensor(std).view(1, -1, 1, 1)
+
+    def pixels(x: torch.Tensor) -> torch.Tensor:
+        return (x.detach() * ds + dm).clamp(0, 1)
+
+    curve = Curve("breaching", k)
+    state: dict[str, Any] = {"done": 0, "loss": None, "best": None, "best_loss": math.inf}
+    budget, which = cfg.budget, cfg.clock
+
+    def pre_hook(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        candidate = optimizer.param_groups[0]["params"][0]
+        if state["done"]:  # breaching's best-candidate rule on the iterate it has just boxed
+            if state["loss"] < state["best_loss"]:
+                state["best_loss"], state["best"] = state["loss"], candidate.detach().clone()
+            if state["done"] % cfg.every == 0:
+                clock.pause()
+                curve.add(state["done"], clock.read(), score(pixels(state["best"])))
+                clock.resume()
+            if clock.read()[which] >= budget:
+                raise _OutOfBudget
+        closure = args[1] if len(args) > 1 else kwargs.pop("closure")  # args[0] is the optimiser
+
+        def counted() -> torch.Tensor:
+            loss = closure()
+            state["loss"] = float(loss.detach())
+            return loss
+
+        state["done"] += 1
+        return (args[0], counted), kwargs
+
+    def init_optimizer(candidate: list[torch.Tensor]) -> tuple[Any, Any]:
+        optimizer, scheduler = type(attacker)._init_optimizer(attacker, candidate)
+        optimizer.register_step_pre_hook(pre_hook)
+        return optimizer, scheduler
+
+    attacker._init_optimizer = init_optimizer  # an instance attribute: breaching itself is not changed
+    torch.manual_seed(opts.seed)
+    clock.start()
+    out, _ = attacker.reconstruct(payload, shared, {}, dryrun=False)
+    clock.pause()
+    curve.add(state["done"], clock.read(), score(pixels(out["data"])))
+    curve.info = {"labels_given": True, "tv": opts.tv, "max_iterations": opts.max_iterations,
+                  "space": "normalised (model without Normalize; mean/std in metadata)"}
+    return curve
+
+
+register_contender("gi")(Contender(_no_check, _gi_default_job,
+                                   "this toolkit's default job: labels (recovered) -> features -> preset"))
+register_contender("breaching")(Contender(check_breaching, _breaching_attack,
+                                          "breaching invertinggradients, normalised space, TV 5e-4, true labels"))
+
+
+# --------------------------------------------------------------------------- the job
+def build_victim_side(cfg: TTQConfig) -> Victim:
+    """The job's victim part exactly as ``gi run`` makes it (:mod:`gi.experiments.pipeline`): data, model,
+    captures (one per image or batch) and the attacker's aux set."""
+    import torch
+
+    from gi.experiments.pipeline import build_victim, capture_all, load_run_config, make_aux
+
+    job = load_run_config(cfg.job, cfg.job_overrides)
+    torch.manual_seed(job.seed)
+    gen = torch.Generator().manual_seed(job.seed)
+    dataset, model = build_victim(job)
+    captures, truths = capture_all(job, dataset, model, gen)
+    aux = make_aux(job, dataset, gen, truths)
+    if cfg.select is not None:
+        if max(cfg.select) >= len(captures):
+            raise ConfigError(f"select={cfg.select} but the job {cfg.job} makes {len(captures)} captures")
+        captures, truths = [captures[i] for i in cfg.select], [truths[i] for i in cfg.select]
+    return Victim(job, captures, truths, aux)
+
+
+def scorer(truth: Any) -> Callable[[Any], float]:
+    """Mean PSNR of a batch against ``truth`` after one-to-one matching (one image: no matching), clamped to 100."""
+    from gi.metrics import match_images, psnr
+
+    def score(images: Any) -> float:
+        images = images.detach().cpu().float().clamp(0, 1)
+        perm = match_images(images, truth.images) if images.shape[0] > 1 else [0]
+        return float(psnr(images[perm], truth.images).clamp(max=100).mean())
+
+    return score
+
+
+def summarize(cfg: TTQConfig, curves: list[Curve]) -> dict[str, Any]:
+    """Per capture: time to every level per contender (None: censored, with the contender's last clock), the
+    ratio to ``gi`` and the PSNR at ``equal_time``; over captures: median and min ratio, PSNRs at equal time."""
+    clock = cfg.clock
+    when = cfg.equal_time or cfg.budget
+    by = {(c.contender, c.capture): c for c in curves}
+    captures = sorted({c.capture for c in curves})
+    rows = []
+    for k in captures:
+        row: dict[str, Any] = {"capture": k}
+        for name in cfg.contenders:
+            c = by[(name, k)]
+            secs = c.seconds(clock)
+            row[name] = {"final_psnr": c.psnr[-1], "seconds": secs[-1], "iterations": c.iterations[-1],
+                         "psnr_at_equal_time": psnr_at(secs, c.psnr, when),
+                         **{f"time_to_{lvl:g}": time_to(secs, c.psnr, lvl) for lvl in cfg.levels}}
+        if "gi" in cfg.contenders:
+            for name in cfg.contenders:
+                if name == "gi":
+                    continue
+                for lvl in cfg.levels:
+                    key = f"time_to_{lvl:g}"
+                    v, kind = ratio(row["gi"][key], row[name][key], row["gi"]["seconds"], row[name]["seconds"])
+                    row[f"ratio_{name}_{lvl:g}"] = {"value": v, "kind": kind}
+                a, b = row["gi"]["psnr_at_equal_time"], row[name]["psnr_at_equal_time"]
+                row[f"gain_over_{name}_db"] = None if a is None or b is None else a - b
+        rows.append(row)
+    out: dict[str, Any] = {"clock": clock, "equal_time": when, "rows": rows, "ratios": {}}
+    for name in cfg.contenders:
+        if name == "gi" or "gi" not in cfg.contenders:
+            continue
+        for lvl in cfg.levels:
+            pairs = [(r[f"ratio_{name}_{lvl:g}"]["value"], r[f"ratio_{name}_{lvl:g}"]["kind"]) for r in rows]
+            med, mark = median_bound(pairs)
+            vals = [v for v, _ in pairs if v is not None]
+            out["ratios"][f"{name}_{lvl:g}"] = {
+                "median": med, "median_kind": mark, "min": min(vals) if vals else None,
+                "censored_theirs": sum(k == ">=" for _, k in pairs), "censored_ours": sum(k == "<=" for _, k in pairs),
+                "neither": sum(k == "neither" for _, k in pairs)}
+        gains = [r[f"gain_over_{name}_db"] for r in rows if r[f"gain_over_{name}_db"] is not None]
+        out[f"gain_over_{name}_db"] = {"median": statistics.median(gains) if gains else None,
+                                       "min": min(gains) if gains else None}
+    return out
+
+
+def save_plot(path: Path, cfg: TTQConfig, curves: list[Curve], title: str) -> None:
+    """PSNR against seconds: a thin line per contender per capture, the median over captures bold."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    colours = {name: f"C{i}" for i, name in enumerate(cfg.contenders)}
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=130)
+    for name in cfg.contenders:
+        mine = [c for c in curves if c.contender == name]
+        for c in mine:
+            ax.plot(c.seconds(cfg.clock), c.psnr, color=colours[name], alpha=0.3, lw=0.8)
+        ends = max(c.seconds(cfg.clock)[-1] for c in mine)
+        starts = min(c.seconds(cfg.clock)[0] for c in mine)
+        grid = np.geomspace(max(starts, 1e-2), ends, 200)
+        values = [[psnr_at(c.seconds(cfg.clock), c.psnr, t) for c in mine] for t in grid]
+        med = [statistics.median(v) if all(x is not None for x in v) else np.nan for v in values]
+        ax.plot(grid, med, color=colours[name], lw=2.4, label=f"{name} (median of {len(mine)})")
+    for lvl in cfg.levels:
+        ax.axhline(lvl, color="grey", ls=":", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel(f"attack seconds ({'CPU' if cfg.clock == 'cpu' else 'wall'}, {cfg.threads} thread)")
+    ax.set_ylabel("PSNR [dB]")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def check_contenders(cfg: TTQConfig) -> None:
+    for name in cfg.contenders:
+        CONTENDERS[name].check(cfg)
+
+
+def run_ttq(cfg: TTQConfig) -> Path:
+    """Run the benchmark (module docstring) and write its output directory: ``config.yaml``, ``curves.json`` (every
+    checkpoint), ``summary.json`` (times to each level, ratios, PSNR at equal time), ``ttq.png``; returns it."""
+    import torch
+
+    check_contenders(cfg)
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(cfg.out or f"runs/bench/{cfg.name}-{stamp}")
+    torch.set_num_threads(cfg.threads)
+    with staged_output(out, overwrite=cfg.overwrite) as tmp:
+        victim = build_victim_side(cfg)
+        curves: list[Curve] = []
+        for k in range(len(victim.captures)):
+            order = cfg.contenders if k % 2 == 0 else cfg.contenders[::-1]
+            score = scorer(victim.truths[k])
+            for name in order:
+                torch.set_num_threads(cfg.threads)
+                curve = CONTENDERS[name].run(cfg, victim, k, AttackClock(), score)
+                curve.capture = cfg.select[k] if cfg.select else k
+                curves.append(curve)
+                secs = curve.seconds(cfg.clock)
+                reached = ", ".join(f"{lvl:g} dB at {t:.1f} s" if t is not None else f"{lvl:g} dB never"
+                                    for lvl in cfg.levels for t in [time_to(secs, curve.psnr, lvl)])
+                print(f"capture {curve.capture:2d} {name:>10s}: {curve.psnr[-1]:6.2f} dB after {secs[-1]:7.1f} s "
+                      f"({curve.iterations[-1]} it; {reached})  load {os.getloadavg()[0]:.2f}", flush=True)
+        summary = summarize(cfg, curves)
+        meta = {"created": stamp, "git": git_commit(), "torch": torch.__version__,
+                "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
+                "load_average_end": list(os.getloadavg()), "threads": torch.get_num_threads()}
+        write_yaml(tmp / "config.yaml", to_dict(cfg))
+        write_json(tmp / "curves.json", [dataclasses.asdict(c) for c in curves])
+        write_json(tmp / "summary.json", {**meta, **summary})
+        save_plot(tmp / "ttq.png", cfg, curves, f"{cfg.name}: {cfg.job} ({len(victim.captures)} captures)")
+    return out
+
+
+def merge_runs(parts: Sequence[str | Path], out: str | Path, overwrite: bool = False) -> Path:
+    """One output directory from several runs of one config over disjoint ``select`` lists (e.g. two processes
+    on two cores): every curve, the summary over all captures and the plot; ``parts.json`` names the parts."""
+    import yaml
+
+    parts = [Path(p) for p in parts]
+    configs = [yaml.safe_load((p / "config.yaml").read_text()) for p in parts]
+    strip = ("select", "out", "overwrite")
+    if any({k: v for k, v in c.items() if k not in strip} != {k: v for k, v in configs[0].items() if k not in strip}
+           for c in configs[1:]):
+        raise ConfigError(f"merge_runs: {[str(p) for p in parts]} ran different configs (beyond select/out)")
+    curves = [Curve(**c) for p in parts for c in json.loads((p / "curves.json").read_text())]
+    seen = [c.capture for c in curves if c.contender == curves[0].contender]
+    if len(seen) != len(set(seen)):
+        raise ConfigError(f"merge_runs: the parts attack the same capture twice ({sorted(seen)})")
+    cfg = from_dict(TTQConfig, {**configs[0], "select": sorted(set(seen)), "out": str(out)})
+    metas = [json.loads((p / "summary.json").read_text()) for p in parts]
+    with staged_output(Path(out), overwrite=overwrite) as tmp:
+        write_yaml(tmp / "config.yaml", to_dict(cfg))
+        write_json(tmp / "curves.json", [dataclasses.asdict(c) for c in curves])
+        keep = ("created", "git", "torch", "python", "machine", "cpus", "load_average_end", "threads")
+        write_json(tmp / "summary.json", {"parts": [{"path": str(p), **{k: m.get(k) for k in keep}}
+                                                    for p, m in zip(parts, metas)], **summarize(cfg, curves)})
+        save_plot(tmp / "ttq.png", cfg, curves, f"{cfg.name}: {cfg.job} ({len(seen)} captures)")
+    return Path(out)
+
+
+def format_ttq(out: Path) -> str:
+    """A Markdown table of ``summary.json``: per capture, each contender's time to every level and the ratios."""
+    data = json.loads((Path(out) / "summary.json").read_text())
+    rows = data["rows"]
+    names = [k for k in rows[0] if isinstance(rows[0][k], dict) and "final_psnr" in rows[0][k]]
+    levels = sorted({float(k.split("_")[-1]) for r in rows for n in names for k in r[n] if k.startswith("time_to_")})
+
+    def cell(v: float | None, budget: float) -> str:
+        return f"{v:.1f}" if v is not None else f"never (>{budget:.0f})"
+
+    head = ["capture"] + [f"{n} to {lvl:g} dB [s]" for lvl in levels for n in names] + \
+           [f"{n} dB at {data['equal_time']:g} s" for n in names]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [str(r["capture"])] + [cell(r[n][f"time_to_{lvl:g}"], r[n]["seconds"]) for lvl in levels
+                                       for n in names]
+        cells += [f"{r[n]['psnr_at_equal_time']:.2f}" if r[n]["psnr_at_equal_time"] is not None else "-"
+                  for n in names]
+        lines.append("| " + " | ".join(cells) + " |")
+    for key, s in data["ratios"].items():
+        if s["median"] is not None:
+            mark = "" if s["median_kind"] == "exact" else s["median_kind"] + " "
+            lines.append(f"ratio {key} dB: median {mark}{s['median']:.1f}x, min {s['min']:.1f}x "
+                         f"(breaching censored {s['censored_theirs']}, ours censored {s['censored_ours']}, "
+                         f"neither {s['neither']})")
+    return "\n".join(lines)

@@ -1,0 +1,215 @@
+"""gi bench kind time-to-quality (issue 12 point 5): crossing / ratio math exactly, the clock, our-side curve through
+the default job's stage functions, breaching's wiring (model without Normalize), the missing-breaching error."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+import gi.experiments.ttq as ttq
+from gi.core.errors import ConfigError
+from gi.experiments.bench import BenchConfig, bench_kind, load_bench_config
+from gi.experiments.ttq import (
+    AttackClock,
+    TTQConfig,
+    format_ttq,
+    load_ttq_config,
+    median_bound,
+    psnr_at,
+    ratio,
+    run_ttq,
+    summarize,
+    time_to,
+    without_normalize,
+)
+
+LENET = "configs/bench/ttq-lenet.yaml"
+
+
+def test_time_to_is_the_first_checkpoint_at_or_above_the_level():
+    secs, psnr = [1.0, 2.0, 3.0, 4.0], [20.0, 25.0, 24.0, 31.0]
+    assert time_to(secs, psnr, 25.0) == 2.0  # reaching the level exactly counts
+    assert time_to(secs, psnr, 30.0) == 4.0
+    assert time_to(secs, psnr, 31.5) is None
+    assert psnr_at(secs, psnr, 3.5) == 24.0 and psnr_at(secs, psnr, 3.0) == 24.0 and psnr_at(secs, psnr, 0.5) is None
+
+
+def test_ratio_is_exact_or_a_bound_when_censored():
+    assert ratio(2.0, 30.0, 10.0, 100.0) == (15.0, "exact")
+    assert ratio(2.0, None, 10.0, 100.0) == (50.0, ">=")  # breaching censored at its budget: a lower bound
+    assert ratio(None, 30.0, 10.0, 100.0) == (3.0, "<=")  # ours censored at its own: an upper bound
+    assert ratio(None, None, 10.0, 100.0) == (None, "neither")
+    assert median_bound([(15.0, "exact"), (50.0, ">="), (12.0, "exact")]) == (15.0, ">=")
+    assert median_bound([(15.0, "exact"), (11.0, "exact")]) == (13.0, "exact")
+    assert median_bound([(15.0, "exact"), (3.0, "<="), (None, "neither")]) == (9.0, "~")
+    assert median_bound([(None, "neither")]) == (None, "neither")
+
+
+def test_summary_per_capture_and_over_captures():
+    cfg = TTQConfig(budget=100.0, levels=[25.0, 30.0], contenders=["gi", "breaching"])
+    curves = []
+    for k, (ours, theirs) in enumerate([([(1, 24.0), (3, 31.0)], [(30, 26.0), (60, 30.5)]),
+                                        ([(2, 26.0), (4, 30.0)], [(50, 27.0), (100, 28.0)])]):
+        for name, pts in (("gi", ours), ("breaching", theirs)):
+            c = ttq.Curve(name, k)
+            for i, (t, p) in enumerate(pts):
+                c.add(i, {"wall": t + 0.5, "cpu": t}, p)
+            curves.append(c)
+    s = summarize(cfg, curves)
+    r0, r1 = s["rows"]
+    assert r0["gi"]["time_to_25"] == 3.0 and r0["breaching"]["time_to_25"] == 30.0
+    assert r0["ratio_breaching_30"] == {"value": 20.0, "kind": "exact"}
+    assert r1["ratio_breaching_30"] == {"value": 25.0, "kind": ">="}  # censored at breaching's last clock, 100
+    assert s["ratios"]["breaching_30"] == {"median": 22.5, "median_kind": ">=", "min": 20.0, "censored_theirs": 1,
+                                           "censored_ours": 0, "neither": 0}
+    assert s["ratios"]["breaching_25"]["median"] == pytest.approx((10.0 + 25.0) / 2)
+    assert r0["gain_over_breaching_db"] == pytest.approx(31.0 - 30.5)  # PSNRs at equal time = the budget
+
+
+def test_clock_leaves_out_the_paused_time(monkeypatch):
+    now = {"wall": 0.0, "cpu": 0.0}
+    monkeypatch.setattr(ttq, "CLOCKS", {k: (lambda k=k: now[k]) for k in now})
+    clock = AttackClock()
+    clock.start()
+    now.update(wall=2.0, cpu=1.0)
+    clock.pause()
+    now.update(wall=7.0, cpu=4.0)  # scoring: not attack time
+    assert clock.read() == {"wall": 2.0, "cpu": 1.0}
+    clock.resume()
+    now.update(wall=8.0, cpu=4.5)
+    assert clock.read() == {"wall": 3.0, "cpu": 1.5}
+
+
+def test_breaching_wiring_moves_the_normalisation_out_of_the_model():
+    from gi.models import build
+
+    model = build("lenet", 10, init="uniform", seed=0).eval()
+    bare, mean, std = without_normalize(model)
+    x = torch.rand(2, 3, 32, 32)
+    normalised = (x - torch.tensor(mean).view(1, -1, 1, 1)) / torch.tensor(std).view(1, -1, 1, 1)
+    assert torch.allclose(bare(normalised), model(x), atol=1e-6)
+    assert [n for n, _ in bare.named_parameters()] == [n for n, _ in model.named_parameters()]
+    assert mean != [0.0, 0.0, 0.0] and std != [1.0, 1.0, 1.0]  # CIFAR statistics, into breaching's metadata
+    with pytest.raises(ConfigError, match="zoo model"):
+        without_normalize(torch.nn.Linear(3, 2))
+
+
+def test_missing_breaching_is_a_one_line_error_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "breaching", None)  # import breaching -> ImportError
+    cfg = load_ttq_config(LENET, [f"out={tmp_path / 'o'}"])
+    with pytest.raises(ConfigError) as err:
+        run_ttq(cfg)
+    text = str(err.value)
+    assert "\n" not in text and "pip download --no-deps breaching==0.1.2" in text and "PYTHONPATH" in text
+    assert not (tmp_path / "o").exists()
+
+
+def test_our_curve_runs_the_default_job_stages(tmp_path):
+    over = ["contenders=[gi]", "select=[3]", "every=5", "budget=1000", "job_overrides=[attack.iterations=20]",
+            f"out={tmp_path / 'a'}"]
+    out = run_ttq(load_ttq_config(LENET, over))
+    curves = json.loads((out / "curves.json").read_text())
+    (c,) = curves
+    assert c["contender"] == "gi" and c["capture"] == 3 and c["iterations"] == [5, 10, 15, 20, 20]
+    assert all(b >= a for a, b in zip(c["cpu"], c["cpu"][1:])) and all(b >= a for a, b in zip(c["wall"], c["wall"][1:]))
+    assert 8 < c["psnr"][-1] < 100
+    names = [s["name"] for s in c["info"]["stages"]]
+    assert names == ["labels", "features", "reconstruct"] and c["info"]["stages"][2]["preset"] == "default"
+    assert c["info"]["stages"][0]["picked_by"] == "auto" and c["info"]["labels_given"] is False
+    assert (out / "ttq.png").stat().st_size > 1000 and (out / "config.yaml").exists()
+    assert "gi to 25 dB" in format_ttq(out)
+
+
+@pytest.mark.slow
+def test_our_curve_ends_on_the_default_jobs_image_and_stops_at_its_budget(tmp_path):
+    """The same capture through attack_stages outside the benchmark gives the curve's final image."""
+    from gi.experiments.attack import attack_stages
+
+    over = ["contenders=[gi]", "select=[3]", "every=5", "budget=1000", "job_overrides=[attack.iterations=20]",
+            f"out={tmp_path / 'a'}"]
+    (c,) = json.loads((run_ttq(load_ttq_config(LENET, over)) / "curves.json").read_text())
+
+    victim = ttq.build_victim_side(load_ttq_config(LENET, ["select=[3]", "job_overrides=[attack.iterations=20]"]))
+    attack = victim.job.attack.__class__(**{**victim.job.attack.__dict__, "threads": 1, "progress": False})
+    rec = attack_stages(victim.job.labels, attack, victim.captures, None, victim.aux).reconstructions[0]
+    assert ttq.scorer(victim.truths[0])(rec.images) == pytest.approx(c["psnr"][-1], abs=1e-4)
+
+    stopped = run_ttq(load_ttq_config(LENET, over[:-2] + ["budget=1e-9", f"out={tmp_path / 'b'}"]))
+    (c,) = json.loads((stopped / "curves.json").read_text())
+    assert c["iterations"][-1] == 1  # the budget stops it after its first step
+
+
+def test_breaching_curve_on_a_short_budget(tmp_path):
+    pytest.importorskip("breaching")
+    over = ["contenders=[breaching]", "select=[0]", "every=10", "breaching.max_iterations=30",
+            f"out={tmp_path / 'c'}"]
+    (c,) = json.loads((run_ttq(load_ttq_config(LENET, over)) / "curves.json").read_text())
+    assert c["iterations"] == [10, 20, 30] and c["info"]["labels_given"] is True and 5 < c["psnr"][-1] < 40
+
+
+def test_bench_kinds_and_bad_configs():
+    assert isinstance(load_bench_config("configs/bench/quick.yaml"), BenchConfig)
+    cfg = load_bench_config(LENET)
+    assert isinstance(cfg, TTQConfig) and bench_kind(cfg).run.__name__ == "<lambda>"
+    assert cfg.breaching.tv == 5e-4 and cfg.contenders == ["gi", "breaching"]
+    with pytest.raises(ConfigError, match="not a bench kind"):
+        load_bench_config(None, ["kind=nope"])
+    with pytest.raises(ConfigError, match="contenders"):
+        load_ttq_config(LENET, ["contenders=[gi, gi]"])
+    with pytest.raises(ConfigError, match="contenders"):
+        load_ttq_config(LENET, ["contenders=[deepleakage]"])
+    for bad, key in (("budget=0", "budget"), ("clock=tsc", "clock"), ("select=[]", "select"),
+                     ("breaching.tv=-1", "breaching.tv"), ("levels=[]", "levels")):
+        with pytest.raises(ConfigError, match=key):
+            load_ttq_config(LENET, [bad])
+    with pytest.raises(ConfigError, match="select"):
+        ttq.build_victim_side(load_ttq_config(LENET, ["select=[99]"]))
+
+
+def test_merge_runs_joins_disjoint_parts_and_refuses_overlaps(tmp_path):
+    from gi.core.config import to_dict
+    from gi.experiments.report import write_json, write_yaml
+
+    def part(name, captures, budget=100.0):
+        d = tmp_path / name
+        d.mkdir()
+        cfg = TTQConfig(budget=budget, select=captures)
+        write_yaml(d / "config.yaml", to_dict(cfg))
+        curves = []
+        for k in captures:
+            for who, (t, p) in (("gi", (2.0 + k, 31.0)), ("breaching", (40.0 + k, 30.5))):
+                c = ttq.Curve(who, k)
+                c.add(10, {"wall": t, "cpu": t}, p)
+                curves.append(json.loads(json.dumps(c.__dict__)))
+        write_json(d / "curves.json", curves)
+        write_json(d / "summary.json", {"git": "x", "load_average_end": [1.0, 1.0, 1.0]})
+        return d
+
+    a, b = part("a", [0, 1]), part("b", [2])
+    out = ttq.merge_runs([a, b], tmp_path / "m")
+    s = json.loads((out / "summary.json").read_text())
+    assert [r["capture"] for r in s["rows"]] == [0, 1, 2] and len(s["parts"]) == 2
+    assert s["ratios"]["breaching_30"]["median"] == pytest.approx(41.0 / 3.0)  # 40/2, 41/3, 42/4
+    assert s["ratios"]["breaching_30"]["min"] == pytest.approx(42.0 / 4.0)
+    with pytest.raises(ConfigError, match="same capture"):
+        ttq.merge_runs([a, part("c", [1])], tmp_path / "m2")
+    with pytest.raises(ConfigError, match="different configs"):
+        ttq.merge_runs([a, part("d", [5], budget=7.0)], tmp_path / "m3")
+
+
+def test_breaching_setup_runs_on_grey_images():
+    """breaching's TV filters are built for 3 channels; the adapter's shim makes them fit a 1-channel model."""
+    pytest.importorskip("breaching")
+    import gi
+    from gi.models import build
+
+    model = build("lenet", 10, in_shape=(1, 28, 28), seed=0).eval()
+    capture, truth = gi.capture_gradients(model, torch.rand(2, 1, 28, 28), torch.tensor([1, 2]),
+                                          gi.Protocol(batch_size=2))
+    attacker, payload, shared, mean, std = ttq.breaching_setup(capture, truth.labels, 5e-4, 3)
+    assert [r.groups for r in attacker.regularizers] == [1] and len(mean) == len(std) == 1
+    out, _ = attacker.reconstruct(payload, shared, {}, dryrun=False)
+    assert out["data"].shape == (2, 1, 28, 28)
