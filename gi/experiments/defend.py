@@ -99,7 +99,8 @@ class FederationConfig:
 @dataclass
 class ImageConfig:
     """Image leakage: ``count`` images reconstructed, shared as FedSGD gradients of ``batch_size`` images each;
-    ``oracle``: also reconstruct them with the true labels (columns ``psnr_mean:oracle`` ...)."""
+    ``oracle``: also reconstruct them with the true labels (columns ``psnr_mean:oracle`` ...). ``count: 0``: no
+    image leakage (labels and utility only, e.g. a second seed of the label columns)."""
 
     count: int = 4
     batch_size: int = 1
@@ -107,8 +108,8 @@ class ImageConfig:
 
     def __post_init__(self) -> None:
         require(self.batch_size >= 1, "images.batch_size", self.batch_size, ">= 1")
-        require(self.count >= self.batch_size and self.count % self.batch_size == 0, "images.count", self.count,
-                f"a positive multiple of images.batch_size={self.batch_size}")
+        require(self.count >= 0 and self.count % self.batch_size == 0, "images.count", self.count,
+                f"0 (no image leakage) or a positive multiple of images.batch_size={self.batch_size}")
 
 
 @dataclass
@@ -372,9 +373,11 @@ def run_cell(cfg: DefendConfig, setup: Setup, label: str, strength: float | None
     model = fed.model(setup.model, fed_cfg.capture_round)
     label_summary, per_client = _label_leakage(cfg, setup, protocol, model, captures)
     summary.update(label_summary)
-    image_summary, per_image = _image_leakage(cfg, setup, protocol, model, captures[0][0],
-                                              defences.group_size(protocol), grid)
-    summary.update(image_summary)
+    per_image: list[dict[str, Any]] = []
+    if cfg.images.count:
+        image_summary, per_image = _image_leakage(cfg, setup, protocol, model, captures[0][0],
+                                                  defences.group_size(protocol), grid)
+        summary.update(image_summary)
     summary["seconds"] = time.perf_counter() - start
     for r in per_image + per_client:
         r.update(defence=label, strength=strength)
@@ -404,8 +407,9 @@ def _slug(text: str) -> str:
 
 def _plots(out: Path, cfg: DefendConfig, table: list[dict[str, Any]]) -> list[str]:
     """Privacy–utility plots: one per leakage metric, accuracy against leakage, one curve per defence."""
-    metrics = [f"label_acc:{m}" for m in cfg.label_methods] + ["psnr_mean"] + \
-        (["psnr_mean:oracle"] if cfg.images.oracle else [])
+    metrics = [f"label_acc:{m}" for m in cfg.label_methods]
+    if cfg.images.count:
+        metrics += ["psnr_mean"] + (["psnr_mean:oracle"] if cfg.images.oracle else [])
     base = next((r for r in table if r["defence"] == BASELINE), None)
     names = []
     for metric in metrics:
@@ -450,7 +454,7 @@ def _report_cell(label: str, strength: float | None, cfg: DefendConfig, record: 
     s = record["summary"]
     leak = "  ".join(f"{m} {s[f'label_acc:{m}']:.3f}" for m in cfg.label_methods)
     eps = f"  ε {s['epsilon']:.3g}" if "epsilon" in s else ""
-    print(f"  {label:>16s} {strength!s:>8s}  acc {s['accuracy']:.3f}  {leak}  PSNR {s['psnr_mean']:5.2f}"
+    print(f"  {label:>16s} {strength!s:>8s}  acc {s['accuracy']:.3f}  {leak}  PSNR {s.get('psnr_mean', math.nan):5.2f}"
           f"{eps}  ({s['seconds']:.0f} s)", flush=True)
 
 

@@ -52,6 +52,7 @@ def test_study_images_are_attacked_by_the_default_job():
     (["protocol.scheme=fedsgd"], "update scheme"),
     (["federation.capture_round=11"], "capture_round"),
     (["images.count=3"], "multiple of images.batch_size"),
+    (["images.count=-2"], "multiple of images.batch_size"),
     (["workers=0"], "workers"),
     (["attack.preset=quick"], "not a preset"),
     (["attack.labels=joint"], "contradicts labels.mode"),
@@ -96,7 +97,7 @@ def test_defend_runs_end_to_end_and_resumes_after_an_interruption(tmp_path, monk
 @pytest.mark.slow
 def test_defend_workers_give_the_same_table_and_own_labels_are_scored_under_secagg(tmp_path):
     over = [o for o in TINY if not o.startswith("defences=")] + [
-        "defences=[{name: gaussian, strengths: [0.01]}, {name: secagg, strengths: [3]}]", "images.oracle=true"]
+        "defences=[{name: secagg, strengths: [3]}]", "images.oracle=true"]
     tables = []
     for workers in (1, 2):
         out = tmp_path / f"w{workers}"
@@ -111,3 +112,12 @@ def test_defend_workers_give_the_same_table_and_own_labels_are_scored_under_seca
                 assert row[f"own_acc:{m}"] == row[f"label_acc:{m}"]
             assert 0 <= row[f"own_acc:{m}"] <= 1
     assert (tmp_path / "w1" / "tradeoff-psnr_mean-oracle.png").exists()
+
+
+def test_defend_without_images_reports_labels_and_utility_only(tmp_path):
+    out = tmp_path / "labels-only"
+    run_defend(load_defend_config("configs/defend/quick.yaml", TINY + [f"out={out}", "images.count=0", "only=[none]"]))
+    (row,) = json.loads((out / "metrics.json").read_text())["table"]
+    assert row["defence"] == BASELINE and 0 <= row["label_acc:posterior"] <= 1 and 0 <= row["accuracy"] <= 1
+    assert "psnr_mean" not in row and not list(out.glob("grid-*.png"))
+    assert not (out / "tradeoff-psnr_mean.png").exists() and (out / "tradeoff-label_acc-rlu.png").exists()
