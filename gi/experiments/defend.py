@@ -395,8 +395,9 @@ def cells(cfg: DefendConfig) -> list[tuple[str, float | None, Protocol]]:
 
 
 def _cell_key(cfg: DefendConfig, protocol: Protocol) -> str:
-    """Hash of everything that determines one cell (not the output paths, the other cells)."""
-    keep = {k: v for k, v in to_dict(cfg).items() if k not in ("out", "overwrite", "defences", "only", "protocol")}
+    """Hash of everything that determines one cell (not the output paths, the other cells, the worker count)."""
+    keep = {k: v for k, v in to_dict(cfg).items()
+            if k not in ("out", "overwrite", "defences", "only", "protocol", "workers")}
     text = json.dumps([keep, to_dict(protocol)], sort_keys=True, default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 

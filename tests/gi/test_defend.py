@@ -121,3 +121,11 @@ def test_defend_without_images_reports_labels_and_utility_only(tmp_path):
     assert row["defence"] == BASELINE and 0 <= row["label_acc:posterior"] <= 1 and 0 <= row["accuracy"] <= 1
     assert "psnr_mean" not in row and not list(out.glob("grid-*.png"))
     assert not (out / "tradeoff-psnr_mean.png").exists() and (out / "tradeoff-label_acc-rlu.png").exists()
+
+
+def test_cell_keys_ignore_the_output_and_the_worker_count():
+    a = load_defend_config("configs/defend/fmnist.yaml", ["workers=1", "out=x"])
+    b = load_defend_config("configs/defend/fmnist.yaml", ["workers=3", "out=y"])
+    c = load_defend_config("configs/defend/fmnist.yaml", ["seed=1"])
+    assert [defend._cell_key(a, p) for *_, p in cells(a)] == [defend._cell_key(b, p) for *_, p in cells(b)]
+    assert defend._cell_key(a, a.protocol) != defend._cell_key(c, c.protocol)
