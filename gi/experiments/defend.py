@@ -9,11 +9,15 @@ For every defence × strength of the config (plus the undefended baseline) the *
   ``label_methods`` (``labels.recover`` with the attacker's aux set) on what that method reads: its ``update``
   (e.g. RLU), or (``gradient``, e.g. the posterior attack) a defended FedSGD gradient of ``label_batch`` of its
   samples at the same global model; ``label_acc`` = 1 − ½‖p̂ − p‖₁ (the proportion of the client's label
-  distribution recovered, 1 = exact), ``ins_acc`` and ``prop_mse`` beside it;
+  distribution recovered, 1 = exact), ``ins_acc`` and ``prop_mse`` beside it. Under secure aggregation the
+  server holds one group's message, so ``label_acc`` is scored against the group's labels and ``own_acc``
+  against the target client's own labels (what the attacker wanted; equal to ``label_acc`` without groups);
 - **image leakage**: ``images.count`` images of the first captured client (or of its secure-aggregation group),
   shared as defended FedSGD gradients of ``images.batch_size`` images at the same round's global model, are
-  reconstructed with the ``attack`` recipe (``gi.reconstruct``) and the labels of ``labels.mode``; PSNR / LPIPS
-  against the truth (matched one-to-one);
+  attacked by the default job's stages (:func:`gi.experiments.attack.attack_stages`: labels of ``labels.mode``,
+  e.g. ``recovered`` with ``auto``, then the last-layer features, then the ``attack`` recipe, which
+  ``attack.preset`` fills as in ``gi run``); PSNR / LPIPS against the truth (matched one-to-one);
+  ``images.oracle: true`` adds the same reconstruction with the true labels (``psnr_mean:oracle``, ...);
 - DP-SGD rows report ε (Opacus' accountant, the entry's ``delta``) spent by a client over the ``rounds``.
 
 Output directory: ``table.md`` / ``table.csv`` / ``metrics.json`` (one row per cell), ``results.csv`` (per image),
@@ -35,11 +39,12 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from gi.core.config import require, to_dict
 from gi.core.errors import ConfigError, GIError
-from gi.experiments.pipeline import LABEL_MODES, LabelConfig, MetricConfig
+from gi.experiments.attack import attack_stages, derived_attack, with_preset
+from gi.experiments.pipeline import LabelConfig, MetricConfig
 from gi.experiments.report import (
     cells_dir,
     check_run_name,
@@ -93,15 +98,18 @@ class FederationConfig:
 
 @dataclass
 class ImageConfig:
-    """Image leakage: ``count`` images reconstructed, shared as FedSGD gradients of ``batch_size`` images each."""
+    """Image leakage: ``count`` images reconstructed, shared as FedSGD gradients of ``batch_size`` images each;
+    ``oracle``: also reconstruct them with the true labels (columns ``psnr_mean:oracle`` ...). ``count: 0``: no
+    image leakage (labels and utility only, e.g. a second seed of the label columns)."""
 
     count: int = 4
     batch_size: int = 1
+    oracle: bool = False
 
     def __post_init__(self) -> None:
         require(self.batch_size >= 1, "images.batch_size", self.batch_size, ">= 1")
-        require(self.count >= self.batch_size and self.count % self.batch_size == 0, "images.count", self.count,
-                f"a positive multiple of images.batch_size={self.batch_size}")
+        require(self.count >= 0 and self.count % self.batch_size == 0, "images.count", self.count,
+                f"0 (no image leakage) or a positive multiple of images.batch_size={self.batch_size}")
 
 
 @dataclass
@@ -112,7 +120,12 @@ class DefendConfig(VictimSetup):
     FedSGD label capture, default ``protocol.batch_size``; ``images``, ``labels`` and ``attack`` for the
     reconstruction) and ``defences``: a list of ``{name, strengths: [...], params: {...}, label}`` (``label`` names
     the curve; default ``name``).
-    ``only``: run just these labels. The baseline (no extra defence) is always the first row."""
+    ``only``: run just these labels; ``workers``: cells computed at once, each in its own process (the same
+    numbers as one at a time: every cell reseeds). The baseline (no extra defence) is always the first row.
+    ``attack.preset`` (e.g. ``default``, :mod:`gi.recon.presets`) fills the attack keys the config leaves out, as
+    in ``gi run``; without it the ``attack`` section is taken as written."""
+
+    ATTACK_PRESET: ClassVar[str | None] = None
 
     name: str = "defend"
     seed: int = 0
@@ -132,6 +145,11 @@ class DefendConfig(VictimSetup):
     metrics: MetricConfig = field(default_factory=lambda: MetricConfig(lpips_vgg=False))
     defences: list[dict[str, Any]] = field(default_factory=list)
     only: list[str] | None = None
+    workers: int = 1
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any] | None, where: str = "") -> Any:
+        return super().from_mapping(with_preset(data, cls.ATTACK_PRESET), where)
 
     def __post_init__(self) -> None:
         check_run_name(self.name)
@@ -140,11 +158,7 @@ class DefendConfig(VictimSetup):
                               "update scheme (fedavg, fedprox, ...); image leakage is measured on FedSGD gradients")
         if self.train.epochs > 0:
             raise ConfigError("train: gi defend's federation starts from the initial model; leave train out")
-        if self.labels.mode not in LABEL_MODES:
-            raise ConfigError(f"labels.mode={self.labels.mode!r} is not allowed; valid: {list(LABEL_MODES)}")
-        kind = LABEL_MODES[self.labels.mode].kind
-        if self.attack.labels != kind:  # derived from labels.mode, as in gi run
-            self.attack = dataclasses.replace(self.attack, labels=kind)
+        self.attack = derived_attack(self.labels, self.attack)  # attack.labels from labels.mode, as in gi run
         import labels as label_methods
 
         unknown = sorted(set(self.label_methods) - set(label_methods.METHODS))
@@ -153,6 +167,7 @@ class DefendConfig(VictimSetup):
         bad = {m: v for m, v in self.label_methods.items() if v not in ("update", "gradient")}
         if bad:
             raise ConfigError(f"label_methods {bad}: say what each method reads, 'update' or 'gradient'")
+        require(self.workers >= 1, "workers", self.workers, ">= 1 (processes computing cells at once)")
         require(self.label_batch is None or self.label_batch >= 1, "label_batch", self.label_batch, ">= 1 or null")
         seen = set()
         for i, entry in enumerate(self.defences):
@@ -241,7 +256,7 @@ def _label_leakage(cfg: DefendConfig, setup: Setup, protocol: Protocol, model: A
                    captures: list[tuple[int, Any, Any]]) -> tuple[dict[str, float], list[dict[str, Any]]]:
     import labels
     from gi.fl.defences import group_size
-    from gi.metrics import label_metrics
+    from gi.metrics import label_metrics, label_metrics_from_counts
 
     batch = cfg.label_batch or protocol.batch_size
     gradient = {c: fedsgd_capture(cfg, setup, protocol, model, c, group_size(protocol), batch, 0)
@@ -255,16 +270,18 @@ def _label_leakage(cfg: DefendConfig, setup: Setup, protocol: Protocol, model: A
             try:
                 result = labels.recover(capture, method, aux=setup.aux, **cfg.method_options.get(method, {}))
                 m = label_metrics(result, truth, match_soft=False)
-                row = {"label_acc": 1 - 0.5 * m["l1"], "ins_acc": m["ins_acc"], "prop_mse": m["prop_mse"],
-                       "ok": m["ok"]}
+                own = label_metrics_from_counts(result.counts, truth.meta.get("member_counts", [truth.counts])[0],
+                                                pred_proportions=result.proportions)
+                row = {"label_acc": 1 - 0.5 * m["l1"], "own_acc": 1 - 0.5 * own["l1"], "ins_acc": m["ins_acc"],
+                       "prop_mse": m["prop_mse"], "ok": m["ok"]}
                 if not result.ok:
                     row["error"] = result.info.get("reason")
             except GIError as exc:  # a method that cannot read this capture: no leakage from it
-                row = {"label_acc": math.nan, "ins_acc": math.nan, "prop_mse": math.nan, "ok": 0.0,
-                       "error": str(exc)}
+                row = {"label_acc": math.nan, "own_acc": math.nan, "ins_acc": math.nan, "prop_mse": math.nan,
+                       "ok": 0.0, "error": str(exc)}
             scores.append(row)
             per_client.append({"client": client, "method": method, "reads": reads, **row})
-        for key in ("label_acc", "ins_acc", "prop_mse"):
+        for key in ("label_acc", "own_acc", "ins_acc", "prop_mse"):
             vals = [s[key] for s in scores if not math.isnan(s[key])]
             summary[f"{key}:{method}"] = sum(vals) / len(vals) if vals else math.nan
     return summary, per_client
@@ -292,31 +309,39 @@ def fedsgd_capture(cfg: DefendConfig, setup: Setup, protocol: Protocol, model: A
 
 def _image_leakage(cfg: DefendConfig, setup: Setup, protocol: Protocol, model: Any, first: int, group: int,
                    grid: Path) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """PSNR / LPIPS of the default job's stages on ``images.count`` images of client ``first`` (its group's under
+    secure aggregation), with the labels of ``labels.mode`` and, with ``images.oracle``, the true labels too."""
     import torch
 
     from gi.metrics import score
-    from gi.recon import reconstruct_many
 
     bs = cfg.images.batch_size
     pairs = [fedsgd_capture(cfg, setup, protocol, model, first, group, bs, k) for k in range(cfg.images.count // bs)]
-    lcfg = cfg.labels
-    results = [LABEL_MODES[lcfg.mode].labels(lcfg, c, t, setup.aux) for c, t in pairs]
-    features = [None if r is None else r.features for r in results]
-    attack = dataclasses.replace(cfg.attack, progress=False)
-    recs = reconstruct_many([c for c, _ in pairs], results, features, attack)
-    per_image, rows_true, rows_rec = [], [], []
-    for k, (rec, (_, truth)) in enumerate(zip(recs, pairs)):
-        sc = score(rec.images, truth.images, match=cfg.metrics.match, vgg=cfg.metrics.lpips_vgg)
-        for i in range(truth.images.shape[0]):
-            per_image.append({"capture": k, "image": i, "psnr": sc["psnr"][i], "ssim": sc["ssim"][i],
-                              "lpips": sc["lpips_alex"][i], "true_label": int(truth.labels[i])})
-        rows_true.append(truth.images)
-        rows_rec.append(rec.images[torch.as_tensor(sc["perm"])] if "perm" in sc else rec.images)
-    save_grid(grid, [torch.cat(rows_true), torch.cat(rows_rec)], scale=2)
-    psnr = sorted(r["psnr"] for r in per_image)
-    summary = {"psnr_mean": sum(psnr) / len(psnr), "psnr_median": psnr[len(psnr) // 2] if len(psnr) % 2 else
-               (psnr[len(psnr) // 2 - 1] + psnr[len(psnr) // 2]) / 2, "psnr_min": psnr[0],
-               "lpips": sum(r["lpips"] for r in per_image) / len(per_image), "images": len(per_image)}
+    captures, truths = [c for c, _ in pairs], [t for _, t in pairs]
+    runs = [("", cfg.labels)] + ([(":oracle", LabelConfig(mode="truth"))] if cfg.images.oracle else [])
+    per_image: list[dict[str, Any]] = []
+    summary: dict[str, float] = {}
+    rows: list[Any] = [torch.cat([t.images for t in truths])]
+    for suffix, lcfg in runs:
+        attack = dataclasses.replace(derived_attack(lcfg, cfg.attack), progress=False)
+        outcome = attack_stages(lcfg, attack, captures, truths, setup.aux)
+        scored, rec_rows = [], []
+        for k, (rec, truth) in enumerate(zip(outcome.reconstructions, truths)):
+            sc = score(rec.images, truth.images, match=cfg.metrics.match, vgg=cfg.metrics.lpips_vgg)
+            for i in range(truth.images.shape[0]):
+                scored.append({"capture": k, "image": i, "labels": lcfg.mode, "psnr": sc["psnr"][i],
+                               "ssim": sc["ssim"][i], "lpips": sc["lpips_alex"][i],
+                               "true_label": int(truth.labels[i])})
+            rec_rows.append(rec.images[torch.as_tensor(sc["perm"])] if "perm" in sc else rec.images)
+        rows.append(torch.cat(rec_rows))
+        psnr = sorted(r["psnr"] for r in scored)
+        half = len(psnr) // 2
+        summary.update({f"psnr_mean{suffix}": sum(psnr) / len(psnr),
+                        f"psnr_median{suffix}": psnr[half] if len(psnr) % 2 else (psnr[half - 1] + psnr[half]) / 2,
+                        f"psnr_min{suffix}": psnr[0], f"lpips{suffix}": sum(r["lpips"] for r in scored) / len(scored)})
+        per_image += scored
+    summary["images"] = len(per_image) // len(runs)
+    save_grid(grid, rows, scale=2)  # truth, then the reconstruction of each label mode
     return summary, per_image
 
 
@@ -348,9 +373,11 @@ def run_cell(cfg: DefendConfig, setup: Setup, label: str, strength: float | None
     model = fed.model(setup.model, fed_cfg.capture_round)
     label_summary, per_client = _label_leakage(cfg, setup, protocol, model, captures)
     summary.update(label_summary)
-    image_summary, per_image = _image_leakage(cfg, setup, protocol, model, captures[0][0],
-                                              defences.group_size(protocol), grid)
-    summary.update(image_summary)
+    per_image: list[dict[str, Any]] = []
+    if cfg.images.count:
+        image_summary, per_image = _image_leakage(cfg, setup, protocol, model, captures[0][0],
+                                                  defences.group_size(protocol), grid)
+        summary.update(image_summary)
     summary["seconds"] = time.perf_counter() - start
     for r in per_image + per_client:
         r.update(defence=label, strength=strength)
@@ -368,8 +395,9 @@ def cells(cfg: DefendConfig) -> list[tuple[str, float | None, Protocol]]:
 
 
 def _cell_key(cfg: DefendConfig, protocol: Protocol) -> str:
-    """Hash of everything that determines one cell (not the output paths, the other cells)."""
-    keep = {k: v for k, v in to_dict(cfg).items() if k not in ("out", "overwrite", "defences", "only", "protocol")}
+    """Hash of everything that determines one cell (not the output paths, the other cells, the worker count)."""
+    keep = {k: v for k, v in to_dict(cfg).items()
+            if k not in ("out", "overwrite", "defences", "only", "protocol", "workers")}
     text = json.dumps([keep, to_dict(protocol)], sort_keys=True, default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
@@ -380,7 +408,9 @@ def _slug(text: str) -> str:
 
 def _plots(out: Path, cfg: DefendConfig, table: list[dict[str, Any]]) -> list[str]:
     """Privacy–utility plots: one per leakage metric, accuracy against leakage, one curve per defence."""
-    metrics = [f"label_acc:{m}" for m in cfg.label_methods] + ["psnr_mean"]
+    metrics = [f"label_acc:{m}" for m in cfg.label_methods]
+    if cfg.images.count:
+        metrics += ["psnr_mean"] + (["psnr_mean:oracle"] if cfg.images.oracle else [])
     base = next((r for r in table if r["defence"] == BASELINE), None)
     names = []
     for metric in metrics:
@@ -393,7 +423,8 @@ def _plots(out: Path, cfg: DefendConfig, table: list[dict[str, Any]]) -> list[st
             ys.append(r["accuracy"])
             texts.append(f"{r['strength']:g}")
         name = f"tradeoff-{_slug(metric.replace(':', '-'))}.png"
-        xlabel = "image leakage: PSNR [dB]" if metric == "psnr_mean" else f"label leakage: {metric}"
+        xlabel = f"image leakage: PSNR [dB]{' (true labels)' if metric.endswith('oracle') else ''}" \
+            if metric.startswith("psnr_mean") else f"label leakage: {metric}"
         save_tradeoff_plot(out / name, curves, xlabel, f"test accuracy after {cfg.federation.rounds} rounds",
                            title=f"gi defend {cfg.name}: {metric}",
                            reference=None if base is None else (base[metric], base["accuracy"]))
@@ -401,8 +432,59 @@ def _plots(out: Path, cfg: DefendConfig, table: list[dict[str, Any]]) -> list[st
     return names
 
 
+_WORKER_SETUP: dict[str, Setup] = {}
+
+
+def compute_cell(cfg: DefendConfig, label: str, strength: float | None, protocol: Protocol, grid: Path,
+                 setup: Setup | None = None) -> dict[str, Any]:
+    """One cell from a fresh seed: the same record whichever process computes it (a worker builds the shared
+    setup once and keeps it)."""
+    import torch
+
+    if setup is None:  # a worker process: $GI_THREADS threads, else one (the workers share the cores)
+        from gi.core.devices import env_threads
+
+        torch.set_num_threads(env_threads() or 1)
+        key = _cell_key(cfg, cfg.protocol)
+        setup = _WORKER_SETUP.get(key) or _WORKER_SETUP.setdefault(key, build_setup(cfg))
+    torch.manual_seed(cfg.seed)
+    return run_cell(cfg, setup, label, strength, protocol, grid)
+
+
+def _report_cell(label: str, strength: float | None, cfg: DefendConfig, record: dict[str, Any]) -> None:
+    s = record["summary"]
+    leak = "  ".join(f"{m} {s[f'label_acc:{m}']:.3f}" for m in cfg.label_methods)
+    eps = f"  ε {s['epsilon']:.3g}" if "epsilon" in s else ""
+    print(f"  {label:>16s} {strength!s:>8s}  acc {s['accuracy']:.3f}  {leak}  PSNR {s.get('psnr_mean', math.nan):5.2f}"
+          f"{eps}  ({s['seconds']:.0f} s)", flush=True)
+
+
+def _compute_cells(cfg: DefendConfig, todo: list[tuple[str, float | None, Protocol, str, Path]],
+                   cache: Path) -> None:
+    """Compute the missing cells, ``cfg.workers`` at a time (spawned processes), keeping each as it finishes."""
+    if cfg.workers == 1 or len(todo) == 1:
+        setup = build_setup(cfg) if todo else None
+        for label, strength, protocol, key, grid in todo:
+            record = compute_cell(cfg, label, strength, protocol, grid, setup)
+            save_cell(cache, key, record, {"png": grid})
+            _report_cell(label, strength, cfg, record)
+        return
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    with ProcessPoolExecutor(min(cfg.workers, len(todo)), mp_context=mp.get_context("spawn")) as pool:
+        jobs = {pool.submit(compute_cell, cfg, label, strength, protocol, grid): (label, strength, key, grid)
+                for label, strength, protocol, key, grid in todo}
+        for job in as_completed(jobs):
+            label, strength, key, grid = jobs[job]
+            record = job.result()
+            save_cell(cache, key, record, {"png": grid})
+            _report_cell(label, strength, cfg, record)
+
+
 def run_defend(cfg: DefendConfig) -> Path:
-    """Every cell (resuming finished ones), then the table, per-image and per-client CSVs, grids and plots."""
+    """Every cell (resuming finished ones; ``workers`` at a time), then the table, per-image and per-client CSVs,
+    grids and plots."""
     import torch
 
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -411,26 +493,18 @@ def run_defend(cfg: DefendConfig) -> Path:
     with staged_output(out, overwrite=cfg.overwrite) as tmp:
         t0 = time.perf_counter()
         write_yaml(tmp / "config.yaml", to_dict(cfg))
-        setup = None
-        records = []
-        for label, strength, protocol in cells(cfg):
-            key = _cell_key(cfg, protocol)
-            grid = tmp / f"grid-{_slug(label)}-{strength if strength is not None else 0:g}.png"
-            record = load_cell(cache, key)
-            if record is not None:
+        grid_cells = [(label, strength, protocol, _cell_key(cfg, protocol),
+                       tmp / f"grid-{_slug(label)}-{strength if strength is not None else 0:g}.png")
+                      for label, strength, protocol in cells(cfg)]
+        todo = []
+        for label, strength, protocol, key, grid in grid_cells:
+            if load_cell(cache, key) is not None:
                 restore_cell_file(cache, key, "png", grid)
                 print(f"  {label:>16s} {strength!s:>8s}  (finished earlier, reused)", flush=True)
             else:
-                setup = setup or build_setup(cfg)
-                torch.manual_seed(cfg.seed)
-                record = run_cell(cfg, setup, label, strength, protocol, grid)
-                save_cell(cache, key, record, {"png": grid})
-                s = record["summary"]
-                leak = "  ".join(f"{m} {s[f'label_acc:{m}']:.3f}" for m in cfg.label_methods)
-                eps = f"  ε {s['epsilon']:.3g}" if "epsilon" in s else ""
-                print(f"  {label:>16s} {strength!s:>8s}  acc {s['accuracy']:.3f}  {leak}  PSNR {s['psnr_mean']:5.2f}"
-                      f"{eps}  ({s['seconds']:.0f} s)", flush=True)
-            records.append(record)
+                todo.append((label, strength, protocol, key, grid))
+        _compute_cells(cfg, todo, cache)
+        records = [load_cell(cache, key) for _, _, _, key, _ in grid_cells]
         table = [r["summary"] for r in records]
         write_csv(tmp / "table.csv", table)
         write_csv(tmp / "results.csv", [row for r in records for row in r["per_image"]])

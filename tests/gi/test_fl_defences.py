@@ -197,6 +197,7 @@ def test_secure_aggregation_merges_groups_and_keeps_the_federation():
         assert torch.allclose(cap.update["fc.weight"], (group[0][0].update["fc.weight"] +
                                                         group[1][0].update["fc.weight"]) / 2)
         assert torch.equal(truth.counts, group[0][1].counts + group[1][1].counts)
+        assert truth.meta["member_counts"] == [group[0][1].counts.tolist(), group[1][1].counts.tolist()]
         assert torch.equal(want.update["fc.bias"], cap.update["fc.bias"])
 
 

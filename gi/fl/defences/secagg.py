@@ -24,7 +24,8 @@ def secagg(value: Any, spec: Spec, ctx: Context) -> int:
 
 def merge(pairs: Sequence[tuple[Any, Any]]) -> tuple[Any, Any]:
     """One ``(capture, truth)`` for a group of clients' ``(capture, truth)`` pairs: the size-weighted mean of the
-    shared tensors behind the summed sample count; the truth is the union of their samples."""
+    shared tensors behind the summed sample count; the truth is the union of their samples, and its
+    ``meta["member_counts"]`` keeps each member's own per-class counts (the first is the attacker's target)."""
     import torch
 
     if len(pairs) == 1:
@@ -43,5 +44,5 @@ def merge(pairs: Sequence[tuple[Any, Any]]) -> tuple[Any, Any]:
     truth = dataclasses.replace(
         truths[0], images=torch.cat([t.images for t in truths]), labels=torch.cat([t.labels for t in truths]),
         targets=torch.cat([t.targets for t in truths]), counts=sum(t.counts for t in truths), extra={},
-        meta={"clients": meta["clients"]})
+        meta={"clients": meta["clients"], "member_counts": [t.counts.tolist() for t in truths]})
     return capture, truth
