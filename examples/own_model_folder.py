@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--root", help="a folder of images (default: write cifar10-samples PNGs)")
     parser.add_argument("--size", type=int, default=32, help="resize every image to size × size")
     parser.add_argument("--images", type=int, default=5, help="captures (one image each) to attack")
-    parser.add_argument("--iterations", type=int, default=2000, help="of the default preset (L-BFGS)")
+    parser.add_argument("--iterations", type=int, help="of the default preset (L-BFGS; default: the preset's)")
     parser.add_argument("--out", help="where the captures go (default: a temporary folder)")
     parser.add_argument("--mode", choices=("eval", "train"), default="eval", help="BatchNorm mode (protocol)")
     parser.add_argument("--normalize", action="store_true", help="the model maps pixels to (x − 0.5)/0.25 first")
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> dict:
     from gi.data import load
     from gi.metrics import psnr
     from gi.models import from_factory
-    from gi.recon import ReconConfig
+    from gi.recon import ReconConfig, reconstruct_many
 
     work = Path(args.out or tempfile.mkdtemp(prefix="gi-own-model-"))
     root = Path(args.root) if args.root else write_pngs(work / "images", args.images)
@@ -104,18 +104,24 @@ def main(argv: list[str] | None = None) -> dict:
     model = from_factory("examples.own_model_folder:make_net", channels=channels, num_classes=data.num_classes,
                          size=args.size, seed=0, normalize=args.normalize)
     protocol = gi.Protocol(model_mode=args.mode)
-    rows = []
+    captures, results, truths = [], [], []
     for i in range(min(args.images, len(data))):
         capture, truth = gi.capture_gradients(model, data.images[i:i + 1], data.labels[i:i + 1], protocol)
         path = work / f"capture-{i}.safetensors"
         capture.save(path)
-        capture = gi.Capture.load(path)                      # what another process would read
-        result = labels.recover(capture, "auto")             # one sample: the soft-label search (gi run's default)
-        cfg = ReconConfig.from_preset("default", iterations=args.iterations, seed=i, progress=False)  # + features
-        rec = gi.reconstruct(capture, result, config=cfg)
+        captures.append(gi.Capture.load(path))               # what another process would read
+        results.append(labels.recover(captures[-1], "auto"))  # one sample: the soft-label search (gi run's default)
+        truths.append(truth)
+    # every capture of the one global model in one batched problem (as gi run packs its images), + features
+    keys = {"iterations": args.iterations} if args.iterations else {}
+    cfg = ReconConfig.from_preset("default", progress=False, **keys)
+    rows = []
+    recs = reconstruct_many(captures, results, config=cfg)
+    for i, (truth, result, rec) in enumerate(zip(truths, results, recs)):
         rows.append({"image": i, "label": int(truth.labels[0]), "recovered": result.labels.tolist(),
                      "psnr": float(psnr(rec.images.clamp(0, 1), truth.images).mean())})
         print(json.dumps(rows[-1]))
+    capture = captures[-1]
     values = torch.tensor([r["psnr"] for r in rows])
     summary = {"last_layer": capture.last_layer_name, "factory": capture.model_spec["factory"],
                "labels_exact": all(r["recovered"] == [r["label"]] for r in rows),

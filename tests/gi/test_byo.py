@@ -465,7 +465,7 @@ def test_own_model_reconstruction_reaches_25_db_mean_over_5_images(tmp_path):
     saved and re-loaded, labels exact, mean PSNR >= 25 dB over 5 images (README: the measured numbers)."""
     from examples.own_model_folder import main
 
-    summary = main(["--images", "5", "--out", str(tmp_path)])  # the default preset: 2000 L-BFGS iterations
+    summary = main(["--images", "5", "--out", str(tmp_path)])  # the default preset, 5 captures packed
     assert summary["labels_exact"] and summary["images"] == 5
     assert summary["psnr_mean"] >= 25.0, summary
 
