@@ -313,7 +313,7 @@ def _image_leakage(cfg: DefendConfig, setup: Setup, protocol: Protocol, model: A
     secure aggregation), with the labels of ``labels.mode`` and, with ``images.oracle``, the true labels too."""
     import torch
 
-    from gi.metrics import score
+    from gi.metrics import score, summarize
 
     bs = cfg.images.batch_size
     pairs = [fedsgd_capture(cfg, setup, protocol, model, first, group, bs, k) for k in range(cfg.images.count // bs)]
@@ -334,11 +334,10 @@ def _image_leakage(cfg: DefendConfig, setup: Setup, protocol: Protocol, model: A
                                "true_label": int(truth.labels[i])})
             rec_rows.append(rec.images[torch.as_tensor(sc["perm"])] if "perm" in sc else rec.images)
         rows.append(torch.cat(rec_rows))
-        psnr = sorted(r["psnr"] for r in scored)
-        half = len(psnr) // 2
-        summary.update({f"psnr_mean{suffix}": sum(psnr) / len(psnr),
-                        f"psnr_median{suffix}": psnr[half] if len(psnr) % 2 else (psnr[half - 1] + psnr[half]) / 2,
-                        f"psnr_min{suffix}": psnr[0], f"lpips{suffix}": sum(r["lpips"] for r in scored) / len(scored)})
+        psnr = summarize([r["psnr"] for r in scored])
+        summary.update({f"psnr_mean{suffix}": psnr["mean"], f"psnr_median{suffix}": psnr["median"],
+                        f"psnr_min{suffix}": psnr["min"],
+                        f"lpips{suffix}": sum(r["lpips"] for r in scored) / len(scored)})
         per_image += scored
     summary["images"] = len(per_image) // len(runs)
     save_grid(grid, rows, scale=2)  # truth, then the reconstruction of each label mode
