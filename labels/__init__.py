@@ -11,19 +11,22 @@ import pkgutil
 
 from labels.base import BATCH_METHODS, METHODS, LabelResult, describe, recover, recover_many, register
 from labels.counts import largest_remainder, round_counts
+from labels.rounds import average_rounds, recover_rounds
 
 __all__ = [
     "BATCH_METHODS",
     "METHODS",
     "LabelResult",
+    "average_rounds",
     "describe",
     "largest_remainder",
     "recover",
     "recover_many",
+    "recover_rounds",
     "register",
     "round_counts",
 ]
 
 for _mod in pkgutil.iter_modules(__path__):
-    if _mod.name not in {"base", "counts"} and not _mod.name.startswith("_"):
+    if _mod.name not in {"base", "counts", "rounds"} and not _mod.name.startswith("_"):
         importlib.import_module(f"labels.{_mod.name}")

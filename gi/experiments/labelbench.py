@@ -13,7 +13,9 @@ one table compares switches of the same method; ``methods`` lists variants like 
 trial of a row, not means. ``proportion_class: c`` adds ``proportions.png``: the estimated against the true
 proportion of class c, one point per captured client (Ramakrishna & Dán Figs. 5–6), and ``p_true`` / ``p_hat`` to
 ``trials.csv``. ``pool: [key, ...]`` pools grid keys into one summary row (e.g. ``pool: [round]`` averages rounds
-1–10 as Decaf Figs. 7–8 do); ``trials.csv`` keeps every point in its ``grid`` column.
+1–10 as Decaf Figs. 7–8 do); ``trials.csv`` keeps every point in its ``grid`` column. Trials that carry earlier
+rounds (``Trial.history``, fedavg-client ``average_from``) are attacked over all their rounds and the distributions
+averaged (:func:`labels.recover_rounds`, Decaf Fig. 6 d).
 """
 
 from __future__ import annotations
@@ -180,15 +182,19 @@ def run_bench(cfg: LabelBenchConfig) -> Path:
                 for k, trial in enumerate(scenario(copy.deepcopy(setup), gen, t)):
                     trials.append((t, k, trial))
                 bar.update(1)
-            groups: dict[int, list[tuple[int, int, Any]]] = defaultdict(list)
+            groups: dict[tuple[int, int], list[tuple[int, int, Any]]] = defaultdict(list)
             for entry in trials:
-                groups[id(entry[2].aux)].append(entry)
+                groups[(id(entry[2].aux), len(entry[2].history))].append(entry)
             for method in cfg.methods:
                 base, options = method_call(cfg, method)
-                for entries in groups.values():
+                for (_, earlier), entries in groups.items():
                     caps = [e[2].capture for e in entries]
                     start = time.perf_counter()
-                    results = labels.recover_many(caps, base, aux=entries[0][2].aux, **options)
+                    if earlier:  # the multi-round attack: every round recovered, the distributions averaged
+                        rounds = [[e[2].history[i] for e in entries] for i in range(earlier)] + [caps]
+                        results = labels.recover_rounds(rounds, base, aux=entries[0][2].aux, **options)
+                    else:
+                        results = labels.recover_many(caps, base, aux=entries[0][2].aux, **options)
                     per = (time.perf_counter() - start) / len(caps)
                     for (t, k, trial), res in zip(entries, results):
                         row = {"point": summary_labels[p_index], "grid": point, "trial": t, "message": k,

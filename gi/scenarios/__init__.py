@@ -16,7 +16,7 @@ import dataclasses
 import importlib
 import pkgutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,12 +33,15 @@ class Trial:
 
     ``group`` names the row of the results table the trial belongs to (e.g. ``"lenet/sigmoid"``).
     Trials that share the same ``aux`` object (and ``group``) are recovered together in one batched call.
+    ``history``: the same message's captures of earlier rounds (oldest first), when the scenario attaches them
+    for a multi-round attack (fedavg-client ``average_from``; :func:`labels.recover_rounds`); empty otherwise.
     """
 
     capture: Capture
     truth: Truth
     aux: Any = None
     group: str = ""
+    history: list[Capture] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

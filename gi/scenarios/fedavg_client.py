@@ -23,6 +23,10 @@ change ``round`` (or the attack) see the *same* federation: it is simulated once
   ``protocol.local_steps`` is RLU's "epochs": that many steps on fresh batches.
 - ``round`` (captured round, 1 = the untrained initial model), ``federation_rounds`` (how far the cached
   federation is simulated; default ``round``), ``clients`` (captured clients; default all).
+- ``average_from``: the multi-round attack (Decaf §IV-B, Fig. 6 d). Each trial also carries the same client's
+  captures of rounds ``average_from … round − 1`` (``Trial.history``); ``gi labels`` then runs every method on
+  each of those k = round − average_from + 1 rounds and averages the distributions
+  (:func:`labels.recover_rounds`). Default null: the single-round attack.
 - ``eval_samples``: test images (of ``aux.split``) for the global accuracy stored in
   ``capture.meta['global_acc']`` (0: skip).
 - ``group``: row label of the trials (default ``"round <t>"``).
@@ -88,6 +92,7 @@ class FedAvgClientSetup(VictimSetup):
     round: int = 1
     federation_rounds: int | None = None
     clients: list[int] | None = None
+    average_from: int | None = None
     eval_samples: int = 1000
     seed: int = 0
     group: str | None = None
@@ -102,6 +107,8 @@ class FedAvgClientSetup(VictimSetup):
             raise ConfigError(f"fedavg-client needs an update scheme; protocol.scheme={self.protocol.scheme!r}")
         if self.round > self.rounds:
             raise ConfigError(f"round={self.round} is beyond federation_rounds={self.rounds}")
+        require(self.average_from is None or 1 <= self.average_from <= self.round, "setup.average_from",
+                self.average_from, f"null (single-round attack) or a round in 1..round={self.round}")
         if self.train.epochs > 0:
             raise ConfigError("setup.train: the fedavg-client federation starts from the untrained model; "
                               "capture a later round instead")
@@ -213,7 +220,7 @@ def _federation(s: FedAvgClientSetup, trial: int) -> tuple[Any, Any, Any]:
     from gi.fl.victim import run_federation
 
     what = to_dict(s)  # what makes the federation: not the round captured, the clients kept, the aux set's size
-    for name in ("round", "clients", "group"):
+    for name in ("round", "clients", "group", "average_from"):
         what.pop(name)
     what["aux"].pop("per_class")
     key = key_of("fedavg-client federation", what, s.rounds, trial)
@@ -245,6 +252,8 @@ def fedavg_client(s: FedAvgClientSetup, generator: torch.Generator, trial: int) 
     t = s.round
     wanted = None if s.clients is None else set(s.clients)
     group = s.group or f"round {t}"
+    first = t if s.average_from is None else s.average_from
+    earlier = {(r, client): capture for r, client, capture, _ in fed.captures if first <= r < t}
     trials = []
     for r, client, capture, truth in fed.captures:
         if r != t or (wanted is not None and client not in wanted):
@@ -253,5 +262,6 @@ def fedavg_client(s: FedAvgClientSetup, generator: torch.Generator, trial: int) 
         capture.meta = {**capture.meta, "trial": trial}
         if t in fed.accuracy:
             capture.meta["global_acc"] = fed.accuracy[t]
-        trials.append(Trial(capture=capture, truth=truth, aux=aux, group=group))
+        history = [earlier[(e, client)] for e in range(first, t)]
+        trials.append(Trial(capture=capture, truth=truth, aux=aux, group=group, history=history))
     return trials
