@@ -35,6 +35,7 @@ from gi.core.errors import ConfigError
 from gi.experiments.report import (
     check_run_name,
     save_bar_plot,
+    save_line_plot,
     staged_output,
     write_csv,
     write_json,
@@ -137,10 +138,23 @@ def grid_points(cfg: LabelBenchConfig, pooled: bool = False) -> list[tuple[str, 
             if scenario.key(k) != k:
                 deprecated("grid", k, scenario.key(k))
             set_dotted(setup, scenario.key(k).split("."), copy.deepcopy(v), scenario.setup, f"grid key {k!r}")
-        label = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in zip(keys, values)
-                          if not (pooled and k in cfg.pool)) or "all"
-        points.append((label, setup))
+        points.append((point_label({k: v for k, v in zip(keys, values) if not (pooled and k in cfg.pool)}), setup))
     return points
+
+
+def point_label(values: dict[str, Any]) -> str:
+    """The row label of a grid point: ``key=value, …`` (the last part of each dotted key), ``"all"`` for none."""
+    return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in values.items()) or "all"
+
+
+def line_axis(cfg: LabelBenchConfig) -> str | None:
+    """The grid key that ``plot.png`` puts on its x axis: the last unpooled key with >= 3 values, all numbers
+    (rounds, aux sizes, widths); None when there is none (then the plot is a bar chart of the rows)."""
+    for key in reversed([k for k in cfg.grid if k not in cfg.pool]):
+        vals = cfg.grid[key]
+        if len(vals) >= 3 and all(isinstance(v, int | float) and not isinstance(v, bool) for v in vals):
+            return key
+    return None
 
 
 def method_call(cfg: LabelBenchConfig, name: str) -> tuple[str, dict[str, Any]]:
@@ -251,12 +265,27 @@ def summarize_rows(cfg: LabelBenchConfig, rows: list[dict[str, Any]]) -> list[di
 
 
 def _plot(path: Path, cfg: LabelBenchConfig, summary: list[dict[str, Any]], points: list[str]) -> None:
+    """``metrics[0]`` per row: a line per method (and per value of the other unpooled grid keys) against the
+    :func:`line_axis` key when the grid has one, else bars per row and method."""
     metric = cfg.metrics[0]
-    labels_ = points
-    series = {m: [next((float("nan") if r[metric] is None else r[metric] for r in summary
-                        if r["point"] == p and r["method"] == m), float("nan"))
-                  for p in labels_] for m in cfg.methods}
-    save_bar_plot(path, labels_, series, metric, title=cfg.name)
+
+    def value(point: str, method: str) -> float:
+        return next((float("nan") if r[metric] is None else r[metric] for r in summary
+                     if r["point"] == point and r["method"] == method), float("nan"))
+
+    axis = line_axis(cfg)
+    if axis is None:
+        save_bar_plot(path, points, {m: [value(p, m) for p in points] for m in cfg.methods}, metric, title=cfg.name)
+        return
+    keys = [k for k in cfg.grid if k not in cfg.pool]
+    others = [k for k in keys if k != axis]
+    series = {}
+    for combo in itertools.product(*(cfg.grid[k] for k in others)):
+        fixed = dict(zip(others, combo))
+        for method in cfg.methods:
+            name = " ".join([method, *(f"{k.split('.')[-1]}={v}" for k, v in fixed.items())])
+            series[name] = [value(point_label({k: fixed.get(k, x) for k in keys}), method) for x in cfg.grid[axis]]
+    save_line_plot(path, cfg.grid[axis], series, axis.split(".")[-1], metric, title=cfg.name)
 
 
 def class_proportions(result: Any, truth: Any, cls: int) -> dict[str, float]:

@@ -96,3 +96,36 @@ def test_bad_variant_pool_and_metric_configs(kwargs, match):
     base = {"scenario": "test-single-onehot", "methods": ["idlg"]}
     with pytest.raises(ConfigError, match=match):
         LabelBenchConfig(**{**base, **kwargs})
+
+
+def test_line_axis_is_the_last_unpooled_numeric_key():
+    from gi.experiments.labelbench import line_axis
+
+    def cfg(grid, pool=()):
+        return LabelBenchConfig(scenario="test-single-onehot", methods=["idlg"], grid=grid, pool=list(pool))
+
+    assert line_axis(cfg({"round": [1, 2, 3], "avg": [1, None]})) == "round"
+    assert line_axis(cfg({"round": [1, 2, 3], "aux.per_class": [2, 5, 10.5]})) == "aux.per_class"
+    assert line_axis(cfg({"round": [1, 2, 3], "aux.per_class": [2, 5, 10]}, pool=["aux.per_class"])) == "round"
+    assert line_axis(cfg({"round": [1, 2]})) is None  # too few points for a line
+    assert line_axis(cfg({"flag": [True, False, True]})) is None
+    assert line_axis(cfg({"activation": ["sigmoid", "relu", "tanh"]})) is None
+
+
+def test_numeric_grid_is_plotted_as_lines(tmp_path, monkeypatch):
+    """plot.png is a line plot over the numeric key: one line per method and value of the other keys."""
+    import gi.experiments.labelbench as lb
+
+    seen = {}
+    monkeypatch.setattr(lb, "save_line_plot", lambda path, x, series, xlabel, ylabel, title="": seen.update(
+        x=list(x), series=series, xlabel=xlabel) or path.write_bytes(b"png"))
+    cfg = LabelBenchConfig(name="l", scenario="test-single-onehot", trials=1, out=str(tmp_path / "l"),
+                           grid={"activation": ["sigmoid", "relu"], "steps": [1, 2, 3]}, methods=["idlg"],
+                           metrics=["ins_acc"], progress=False)
+    out = run_bench(cfg)
+    assert (out / "plot.png").is_file()
+    assert seen["x"] == [1, 2, 3] and seen["xlabel"] == "steps"
+    rows = {r["point"]: r["ins_acc"] for r in json.loads((out / "summary.json").read_text())["rows"]}
+    assert seen["series"] == {f"idlg activation={a}": [rows[f"activation={a}, steps={k}"] for k in (1, 2, 3)]
+                              for a in ("sigmoid", "relu")}
+    assert seen["series"]["idlg activation=sigmoid"] == [1.0, 1.0, 1.0]  # iDLG is exact with sigmoid, B = 1
