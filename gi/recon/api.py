@@ -112,6 +112,10 @@ def reconstruct_many(
     if not all(same_model(captures[0], c) for c in captures[1:]):
         return [reconstruct_many([c], [lr], [f], cfg, callbacks)[0] for c, lr, f in zip(captures, label_results,
                                                                                          features)]
+    if 0 < cfg.pack < len(captures):  # problems of at most `pack` captures, one after another (ReconConfig.pack)
+        spans = range(0, len(captures), cfg.pack)
+        return [rec for i in spans for rec in reconstruct_many(captures[i:i + cfg.pack], label_results[i:i + cfg.pack],
+                                                               features[i:i + cfg.pack], cfg, callbacks)]
     problem = build_problem(captures, label_results, cfg, features)
     module, seconds, threads = optimise(problem, cfg, callbacks)
     return results(module, cfg, seconds, threads)

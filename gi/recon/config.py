@@ -52,7 +52,10 @@ class ReconConfig:
     ``capture.history`` when the threat model grants them, ``running``: the model's running statistics,
     DeepInversion's choice). ``compile``: ``torch.compile`` the vectorised (``vmap``) objective: 1.6× faster
     steps for 20 packed LeNet captures on a CPU, after a first call that compiles for minutes (README,
-    "Throughput"); off by default.
+    "Throughput"); off by default. ``pack``: captures per packed problem in :func:`gi.recon.reconstruct_many`
+    (0: all of them in one problem; N > 0: problems of at most N captures, run one after another, which bounds
+    the memory of a long ``data.images`` list on a GPU). Every capture starts from the image its own seed gives
+    it, so ``pack`` changes memory and speed, not the reconstructions (up to float rounding).
     """
 
     iterations: int = 1000
@@ -80,6 +83,7 @@ class ReconConfig:
     progress: bool = True
     log_every: int = 50
     compile: bool = False
+    pack: int = 0
     preset: str | None = None
     analytic_tol: float = 1.0e-4
 
@@ -117,6 +121,9 @@ class ReconConfig:
             raise ConfigError("attack.iterations and attack.restarts must be >= 1")
         if self.cull_after < 0:
             raise ConfigError(f"attack.cull_after must be >= 0 (0: no culling), got {self.cull_after}")
+        if self.pack < 0:
+            raise ConfigError(f"attack.pack must be >= 0 (0: every capture in one problem; N: at most N captures "
+                              f"per problem), got {self.pack}")
         if self.lr <= 0 or (self.label_lr is not None and self.label_lr <= 0):
             raise ConfigError(f"attack.lr and attack.label_lr must be > 0, got {self.lr}, {self.label_lr}")
         if self.last_layer_weight < 0 or self.feature_weight < 0:

@@ -105,3 +105,25 @@ def test_regulariser_dominance_is_warned_only_while_the_gradients_are_not_matche
     assert MATCHED < kept < STALL_RATIO and share > DOMINANT, (kept, share)
     assert [w for w in unmatched if "regulariser tv" in w and "lower attack.regularizers.tv" in w], unmatched
     assert not any("stalled" in w for w in unmatched)
+
+
+def test_pack_splits_the_captures_into_problems_with_the_same_results():
+    """attack.pack=N: problems of at most N captures one after another; every capture starts from its own seed's
+    image, so the reconstructions equal those of one packed problem (float rounding of vmap aside)."""
+    captures, results = zip(*[(c, lr) for c, _, lr in (_capture(s) for s in (0, 1, 2))])
+    whole = reconstruct_many(captures, results, None, _config())
+    import lightning as L
+
+    class Fits(L.Callback):
+        sizes: list[int] = []
+
+        def on_train_start(self, trainer, module):
+            self.sizes.append(module.problem.num_problems)
+
+    split = reconstruct_many(captures, results, None, _config(pack=2), callbacks=[Fits()])
+    assert len(split) == 3 and Fits.sizes == [2, 1]  # two problems: captures 0-1, then capture 2
+    for w, s in zip(whole, split):
+        assert torch.allclose(w.images, s.images, atol=1e-4)
+        assert s.best_restart == w.best_restart
+    with pytest.raises(ConfigError, match="attack.pack must be >= 0"):
+        ReconConfig(pack=-1)
