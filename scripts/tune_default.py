@@ -60,6 +60,9 @@ def run_seed(path: str, overrides: list[str], keys: dict[str, object], seed: int
         print("  warning:", w[:160])
     objective = [float(r.objective.min()) for r in outcome.reconstructions]
     print("  objective " + " ".join(f"{o:.1e}" for o in objective))
+    first = [min(r.history["objective"][0]) if r.history.get("objective") else float("nan")
+             for r in outcome.reconstructions]
+    print("  kept      " + " ".join(f"{o / f:.1e}" for o, f in zip(objective, first)))
     values = torch.cat(values)
     return values, cpu / len(values), wall / len(values)
 

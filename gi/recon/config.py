@@ -56,6 +56,10 @@ class ReconConfig:
     (0: all of them in one problem; N > 0: problems of at most N captures, run one after another, which bounds
     the memory of a long ``data.images`` list on a GPU). Every capture starts from the image its own seed gives
     it, so ``pack`` changes memory and speed, not the reconstructions (up to float rounding).
+    ``retries``: restart on a stall. After the fit, every capture whose best restart kept more than
+    ``retry_ratio`` of its starting objective (:func:`gi.recon.api.stalled`: the DLG plateau) is fitted again
+    from new starts (``seed`` + k for the k-th retry), up to ``retries`` times; the fit with the lower objective
+    is kept (never chosen with ground truth) and ``history['retries']`` records the retries it took.
     """
 
     iterations: int = 1000
@@ -84,6 +88,8 @@ class ReconConfig:
     log_every: int = 50
     compile: bool = False
     pack: int = 0
+    retries: int = 0
+    retry_ratio: float = 1.0e-3
     preset: str | None = None
     analytic_tol: float = 1.0e-4
 
@@ -121,6 +127,11 @@ class ReconConfig:
             raise ConfigError("attack.iterations and attack.restarts must be >= 1")
         if self.cull_after < 0:
             raise ConfigError(f"attack.cull_after must be >= 0 (0: no culling), got {self.cull_after}")
+        if self.retries < 0:
+            raise ConfigError(f"attack.retries must be >= 0 (0: no restart on a stall), got {self.retries}")
+        if not 0 < self.retry_ratio < 1:
+            raise ConfigError(f"attack.retry_ratio must be in (0, 1): a fit stalled when its objective kept more "
+                              f"than this fraction of its start; got {self.retry_ratio}")
         if self.pack < 0:
             raise ConfigError(f"attack.pack must be >= 0 (0: every capture in one problem; N: at most N captures "
                               f"per problem), got {self.pack}")

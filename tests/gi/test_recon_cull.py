@@ -127,3 +127,49 @@ def test_pack_splits_the_captures_into_problems_with_the_same_results():
         assert s.best_restart == w.best_restart
     with pytest.raises(ConfigError, match="attack.pack must be >= 0"):
         ReconConfig(pack=-1)
+
+
+def test_stalled_compares_the_best_restarts_end_with_its_start():
+    from gi.recon.api import Reconstruction, stalled
+
+    def rec(final: float) -> Reconstruction:
+        return Reconstruction(images=torch.zeros(1), all_images=torch.zeros(2, 1), labels=torch.zeros(1),
+                              objective=torch.tensor([1.0, final]), best_restart=1,
+                              history={"objective": [[0.5, 10.0], [0.4, 1.0]]})
+
+    assert not stalled(rec(0.009), 1e-3)  # 0.009 <= 1e-3 x 10 (the best restart's own start, not restart 0's)
+    assert stalled(rec(0.011), 1e-3)
+    assert not stalled(Reconstruction(images=torch.zeros(1), all_images=torch.zeros(1, 1), labels=torch.zeros(1),
+                                      objective=torch.tensor([5.0]), best_restart=0), 1e-3)  # nothing logged
+
+
+def test_retries_refit_stalled_captures_from_new_starts_and_keep_the_lower_objective():
+    """With retry_ratio tiny every capture counts as stalled: one retry refits all of them with seed + 1, and each
+    keeps the fit (seed 0 or seed 1, each run alone here) with the lower objective."""
+    import lightning as L
+
+    class Fits(L.Callback):
+        count = 0
+
+        def on_train_start(self, trainer, module):
+            Fits.count += 1
+
+    captures, results = zip(*[(c, lr) for c, _, lr in (_capture(s) for s in (0, 1))])
+    seed0 = reconstruct_many(captures, results, None, _config(restarts=1))
+    seed1 = reconstruct_many(captures, results, None, _config(restarts=1, seed=1))
+    got = reconstruct_many(captures, results, None, _config(restarts=1, retries=1, retry_ratio=1e-30),
+                           callbacks=[Fits()])
+    assert Fits.count == 2
+    for a, b, g in zip(seed0, seed1, got):
+        win = a if float(a.objective.min()) < float(b.objective.min()) else b
+        assert torch.allclose(g.images, win.images, atol=1e-5) and g.history["retries"] == 1
+    none = reconstruct_many(captures, results, None, _config(restarts=1, retries=3, retry_ratio=0.999))
+    assert all("retries" not in r.history for r in none)  # the objective fell: no stall, no retry
+
+
+@pytest.mark.parametrize(("keys", "match"), [({"retries": -1}, "retries must be >= 0"),
+                                             ({"retry_ratio": 0.0}, "retry_ratio must be in"),
+                                             ({"retry_ratio": 1.0}, "retry_ratio must be in")])
+def test_bad_retry_settings_are_clear_errors(keys, match):
+    with pytest.raises(ConfigError, match=match):
+        ReconConfig(**keys)
