@@ -116,16 +116,21 @@ def reconstruct_many(
         again = [i for i, rec in enumerate(recs) if stalled(rec, cfg.retry_ratio)]
         if not again:
             break
-        log.warning("%d of %d capture(s) stalled (objective above %g of its start); retry %d of %d from new "
-                    "starts (attack.seed + %d)", len(again), len(recs), cfg.retry_ratio, attempt, cfg.retries, attempt)
+        retry = dataclasses.replace(cfg, seed=cfg.seed + attempt, restarts=cfg.restarts * RETRY_GROWTH ** attempt)
+        log.warning("%d of %d capture(s) stalled (objective above %g of its start); retry %d of %d from %d new "
+                    "starts (attack.seed + %d)", len(again), len(recs), cfg.retry_ratio, attempt, cfg.retries,
+                    retry.restarts, attempt)
         news = fit_many([captures[i] for i in again], [label_results[i] for i in again], [features[i] for i in again],
-                        dataclasses.replace(cfg, seed=cfg.seed + attempt), callbacks)
+                        retry, callbacks)
         for i, new in zip(again, news):
             old = recs[i]
             recs[i] = new if float(new.objective.min()) < float(old.objective.min()) else old
             recs[i].seconds = old.seconds + new.seconds
             recs[i].history["retries"] = attempt
     return recs
+
+
+RETRY_GROWTH = 4  # the k-th retry of a stalled capture runs restarts x 4**k new starts (culled as configured)
 
 
 def fit_many(captures: Sequence[Capture], label_results: Sequence[LabelResult | None],

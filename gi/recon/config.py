@@ -58,8 +58,9 @@ class ReconConfig:
     it, so ``pack`` changes memory and speed, not the reconstructions (up to float rounding).
     ``retries``: restart on a stall. After the fit, every capture whose best restart kept more than
     ``retry_ratio`` of its starting objective (:func:`gi.recon.api.stalled`: the DLG plateau) is fitted again
-    from new starts (``seed`` + k for the k-th retry), up to ``retries`` times; the fit with the lower objective
-    is kept (never chosen with ground truth) and ``history['retries']`` records the retries it took.
+    from ``restarts`` × 4^k new starts (seed ``seed`` + k for the k-th retry; culled by ``cull_after`` like the
+    first fit), up to ``retries`` times; the fit with the lower objective is kept (never chosen with ground
+    truth) and ``history['retries']`` records the retries it took. Callbacks see every fit.
     """
 
     iterations: int = 1000

@@ -144,8 +144,8 @@ def test_stalled_compares_the_best_restarts_end_with_its_start():
 
 
 def test_retries_refit_stalled_captures_from_new_starts_and_keep_the_lower_objective():
-    """With retry_ratio tiny every capture counts as stalled: one retry refits all of them with seed + 1, and each
-    keeps the fit (seed 0 or seed 1, each run alone here) with the lower objective."""
+    """With retry_ratio tiny every capture counts as stalled: one retry refits all of them with seed + 1 and 4x the
+    restarts, and each keeps the fit (seed 0 or the retry, each run alone here) with the lower objective."""
     import lightning as L
 
     class Fits(L.Callback):
@@ -156,13 +156,14 @@ def test_retries_refit_stalled_captures_from_new_starts_and_keep_the_lower_objec
 
     captures, results = zip(*[(c, lr) for c, _, lr in (_capture(s) for s in (0, 1))])
     seed0 = reconstruct_many(captures, results, None, _config(restarts=1))
-    seed1 = reconstruct_many(captures, results, None, _config(restarts=1, seed=1))
+    seed1 = reconstruct_many(captures, results, None, _config(restarts=4, seed=1))
     got = reconstruct_many(captures, results, None, _config(restarts=1, retries=1, retry_ratio=1e-30),
                            callbacks=[Fits()])
     assert Fits.count == 2
     for a, b, g in zip(seed0, seed1, got):
         win = a if float(a.objective.min()) < float(b.objective.min()) else b
         assert torch.allclose(g.images, win.images, atol=1e-5) and g.history["retries"] == 1
+        assert len(g.objective) == len(win.objective)
     none = reconstruct_many(captures, results, None, _config(restarts=1, retries=3, retry_ratio=0.999))
     assert all("retries" not in r.history for r in none)  # the objective fell: no stall, no retry
 
