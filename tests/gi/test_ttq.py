@@ -173,10 +173,10 @@ def test_merge_runs_joins_disjoint_parts_and_refuses_overlaps(tmp_path):
     from gi.core.config import to_dict
     from gi.experiments.report import write_json, write_yaml
 
-    def part(name, captures, budget=100.0):
+    def part(name, captures, every=50):
         d = tmp_path / name
         d.mkdir()
-        cfg = TTQConfig(budget=budget, select=captures)
+        cfg = TTQConfig(every=every, select=captures)
         write_yaml(d / "config.yaml", to_dict(cfg))
         curves = []
         for k in captures:
@@ -197,7 +197,7 @@ def test_merge_runs_joins_disjoint_parts_and_refuses_overlaps(tmp_path):
     with pytest.raises(ConfigError, match="same capture"):
         ttq.merge_runs([a, part("c", [1])], tmp_path / "m2")
     with pytest.raises(ConfigError, match="different configs"):
-        ttq.merge_runs([a, part("d", [5], budget=7.0)], tmp_path / "m3")
+        ttq.merge_runs([a, part("d", [5], every=7)], tmp_path / "m3")
 
 
 def test_breaching_setup_runs_on_grey_images():
