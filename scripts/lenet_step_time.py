@@ -8,8 +8,9 @@ one process on one thread (process CPU time, so other jobs on a shared machine d
 
 Variants: ``compact`` / ``two-loop`` (this tree's BatchedLBFGS directions), ``old`` (BatchedLBFGS as it was at git
 ``ref``, default abd53e7: a list memory and the two-loop), ``hist=K`` (compact with K curvature pairs); a suffix
-``+onednn`` keeps oneDNN convolutions (the step path before native small convolutions, ``small_convolutions``):
-``old+onednn`` is the step as it was at abd53e7.
+``+onednn`` keeps oneDNN convolutions (the step path before native small convolutions, ``small_convolutions``),
+``+vmap`` keeps the vmap path for the one row (before the loop path took a single row after the cull):
+``old+onednn+vmap`` is the step of the default preset on one capture after its cull as it was at abd53e7.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def old_lbfgs(ref: str) -> type:
 
 
 def make_optimizer(variant: str, params: list[torch.Tensor], ref: str) -> torch.optim.Optimizer:
-    variant = variant.removesuffix("+onednn")
+    variant = variant.split("+")[0]
     if variant == "old":
         return old_lbfgs(ref)(params, lr=1.0)
     if variant.startswith("hist="):
@@ -69,8 +70,12 @@ def main(argv: list[str]) -> None:
     problem = build_problem(captures, labels, attack, features)
     modules = {}
     for v in variants:
-        mod = GradientInversion(problem, attack)
-        if v.endswith("+onednn"):
+        vmap = "+vmap" in v
+        mod = GradientInversion(build_problem(captures, labels, dataclasses.replace(attack, batching="vmap"),
+                                              features) if vmap else problem, attack)
+        if vmap:
+            mod.vectorised = lambda: True  # this instance only: the vmap path although one row is left
+        if "+onednn" in v:
             mod.macs_per_image = None  # unknown conv work: the default (oneDNN) convolutions
         opt = make_optimizer(v, [mod.images], keys.get("ref", "abd53e7"))
         mod.raw_optimizers, mod.raw_schedulers = [opt], [torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)]
@@ -84,7 +89,7 @@ def main(argv: list[str]) -> None:
             opt = mod.raw_optimizers[0]
             t_obj = t_opt = 0.0
             t0 = time.process_time()
-            for i in range(done, done + steps):
+            for _ in range(steps):
                 a = time.process_time()
                 opt.zero_grad(set_to_none=True)
                 loss = mod.objective_and_backward()
