@@ -132,3 +132,18 @@ def test_compact_and_two_loop_follow_the_same_path_on_a_real_image(monkeypatch):
     rel = ((obj_a - obj_b).abs() / obj_b.abs()).tolist()
     assert max(rel[:20]) < 1e-3 and max(rel) < 2e-2, rel
     assert abs(psnr_a - psnr_b) < 0.5, (psnr_a, psnr_b)
+
+
+def test_lbfgs_for_picks_compact_for_a_small_memory_and_the_list_two_loop_beyond():
+    from gi.recon.optim import OPTIMIZERS, TwoLoopLBFGS, lbfgs_for, select_rows
+
+    one = torch.zeros(1, 1, 3, 32, 32, requires_grad=True)
+    many = torch.zeros(80, 1, 3, 32, 32, requires_grad=True)
+    assert isinstance(lbfgs_for([{"params": [one]}], 1.0), BatchedLBFGS)
+    assert isinstance(lbfgs_for([{"params": [torch.zeros(4, 1, 3, 32, 32)]}], 1.0), BatchedLBFGS)  # 9.8 MB
+    opt = OPTIMIZERS["lbfgs"]([{"params": [many], "lr": 1.0}], type("C", (), {"lr": 1.0})())
+    assert isinstance(opt, TwoLoopLBFGS)
+    many.grad = torch.ones_like(many)
+    opt.step()
+    select_rows(opt, torch.tensor([3]))
+    assert opt.prev_x.shape[0] == 1 and opt.g0.shape == (1,)
