@@ -13,15 +13,17 @@ budgets, crossing times and ratios use (both are recorded).
   ``attack`` sections (labels recovered, e.g. ``auto``; then features; then the preset's reconstruction). The score
   is the best iterate by the attack objective (what the attack returns when stopped there).
 - ``breaching``: breaching's ``invertinggradients`` attack config with ``tv`` (its own CIFAR notebook's 5e-4
-  by default) and ``max_iterations``, given the TRUE labels (ours recovers them), on the model WITHOUT its
-  ``Normalize`` layer with the dataset mean/std in its metadata, so its candidate lives in normalised space as its
-  authors intend. The score is its best candidate so far by its own rule (lowest objective of the previous
-  iterate, the iterate after the step and the box projection). breaching is not a dependency of this project:
-  it is imported when this contender runs, and a missing install is a one-line :class:`ConfigError` raised before
-  any work (:func:`check_contenders`).
+  by default) and ``max_iterations`` (or several ``schedules``, one curve each), given the TRUE labels (ours
+  recovers them), on the model WITHOUT its ``Normalize`` layer with the dataset mean/std in its metadata, so its
+  candidate lives in normalised space as its authors intend. The score is its best candidate so far by its own
+  rule (lowest objective of the previous iterate, the iterate after the step and the box projection). breaching
+  is not a dependency of this project: it is imported when this contender runs, and a missing install is a
+  one-line :class:`ConfigError` raised before any work (:func:`check_contenders`).
 
 Time to ``levels`` dB: the clock at the first checkpoint whose PSNR reaches the level (:func:`time_to`); a
-contender that never reaches it within its budget is *censored* at its last clock reading. The ratio
+contender that never reaches it within its budget is *censored* at its last clock reading. A contender run under
+several variants (breaching's ``schedules``) is scored per capture by its best wiring (:func:`best_of`): the
+earliest time to each level over its variants. The ratio
 breaching/ours per capture is exact when both reach the level, a lower bound (``>=``) when only ours does, an upper
 bound when only breaching does (:func:`ratio`). ``psnr_at`` gives each contender's PSNR at equal time (the last
 checkpoint at or before it).
@@ -62,10 +64,18 @@ class BreachingOptions:
     tv: float = 5.0e-4
     max_iterations: int = 24000
     seed: int = 0
+    schedules: list[int] | None = None  # several max_iterations, one curve each (null: max_iterations alone)
 
     def __post_init__(self) -> None:
         require(self.tv >= 0, "breaching.tv", self.tv, ">= 0")
         require(self.max_iterations >= 1, "breaching.max_iterations", self.max_iterations, ">= 1")
+        require(self.schedules is None or (bool(self.schedules) and all(n >= 1 for n in self.schedules)
+                                           and len(set(self.schedules)) == len(self.schedules)),
+                "breaching.schedules", self.schedules, "distinct max_iterations >= 1 (null: max_iterations)")
+
+    def iteration_counts(self) -> list[int]:
+        """The max_iterations breaching runs with: ``schedules``, else ``max_iterations``."""
+        return list(self.schedules) if self.schedules else [self.max_iterations]
 
 
 @dataclass
@@ -148,11 +158,13 @@ class AttackClock:
 
 @dataclass
 class Curve:
-    """One contender on one capture: checkpoints (iterations done, wall and CPU seconds, PSNR in dB); the last
-    point is the answer the attack returned."""
+    """One contender (``variant``: which of its wirings, e.g. breaching's ``"24000 it"``) on one capture:
+    checkpoints (iterations done, wall and CPU seconds, PSNR in dB); the last point is the answer the attack
+    returned. ``info["stopped_by_budget"]``: the budget, not the attack's own iterations, ended it."""
 
     contender: str
     capture: int
+    variant: str = ""
     iterations: list[int] = field(default_factory=list)
     wall: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)
@@ -200,6 +212,45 @@ def ratio(ours: float | None, theirs: float | None, ours_budget: float, theirs_b
     return None, "neither"
 
 
+def stopped_by_budget(curve: Curve) -> bool:
+    """Whether the budget (not the attack's own iterations) ended ``curve``: its ``info["stopped_by_budget"]``;
+    for curves written before that key, fewer iterations than ``info["max_iterations"]`` (breaching), else True
+    (the conservative reading: a level it missed is censored at its last reading)."""
+    if "stopped_by_budget" in curve.info:
+        return bool(curve.info["stopped_by_budget"])
+    if "max_iterations" in curve.info:
+        return curve.iterations[-1] < int(curve.info["max_iterations"])
+    return True
+
+
+def best_of(curves: Sequence[Curve], clock: str, levels: Sequence[float], when: float) -> dict[str, Any]:
+    """One contender's best wiring on one capture over its variants' ``curves``: per level the earliest time
+    (None: no variant reached it) and the variant that gave it, the highest final PSNR and PSNR at ``when``.
+    ``seconds`` is where a level no variant reached is censored: the shortest variant the budget stopped (it might
+    have reached the level just after), else (every variant ran its own iterations to the end and never reached
+    it) the longest run (:func:`stopped_by_budget`)."""
+    row: dict[str, Any] = {}
+    finals = [c.seconds(clock)[-1] for c in curves]
+    cut = [t for c, t in zip(curves, finals) if stopped_by_budget(c)]
+    best_final = max(curves, key=lambda c: c.psnr[-1])
+    row.update(final_psnr=best_final.psnr[-1], seconds=min(cut) if cut else max(finals),
+               iterations=best_final.iterations[-1])
+    at = [v for c in curves for v in [psnr_at(c.seconds(clock), c.psnr, when)] if v is not None]
+    row["psnr_at_equal_time"] = max(at) if at else None
+    for lvl in levels:
+        times = [(t, c.variant) for c in curves for t in [time_to(c.seconds(clock), c.psnr, lvl)] if t is not None]
+        row[f"time_to_{lvl:g}"] = min(times)[0] if times else None
+        if len(curves) > 1:
+            row[f"best_variant_{lvl:g}"] = min(times)[1] if times else None
+    if len(curves) > 1:
+        row["variants"] = {c.variant: {"final_psnr": c.psnr[-1], "seconds": c.seconds(clock)[-1],
+                                       "iterations": c.iterations[-1],
+                                       "stopped_by_budget": stopped_by_budget(c),
+                                       **{f"time_to_{lvl:g}": time_to(c.seconds(clock), c.psnr, lvl)
+                                          for lvl in levels}} for c in curves}
+    return row
+
+
 def median_bound(pairs: Sequence[tuple[float | None, str]]) -> tuple[float | None, str]:
     """Median and minimum of ratios some of which are bounds: the median of the values, marked ``>=`` when every
     value is exact or a lower bound and some are bounds, ``~`` when upper bounds are mixed in."""
@@ -225,11 +276,13 @@ class Victim:
 @dataclass(frozen=True)
 class Contender:
     """``check(cfg)`` raises before any work when the contender cannot run; ``run(cfg, victim, k, clock, score)``
-    attacks capture ``k`` and returns its :class:`Curve` (``score(images)`` → PSNR against the truth)."""
+    attacks capture ``k`` and returns its :class:`Curve` (``score(images)`` → PSNR against the truth);
+    ``variants(cfg)``: the ``(name, cfg)`` it runs under, one curve each (None: once, under ``cfg``)."""
 
     check: Callable[[TTQConfig], None]
     run: Callable[[TTQConfig, Victim, int, AttackClock, Callable[[Any], float]], Curve]
     summary: str
+    variants: Callable[[TTQConfig], list[tuple[str, TTQConfig]]] | None = None
 
 
 CONTENDERS: dict[str, Contender] = {}
@@ -254,6 +307,8 @@ def _gi_default_job(cfg: TTQConfig, victim: Victim, k: int, clock: AttackClock,
     budget, which = cfg.budget, cfg.clock
     steps = [0]
 
+    stopped = [False]
+
     class Checkpoints(L.Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
             done = steps[0] = batch_idx + 1
@@ -261,8 +316,8 @@ def _gi_default_job(cfg: TTQConfig, victim: Victim, k: int, clock: AttackClock,
                 clock.pause()
                 curve.add(done, clock.read(), score(pl_module.current_batch()[0]))
                 clock.resume()
-            if clock.read()[which] >= budget:
-                trainer.should_stop = True
+            if clock.read()[which] >= budget and done < trainer.max_steps:
+                trainer.should_stop = stopped[0] = True
 
     job = victim.job
     attack = dataclasses.replace(job.attack, threads=cfg.threads, progress=False)
@@ -274,7 +329,7 @@ def _gi_default_job(cfg: TTQConfig, victim: Victim, k: int, clock: AttackClock,
     curve.add(steps[0], clock.read(), score(rec.images))
     curve.info = {"stages": outcome.stages,  # the reconstruct stage's own seconds include the scoring pauses
                   "labels_ok": all(lr is None or lr.ok for lr in outcome.label_results),
-                  "labels_given": False}
+                  "labels_given": False, "stopped_by_budget": stopped[0]}
     return curve
 
 
@@ -364,8 +419,8 @@ def _breaching_attack(cfg: TTQConfig, victim: Victim, k: int, clock: AttackClock
     def pixels(x: torch.Tensor) -> torch.Tensor:
         return (x.detach() * ds + dm).clamp(0, 1)
 
-    curve = Curve("breaching", k)
-    state: dict[str, Any] = {"done": 0, "loss": None, "best": None, "best_loss": math.inf}
+    curve = Curve("breaching", k, variant=f"{opts.max_iterations} it")
+    state: dict[str, Any] = {"done": 0, "loss": None, "best": None, "best_loss": math.inf, "stopped": False}
     budget, which = cfg.budget, cfg.clock
 
     def pre_hook(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
@@ -378,6 +433,7 @@ def _breaching_attack(cfg: TTQConfig, victim: Victim, k: int, clock: AttackClock
                 curve.add(state["done"], clock.read(), score(pixels(state["best"])))
                 clock.resume()
             if clock.read()[which] >= budget:
+                state["stopped"] = True
                 raise _OutOfBudget
         closure = args[1] if len(args) > 1 else kwargs.pop("closure")  # args[0] is the optimiser
 
@@ -401,14 +457,24 @@ def _breaching_attack(cfg: TTQConfig, victim: Victim, k: int, clock: AttackClock
     clock.pause()
     curve.add(state["done"], clock.read(), score(pixels(out["data"])))
     curve.info = {"labels_given": True, "tv": opts.tv, "max_iterations": opts.max_iterations,
-                  "space": "normalised (model without Normalize; mean/std in metadata)"}
+                  "space": "normalised (model without Normalize; mean/std in metadata)",
+                  "stopped_by_budget": state["stopped"]}
     return curve
 
 
 register_contender("gi")(Contender(_no_check, _gi_default_job,
                                    "this toolkit's default job: labels (recovered) -> features -> preset"))
+def breaching_schedules(cfg: TTQConfig) -> list[tuple[str, TTQConfig]]:
+    """One variant per ``breaching.schedules`` entry (else ``max_iterations``): its step-lr schedule over that many
+    iterations (x0.1 at 3/8, 5/8, 7/8)."""
+    return [(f"{n} it", dataclasses.replace(cfg, breaching=dataclasses.replace(cfg.breaching, max_iterations=n,
+                                                                                schedules=None)))
+            for n in cfg.breaching.iteration_counts()]
+
+
 register_contender("breaching")(Contender(check_breaching, _breaching_attack,
-                                          "breaching invertinggradients, normalised space, TV 5e-4, true labels"))
+                                          "breaching invertinggradients, normalised space, TV 5e-4, true labels",
+                                          breaching_schedules))
 
 
 # --------------------------------------------------------------------------- the job
@@ -445,21 +511,20 @@ def scorer(truth: Any) -> Callable[[Any], float]:
 
 
 def summarize(cfg: TTQConfig, curves: list[Curve]) -> dict[str, Any]:
-    """Per capture: time to every level per contender (None: censored, with the contender's last clock), the
-    ratio to ``gi`` and the PSNR at ``equal_time``; over captures: median and min ratio, PSNRs at equal time."""
+    """Per capture: time to every level per contender (its best variant, :func:`best_of`; None: censored, at its
+    ``seconds``), the ratio to ``gi`` and the PSNR at ``equal_time``; over captures: median and min ratio, PSNRs at
+    equal time."""
     clock = cfg.clock
     when = cfg.equal_time or cfg.budget
-    by = {(c.contender, c.capture): c for c in curves}
+    by: dict[tuple[str, int], list[Curve]] = {}
+    for c in curves:
+        by.setdefault((c.contender, c.capture), []).append(c)
     captures = sorted({c.capture for c in curves})
     rows = []
     for k in captures:
         row: dict[str, Any] = {"capture": k}
         for name in cfg.contenders:
-            c = by[(name, k)]
-            secs = c.seconds(clock)
-            row[name] = {"final_psnr": c.psnr[-1], "seconds": secs[-1], "iterations": c.iterations[-1],
-                         "psnr_at_equal_time": psnr_at(secs, c.psnr, when),
-                         **{f"time_to_{lvl:g}": time_to(secs, c.psnr, lvl) for lvl in cfg.levels}}
+            row[name] = best_of(by[(name, k)], clock, cfg.levels, when)
         if "gi" in cfg.contenders:
             for name in cfg.contenders:
                 if name == "gi":
@@ -490,25 +555,30 @@ def summarize(cfg: TTQConfig, curves: list[Curve]) -> dict[str, Any]:
 
 
 def save_plot(path: Path, cfg: TTQConfig, curves: list[Curve], title: str) -> None:
-    """PSNR against seconds: a thin line per contender per capture, the median over captures bold."""
+    """PSNR against seconds: a thin line per contender (and variant) per capture, the median over captures bold
+    (drawn up to the longest curve; where a shorter curve has ended it holds its last value)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    colours = {name: f"C{i}" for i, name in enumerate(cfg.contenders)}
+    groups = list(dict.fromkeys((c.contender, c.variant) for c in curves
+                                if c.contender in cfg.contenders))
+    groups.sort(key=lambda g: cfg.contenders.index(g[0]))
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=130)
-    for name in cfg.contenders:
-        mine = [c for c in curves if c.contender == name]
+    for i, (name, variant) in enumerate(groups):
+        colour = f"C{i}"
+        mine = [c for c in curves if (c.contender, c.variant) == (name, variant)]
         for c in mine:
-            ax.plot(c.seconds(cfg.clock), c.psnr, color=colours[name], alpha=0.3, lw=0.8)
+            ax.plot(c.seconds(cfg.clock), c.psnr, color=colour, alpha=0.3, lw=0.8)
         ends = max(c.seconds(cfg.clock)[-1] for c in mine)
         starts = min(c.seconds(cfg.clock)[0] for c in mine)
         grid = np.geomspace(max(starts, 1e-2), ends, 200)
         values = [[psnr_at(c.seconds(cfg.clock), c.psnr, t) for c in mine] for t in grid]
         med = [statistics.median(v) if all(x is not None for x in v) else np.nan for v in values]
-        ax.plot(grid, med, color=colours[name], lw=2.4, label=f"{name} (median of {len(mine)})")
+        label = f"{name} {variant}".strip()
+        ax.plot(grid, med, color=colour, lw=2.4, label=f"{label} (median of {len(mine)})")
     for lvl in cfg.levels:
         ax.axhline(lvl, color="grey", ls=":", lw=0.8)
     ax.set_xscale("log")
@@ -543,15 +613,18 @@ def run_ttq(cfg: TTQConfig) -> Path:
             order = cfg.contenders if k % 2 == 0 else cfg.contenders[::-1]
             score = scorer(victim.truths[k])
             for name in order:
-                torch.set_num_threads(cfg.threads)
-                curve = CONTENDERS[name].run(cfg, victim, k, AttackClock(), score)
-                curve.capture = cfg.select[k] if cfg.select else k
-                curves.append(curve)
-                secs = curve.seconds(cfg.clock)
-                reached = ", ".join(f"{lvl:g} dB at {t:.1f} s" if t is not None else f"{lvl:g} dB never"
-                                    for lvl in cfg.levels for t in [time_to(secs, curve.psnr, lvl)])
-                print(f"capture {curve.capture:2d} {name:>10s}: {curve.psnr[-1]:6.2f} dB after {secs[-1]:7.1f} s "
-                      f"({curve.iterations[-1]} it; {reached})  load {os.getloadavg()[0]:.2f}", flush=True)
+                contender = CONTENDERS[name]
+                for variant, vcfg in (contender.variants(cfg) if contender.variants else [("", cfg)]):
+                    torch.set_num_threads(cfg.threads)
+                    curve = contender.run(vcfg, victim, k, AttackClock(), score)
+                    curve.capture, curve.variant = (cfg.select[k] if cfg.select else k), variant
+                    curves.append(curve)
+                    secs = curve.seconds(cfg.clock)
+                    reached = ", ".join(f"{lvl:g} dB at {t:.1f} s" if t is not None else f"{lvl:g} dB never"
+                                        for lvl in cfg.levels for t in [time_to(secs, curve.psnr, lvl)])
+                    print(f"capture {curve.capture:2d} {f'{name} {variant}'.strip():>18s}: {curve.psnr[-1]:6.2f} dB "
+                          f"after {secs[-1]:7.1f} s ({curve.iterations[-1]} it; {reached})  "
+                          f"load {os.getloadavg()[0]:.2f}", flush=True)
         summary = summarize(cfg, curves)
         meta = {"created": stamp, "git": git_commit(), "torch": torch.__version__,
                 "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
@@ -563,22 +636,49 @@ def run_ttq(cfg: TTQConfig) -> Path:
     return out
 
 
+MERGE_MAY_DIFFER = ("select", "out", "overwrite", "name", "contenders", "budget", "breaching")
+
+
 def merge_runs(parts: Sequence[str | Path], out: str | Path, overwrite: bool = False) -> Path:
-    """One output directory from several runs of one config over disjoint ``select`` lists (e.g. two processes
-    on two cores): every curve, the summary over all captures and the plot; ``parts.json`` names the parts."""
+    """One output directory from several runs of one job: disjoint ``select`` lists (e.g. two processes on two
+    cores) and/or different contenders or breaching schedules on the same captures (e.g. breaching's long
+    schedules in one process, ours in another): every curve, the summary over all captures (each contender's best
+    variant per capture) and the plot; ``summary.json`` names the parts. The parts must agree on everything but
+    :data:`MERGE_MAY_DIFFER` (same job, levels, checkpoints, clock, threads, breaching's tv and seed) and
+    attack each (contender, variant, capture) once; the merged config lists every contender (``gi`` first),
+    every breaching schedule and the largest budget."""
     import yaml
 
     parts = [Path(p) for p in parts]
     configs = [yaml.safe_load((p / "config.yaml").read_text()) for p in parts]
-    strip = ("select", "out", "overwrite")
-    if any({k: v for k, v in c.items() if k not in strip} != {k: v for k, v in configs[0].items() if k not in strip}
-           for c in configs[1:]):
-        raise ConfigError(f"merge_runs: {[str(p) for p in parts]} ran different configs (beyond select/out)")
+
+    def fixed(c: dict[str, Any]) -> dict[str, Any]:
+        b = c.get("breaching") or {}
+        return {**{k: v for k, v in c.items() if k not in MERGE_MAY_DIFFER},
+                "breaching": {k: v for k, v in b.items() if k not in ("max_iterations", "schedules")}}
+
+    if any(fixed(c) != fixed(configs[0]) for c in configs[1:]):
+        raise ConfigError(f"merge_runs: {[str(p) for p in parts]} ran different configs (beyond "
+                          f"{', '.join(MERGE_MAY_DIFFER)})")
     curves = [Curve(**c) for p in parts for c in json.loads((p / "curves.json").read_text())]
-    seen = [c.capture for c in curves if c.contender == curves[0].contender]
-    if len(seen) != len(set(seen)):
-        raise ConfigError(f"merge_runs: the parts attack the same capture twice ({sorted(seen)})")
-    cfg = from_dict(TTQConfig, {**configs[0], "select": sorted(set(seen)), "out": str(out)})
+    for c in curves:  # curves written before variants: breaching's schedule is in its info
+        if not c.variant and c.contender == "breaching" and "max_iterations" in c.info:
+            c.variant = f"{c.info['max_iterations']} it"
+    keys = [(c.contender, c.variant, c.capture) for c in curves]
+    if len(keys) != len(set(keys)):
+        raise ConfigError(f"merge_runs: the parts attack the same capture twice with the same contender "
+                          f"({sorted(k for k in set(keys) if keys.count(k) > 1)})")
+    names = sorted({n for c in configs for n in c["contenders"]}, key=lambda n: (n != "gi", n))
+    seen = sorted({c.capture for c in curves})
+    missing = [(n, k) for n in names for k in seen if not any((c.contender, c.capture) == (n, k) for c in curves)]
+    if missing:
+        raise ConfigError(f"merge_runs: no curve for (contender, capture) {missing}: every contender must attack "
+                          f"every capture")
+    schedules = sorted({int(v.split()[0]) for c in curves if c.contender == "breaching" and c.variant
+                        for v in [c.variant]})
+    breaching = {**(configs[0].get("breaching") or {}), **({"schedules": schedules} if schedules else {})}
+    cfg = from_dict(TTQConfig, {**configs[0], "contenders": names, "select": seen, "out": str(out),
+                                "budget": max(c["budget"] for c in configs), "breaching": breaching})
     metas = [json.loads((p / "summary.json").read_text()) for p in parts]
     with staged_output(Path(out), overwrite=overwrite) as tmp:
         write_yaml(tmp / "config.yaml", to_dict(cfg))

@@ -12,6 +12,8 @@ terms (:mod:`gi.recon.terms`). Ground truth never enters this module; callbacks 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import lightning as L
@@ -29,6 +31,48 @@ from gi.recon.terms import TERMS, Evaluation
 
 Tensor = torch.Tensor
 FLAT_MAX = 4_000_000  # shared entries per problem up to which the one-at-a-time path concatenates the layers
+# convolution multiply-adds per objective call up to which a CPU step uses PyTorch's native convolutions instead of
+# oneDNN (mkldnn), whose per-call overhead outweighs its kernels on tiny convolutions. Measured (README "Time to
+# quality vs breaching", scripts/lenet_step_time.py, one thread): the DLG LeNet (0.7M MACs per 32 px image) with 1
+# image per call 5.7-8.6 ms native vs 9.5-11.2 ms oneDNN per objective + backward, 4 images 14.8-17.4 vs 16.5-21.1,
+# 5 images about even, 20 images 58-67 vs 38-56; ResNet-18 (0.56G MACs per image) 1.0-1.3 s native vs 0.37-0.43 s.
+NATIVE_CONV_MACS = 4_000_000
+
+
+def conv_macs(net: torch.nn.Module, image_shape: tuple[int, ...]) -> int | None:
+    """Multiply-adds of ``net``'s convolutions for one image of ``image_shape`` (a forward pass on the meta device:
+    shapes only, the model's parameters and buffers untouched); None when the net cannot run on meta tensors."""
+    total = 0
+
+    def count(mod: torch.nn.Module, inputs: Any, out: torch.Tensor) -> None:
+        nonlocal total
+        total += out[0].numel() * (mod.in_channels // mod.groups) * math.prod(mod.kernel_size)
+
+    convs = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+    handles = [m.register_forward_hook(count) for m in net.modules() if isinstance(m, convs)]
+    try:
+        state = {k: torch.empty_like(v, device="meta") for k, v in [*net.named_parameters(), *net.named_buffers()]}
+        with torch.no_grad():
+            torch.func.functional_call(net, state, (torch.empty((1, *image_shape), device="meta"),))
+    except Exception:  # noqa: BLE001 - a net that cannot run on meta keeps the default convolutions
+        return None
+    finally:
+        for h in handles:
+            h.remove()
+    return total
+
+
+@contextmanager
+def native_convolutions(enabled: bool) -> Iterator[None]:
+    """PyTorch's native CPU convolutions instead of oneDNN inside the block when ``enabled`` (restored after)."""
+    if not enabled or not torch.backends.mkldnn.is_available():
+        yield
+        return
+    before = torch.backends.mkldnn.set_flags(_enabled=False, _fp32_precision=None)[0]
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.set_flags(_enabled=before, _fp32_precision=None)
 
 
 class StepDataset(Dataset):
@@ -70,6 +114,7 @@ class GradientInversion(L.LightningModule):
         if cfg.compile and self.vectorised():  # the vmap path: one graph (the loop path's autograd.grad is not)
             self.step_objective = torch.compile(self.objective)
         self.history: dict[str, list] = {"step": [], "objective": []}
+        self.macs_per_image: int | None | bool = False  # conv_macs of one image, measured at the first CPU step
 
     def _per_problem(self, t: Tensor) -> Tensor:
         """(N, …) → (1, …) when one problem (broadcast over restarts), else (N·R, …)."""
@@ -135,8 +180,11 @@ class GradientInversion(L.LightningModule):
 
     # ----------------------------------------------------------------- the attack objective
     def vectorised(self) -> bool:
-        """Whether the P problems are simulated in one ``vmap`` call (:attr:`Problem.batching`)."""
-        return self.problem.batching == "vmap"
+        """Whether the rows are simulated in one ``vmap`` call: :attr:`Problem.batching` ``vmap`` while more than one
+        row is optimised. One row (a single problem, e.g. after the cull) takes the loop path: plain autograd costs
+        half of vmap's ``torch.func`` transforms there (DLG LeNet, one 32 px image, one thread: 5.9-7.2 ms
+        against 9.5-14.3 ms per objective + backward; the same objective, rounding aside)."""
+        return self.problem.batching == "vmap" and self.images.shape[0] > 1
 
     def current_soft(self) -> Tensor:
         """Soft labels (P, B, C) the dummy data is trained with: fixed, or softmax of the joint logits."""
@@ -177,9 +225,26 @@ class GradientInversion(L.LightningModule):
         parts = {name: weight * TERMS[name](images, ev) for name, weight in self.problem.terms.items()}
         return sum(parts.values()), parts
 
+    def small_convolutions(self) -> bool:
+        """Whether one objective call's convolutions (all rows under vmap, one row in the loop) are small enough
+        (:data:`NATIVE_CONV_MACS`) for PyTorch's native CPU kernels to beat oneDNN; never off the CPU."""
+        if not self.images.is_cpu:
+            return False
+        if self.macs_per_image is False:
+            self.macs_per_image = conv_macs(self.net, tuple(self.problem.image_shape))
+        if not self.macs_per_image:
+            return False
+        images = self.batch * (self.images.shape[0] if self.vectorised() else 1)
+        return self.macs_per_image * images <= NATIVE_CONV_MACS
+
     def objective_and_backward(self) -> Tensor:
         """The objective of all P problems (P,), its gradient accumulated into the parameters: one vmap call and
-        one backward, or (``batching=loop``) one problem at a time, so only one problem's graph is alive."""
+        one backward, or (``batching=loop``) one problem at a time, so only one problem's graph is alive. Small
+        convolutions run on PyTorch's native CPU kernels (:meth:`small_convolutions`)."""
+        with native_convolutions(self.small_convolutions()):
+            return self._objective_and_backward()
+
+    def _objective_and_backward(self) -> Tensor:
         inputs = [self.images] + ([self.label_logits] if self.joint else [])  # never the model's parameters
         if self.vectorised():
             per_problem, _ = self.step_objective(self.images)
@@ -291,7 +356,7 @@ class GradientInversion(L.LightningModule):
         return full
 
     def on_train_end(self) -> None:
-        with torch.no_grad():
+        with torch.no_grad(), native_convolutions(self.small_convolutions()):  # as in the steps it is ranked with
             final, _ = self.objective(self.images.detach())
             self._track(final)
 

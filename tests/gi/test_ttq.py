@@ -173,10 +173,10 @@ def test_merge_runs_joins_disjoint_parts_and_refuses_overlaps(tmp_path):
     from gi.core.config import to_dict
     from gi.experiments.report import write_json, write_yaml
 
-    def part(name, captures, budget=100.0):
+    def part(name, captures, every=50):
         d = tmp_path / name
         d.mkdir()
-        cfg = TTQConfig(budget=budget, select=captures)
+        cfg = TTQConfig(every=every, select=captures)
         write_yaml(d / "config.yaml", to_dict(cfg))
         curves = []
         for k in captures:
@@ -197,7 +197,7 @@ def test_merge_runs_joins_disjoint_parts_and_refuses_overlaps(tmp_path):
     with pytest.raises(ConfigError, match="same capture"):
         ttq.merge_runs([a, part("c", [1])], tmp_path / "m2")
     with pytest.raises(ConfigError, match="different configs"):
-        ttq.merge_runs([a, part("d", [5], budget=7.0)], tmp_path / "m3")
+        ttq.merge_runs([a, part("d", [5], every=7)], tmp_path / "m3")
 
 
 def test_breaching_setup_runs_on_grey_images():
@@ -213,3 +213,94 @@ def test_breaching_setup_runs_on_grey_images():
     assert [r.groups for r in attacker.regularizers] == [1] and len(mean) == len(std) == 1
     out, _ = attacker.reconstruct(payload, shared, {}, dryrun=False)
     assert out["data"].shape == (2, 1, 28, 28)
+
+
+def _curve(who, k, points, variant="", **info):
+    c = ttq.Curve(who, k, variant=variant)
+    for it, (t, p) in enumerate(points, 1):
+        c.add(10 * it, {"wall": t, "cpu": t}, p)
+    c.info = dict(info)
+    return c
+
+
+def test_best_of_takes_the_earliest_variant_and_censors_honestly():
+    fast = _curve("breaching", 0, [(30.0, 26.0), (40.0, 31.0)], "6000 it", stopped_by_budget=False)
+    slow = _curve("breaching", 0, [(50.0, 29.0), (60.0, 33.0)], "24000 it", stopped_by_budget=False)
+    row = ttq.best_of([slow, fast], "cpu", [25.0, 30.0, 40.0], when=55.0)
+    assert row["time_to_25"] == 30.0 and row["time_to_30"] == 40.0 and row["best_variant_30"] == "6000 it"
+    assert row["time_to_40"] is None and row["best_variant_40"] is None
+    assert row["final_psnr"] == 33.0 and row["psnr_at_equal_time"] == 31.0  # 24000 it: 29 dB at 50 s
+    assert set(row["variants"]) == {"6000 it", "24000 it"} and row["variants"]["24000 it"]["time_to_30"] == 60.0
+    # a level no variant reached: censored at the shortest run the budget cut, else at the longest run
+    done = _curve("breaching", 0, [(80.0, 12.0)], "6000 it", stopped_by_budget=False)
+    cut = _curve("breaching", 0, [(150.0, 14.0)], "24000 it", stopped_by_budget=True)
+    assert ttq.best_of([done, cut], "cpu", [30.0], 10.0)["seconds"] == 150.0
+    cut_early = _curve("breaching", 0, [(100.0, 14.0)], "24000 it", stopped_by_budget=True)
+    long_done = _curve("breaching", 0, [(300.0, 14.0)], "48000 it", stopped_by_budget=False)
+    assert ttq.best_of([cut_early, long_done], "cpu", [30.0], 10.0)["seconds"] == 100.0
+    assert ttq.best_of([done, long_done], "cpu", [30.0], 10.0)["seconds"] == 300.0
+    one = ttq.best_of([fast], "cpu", [30.0], 55.0)
+    assert "variants" not in one and "best_variant_30" not in one and one["seconds"] == 40.0
+
+
+def test_stopped_by_budget_reads_old_curves_by_their_iterations():
+    assert ttq.stopped_by_budget(_curve("breaching", 0, [(1.0, 5.0)], max_iterations=10)) is False  # 10 of 10
+    assert ttq.stopped_by_budget(_curve("breaching", 0, [(1.0, 5.0)], max_iterations=24000)) is True
+    assert ttq.stopped_by_budget(_curve("gi", 0, [(1.0, 5.0)])) is True  # unknown: the conservative reading
+    assert ttq.stopped_by_budget(_curve("gi", 0, [(1.0, 5.0)], stopped_by_budget=False)) is False
+
+
+def test_breaching_schedules_are_variants_and_bad_schedules_are_errors():
+    cfg = load_ttq_config(LENET, ["breaching.schedules=[6000, 24000]"])
+    variants = ttq.CONTENDERS["breaching"].variants(cfg)
+    assert [name for name, _ in variants] == ["6000 it", "24000 it"]
+    assert [v.breaching.max_iterations for _, v in variants] == [6000, 24000]
+    assert all(v.breaching.schedules is None and v.breaching.tv == cfg.breaching.tv for _, v in variants)
+    plain = load_ttq_config(LENET, ["breaching.schedules=null", "breaching.max_iterations=123"])
+    assert [name for name, _ in ttq.CONTENDERS["breaching"].variants(plain)] == ["123 it"]
+    assert ttq.CONTENDERS["gi"].variants is None
+    for bad in ("breaching.schedules=[]", "breaching.schedules=[6000, 6000]", "breaching.schedules=[0]"):
+        with pytest.raises(ConfigError, match="breaching.schedules"):
+            load_ttq_config(LENET, [bad])
+
+
+def test_merge_runs_joins_contenders_and_schedules_from_separate_runs(tmp_path):
+    """ours in one run, breaching's two schedules in others (one written before variants existed): each capture's
+    ratio is against breaching's best schedule; a contender missing on a capture is an error."""
+    from gi.core.config import to_dict
+    from gi.experiments.report import write_json, write_yaml
+
+    def part(name, contenders, curves, **breaching):
+        d = tmp_path / name
+        d.mkdir()
+        cfg = TTQConfig(contenders=contenders, budget=150.0 if breaching else 2000.0, select=[0, 1],
+                        breaching=ttq.BreachingOptions(**breaching))
+        write_yaml(d / "config.yaml", to_dict(cfg))
+        rows = [dict(c.__dict__) for c in curves]
+        for r in rows:
+            if r["info"].pop("legacy", False):
+                r.pop("variant")  # curves.json of the code before variants
+        write_json(d / "curves.json", rows)
+        write_json(d / "summary.json", {"git": "x", "load_average_end": [1.0, 1.0, 1.0]})
+        return d
+
+    ours = part("gi", ["gi"], [_curve("gi", 0, [(5.0, 31.0)], stopped_by_budget=False),
+                               _curve("gi", 1, [(10.0, 32.0)], stopped_by_budget=False)])
+    short = part("b6", ["breaching"], [_curve("breaching", 0, [(60.0, 30.5)], max_iterations=6000, legacy=True),
+                                       _curve("breaching", 1, [(70.0, 20.0)], max_iterations=6000, legacy=True)],
+                 max_iterations=6000)
+    long = part("b24", ["breaching"], [_curve("breaching", 0, [(150.0, 29.0)], "24000 it", stopped_by_budget=True),
+                                       _curve("breaching", 1, [(120.0, 30.2)], "24000 it", stopped_by_budget=False)],
+                schedules=[24000])
+    out = ttq.merge_runs([short, ours, long], tmp_path / "m")
+    s = json.loads((out / "summary.json").read_text())
+    cfg = load_ttq_config(out / "config.yaml")
+    assert cfg.contenders == ["gi", "breaching"] and cfg.breaching.schedules == [6000, 24000] and cfg.budget == 2000
+    r0, r1 = s["rows"]
+    assert r0["ratio_breaching_30"] == {"value": 12.0, "kind": "exact"}  # 60 s (6000 it) / 5 s
+    assert r1["ratio_breaching_30"] == {"value": 12.0, "kind": "exact"}  # 120 s (24000 it) / 10 s
+    assert [r["breaching"]["best_variant_30"] for r in (r0, r1)] == ["6000 it", "24000 it"]
+    assert s["ratios"]["breaching_30"]["median"] == 12.0 and s["ratios"]["breaching_30"]["min"] == 12.0
+    with pytest.raises(ConfigError, match="every contender"):
+        ttq.merge_runs([ours, part("b1", ["breaching"], [_curve("breaching", 0, [(1.0, 1.0)], "9 it")],
+                                   schedules=[9])], tmp_path / "m2")
