@@ -159,8 +159,9 @@ def check_attack_labels(data: Any) -> None:
 
 def with_preset(data: Any, default: str | None) -> Any:
     """A config mapping with its ``attack`` section filled from its preset (``attack.preset``, else ``default``)
-    under the explicit keys (:func:`gi.recon.presets.apply_preset`), after :func:`check_attack_labels`: the one
-    loading step of every config with ``labels`` and ``attack`` sections (gi run, gi attack)."""
+    under the explicit keys (:func:`gi.recon.presets.apply_preset`; ``auto`` picks by the config's ``model.name``),
+    after :func:`check_attack_labels`: the one loading step of every config with ``labels`` and ``attack`` sections
+    (gi run, gi attack)."""
     check_attack_labels(data)
     if default is None and not (isinstance(data, dict) and isinstance(data.get("attack"), dict)
                                 and "preset" in data["attack"]):
@@ -169,7 +170,8 @@ def with_preset(data: Any, default: str | None) -> Any:
     attack = data.get("attack")
     if attack is not None and not isinstance(attack, dict):
         return data  # the loader's type check names the problem
-    data["attack"] = apply_preset(attack, default)
+    model = data.get("model")
+    data["attack"] = apply_preset(attack, default, model.get("name") if isinstance(model, dict) else None)
     return data
 
 

@@ -1,8 +1,11 @@
 """Named attack recipes (``attack.preset``): partial :class:`~gi.recon.config.ReconConfig` settings, a registry.
 
 A preset fills the ``attack`` keys a config leaves out; every key given explicitly wins over it
-(:func:`apply_preset`). ``gi run`` and ``gi attack`` use :data:`DEFAULT` unless ``attack.preset`` names another;
-the Python API's ``ReconConfig()`` keeps its own defaults (``ReconConfig.from_preset(name, **keys)`` builds one).
+(:func:`apply_preset`). ``gi run`` and ``gi attack`` use :data:`DEFAULT` (``auto``) unless ``attack.preset`` names
+another; the Python API's ``ReconConfig()`` keeps its own defaults (``ReconConfig.from_preset(name, **keys)`` builds
+one). ``auto`` is not a recipe of its own: it names the preset registered for the attacked zoo model
+(:data:`MODEL_PRESETS`, :func:`register_model_preset`; ``resnet`` for the ResNets) and ``default`` for every other
+model; the config records the preset it resolved to.
 
 ``default``: the recipe chosen by measurement on ``cifar10-samples`` and ``fashion-mnist`` only (README,
 "Default job"): per-problem L-BFGS (lr 1, no line search) on the L2 gradient distance with a small TV prior,
@@ -18,7 +21,10 @@ from typing import Any
 from gi.core.errors import ConfigError
 
 PRESETS: dict[str, dict[str, Any]] = {}
-DEFAULT = "default"
+MODEL_PRESETS: dict[str, str] = {}  # zoo model name -> the preset ``auto`` picks for it
+AUTO = "auto"
+DEFAULT = AUTO
+FALLBACK = "default"  # what ``auto`` picks for a model without a registered preset
 
 
 def register_preset(name: str, settings: dict[str, Any]) -> dict[str, Any]:
@@ -27,6 +33,15 @@ def register_preset(name: str, settings: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"attack preset {name!r} registered twice")
     PRESETS[name] = dict(settings)
     return PRESETS[name]
+
+
+def register_model_preset(model: str, name: str) -> None:
+    """Make ``auto`` pick preset ``name`` for zoo model ``model`` (``gi.models.build``'s name); twice is an error."""
+    if model in MODEL_PRESETS:
+        raise ValueError(f"model preset for {model!r} registered twice")
+    if name not in PRESETS:
+        raise ValueError(f"model preset for {model!r}: {name!r} is not a preset")
+    MODEL_PRESETS[model] = name
 
 
 LBFGS = {"optimizer": "lbfgs", "lr": 1.0, "schedule": "constant", "objective": "l2", "signed": False,
@@ -50,21 +65,49 @@ register_preset("ig", {"optimizer": "adam", "lr": 0.1, "signed": True, "schedule
                        "objective": "cosine", "iterations": 4800, "restarts": 1, "regularizers": {"tv": 1.0e-4},
                        "init": "uniform", "feature_weight": 0.0, "last_layer_weight": 1.0})
 
+# ResNets (README "Time to quality vs breaching", ResNet-18): measured on cifar10-samples only (image 0 for the
+# choices, scripts/probe_resnet.py), untrained CIFAR-stem ResNet-18, one image, one CPU thread (~0.4 s per iteration
+# for either optimiser). The default's L-BFGS climbs slowly there (18.3 dB after 150 CPU-s with one start; its 4
+# starts spend 100 iterations x 4 = a third of a 5-minute budget), L-BFGS on the cosine distance slower (15.8 dB).
+# Signed Adam on the cosine distance (Inverting Gradients), lr 0.025 in pixels (= breaching's 0.1 in normalised
+# space), TV 2e-3 (= its 5e-4 on normalised images), gaussian start: constant lr reaches 26.3 dB at ~390
+# iterations and then stalls; decaying x0.1 there (multistep over 1067 iterations: 400, 667) gives 33.5 dB at
+# 288 s. L-BFGS from the same state instead: 32.6 dB. The features term (beta = 1) slowed the climb (24.5 vs
+# 26.3 dB at 480 iterations), so beta = 0 (f* is still computed and recorded). Its time-to-quality against
+# breaching, whose schedule fitted alike makes it the same attack: README, ResNet-18 paragraph.
+register_preset("resnet", {"optimizer": "adam", "lr": 0.025, "signed": True, "schedule": "multistep",
+                           "objective": "cosine", "iterations": 1067, "restarts": 1, "cull_after": 0,
+                           "regularizers": {"tv": 2.0e-3}, "init": "gaussian", "feature_weight": 0.0,
+                           "last_layer_weight": 1.0, "labels": "fixed"})
+for _model in ("resnet18", "resnet32", "resnet50"):
+    register_model_preset(_model, "resnet")
 
-def preset(name: str) -> dict[str, Any]:
-    """A copy of preset ``name``'s settings; an unknown name is a ConfigError listing the presets."""
+
+def resolve(name: str, model: str | None = None) -> str:
+    """The preset ``name`` stands for: itself, or for ``auto`` the preset registered for ``model``
+    (:data:`MODEL_PRESETS`; ``default`` for other models and when the model is unknown)."""
+    return MODEL_PRESETS.get(model or "", FALLBACK) if name == AUTO else name
+
+
+def preset(name: str, model: str | None = None) -> dict[str, Any]:
+    """A copy of preset ``name``'s settings (``auto``: :func:`resolve`'s pick for ``model``); an unknown name is a
+    ConfigError listing the presets."""
+    name = resolve(name, model)
     if name not in PRESETS:
-        raise ConfigError(f"attack.preset={name!r} is not a preset; valid: {sorted(PRESETS)}")
+        raise ConfigError(f"attack.preset={name!r} is not a preset; valid: {sorted([*PRESETS, AUTO])}")
     return {k: dict(v) if isinstance(v, dict) else v for k, v in PRESETS[name].items()}
 
 
-def apply_preset(attack: dict[str, Any] | None, default: str | None = DEFAULT) -> dict[str, Any]:
-    """The ``attack`` mapping with its preset (``attack["preset"]``, else ``default``; None: none) filled in under
-    the explicit keys, which win. The preset's name stays in the mapping (``config.yaml`` records it)."""
+def apply_preset(attack: dict[str, Any] | None, default: str | None = DEFAULT, model: str | None = None
+                 ) -> dict[str, Any]:
+    """The ``attack`` mapping with its preset (``attack["preset"]``, else ``default``; None: none; ``auto``: the
+    one :func:`resolve` picks for zoo model ``model``) filled in under the explicit keys, which win. The resolved
+    preset's name stays in the mapping (``config.yaml`` records it)."""
     attack = dict(attack or {})
     name = attack.get("preset", default)
     if name is None:
         return attack
     if not isinstance(name, str):
-        raise ConfigError(f"attack.preset={name!r} must be a preset name; valid: {sorted(PRESETS)}")
+        raise ConfigError(f"attack.preset={name!r} must be a preset name; valid: {sorted([*PRESETS, AUTO])}")
+    name = resolve(name, model)
     return {**preset(name), **attack, "preset": name}
