@@ -121,7 +121,7 @@ def reconstruct_many(
                     "starts (attack.seed + %d)", len(again), len(recs), cfg.retry_ratio, attempt, cfg.retries,
                     retry.restarts, attempt)
         news = fit_many([captures[i] for i in again], [label_results[i] for i in again], [features[i] for i in again],
-                        retry, callbacks)
+                        retry, callbacks, stage=f"reconstruct (retry {attempt})")
         for i, new in zip(again, news):
             old = recs[i]
             recs[i] = new if float(new.objective.min()) < float(old.objective.min()) else old
@@ -134,18 +134,20 @@ RETRY_GROWTH = 4  # the k-th retry of a stalled capture runs restarts x 4**k new
 
 
 def fit_many(captures: Sequence[Capture], label_results: Sequence[LabelResult | None],
-             features: Sequence[Tensor | None], cfg: ReconConfig, callbacks: Sequence[L.Callback] = ()
-             ) -> list[Reconstruction]:
+             features: Sequence[Tensor | None], cfg: ReconConfig, callbacks: Sequence[L.Callback] = (),
+             stage: str = "reconstruct") -> list[Reconstruction]:
     """One fit of checked inputs: one packed problem, or problems of at most ``cfg.pack`` captures one after
-    another, or one problem per capture when the captures do not share a model."""
+    another, or one problem per capture when the captures do not share a model. ``stage`` names the fit in the
+    piped progress lines."""
     if not all(same_model(captures[0], c) for c in captures[1:]):
-        return [fit_many([c], [lr], [f], cfg, callbacks)[0] for c, lr, f in zip(captures, label_results, features)]
+        return [fit_many([c], [lr], [f], cfg, callbacks, stage)[0]
+                for c, lr, f in zip(captures, label_results, features)]
     if 0 < cfg.pack < len(captures):  # problems of at most `pack` captures, one after another (ReconConfig.pack)
         spans = range(0, len(captures), cfg.pack)
         return [rec for i in spans for rec in fit_many(captures[i:i + cfg.pack], label_results[i:i + cfg.pack],
-                                                       features[i:i + cfg.pack], cfg, callbacks)]
+                                                       features[i:i + cfg.pack], cfg, callbacks, stage)]
     problem = build_problem(captures, label_results, cfg, features)
-    module, seconds, threads = optimise(problem, cfg, callbacks)
+    module, seconds, threads = optimise(problem, cfg, callbacks, stage)
     return results(module, cfg, seconds, threads)
 
 
@@ -161,7 +163,7 @@ def stalled(rec: Reconstruction, ratio: float) -> bool:
     return math.isfinite(start) and start > 0 and final > ratio * start
 
 
-def optimise(problem: Problem, cfg: ReconConfig, callbacks: Sequence[L.Callback] = ()
+def optimise(problem: Problem, cfg: ReconConfig, callbacks: Sequence[L.Callback] = (), stage: str = "reconstruct"
              ) -> tuple[GradientInversion, float, int]:
     """Fit a :class:`GradientInversion` of ``problem`` with a Lightning ``Trainer``; the fitted module, the
     seconds of the loop and the CPU threads it ran on."""
@@ -169,7 +171,7 @@ def optimise(problem: Problem, cfg: ReconConfig, callbacks: Sequence[L.Callback]
     quiet_lightning()
     accelerator, devices = resolve_device(cfg.device)
     bar = cfg.progress and sys.stderr.isatty()
-    lines = [ProgressLines(cfg.iterations)] if cfg.progress and not bar else []
+    lines = [ProgressLines(cfg.iterations, stage=stage)] if cfg.progress and not bar else []
     trainer = L.Trainer(
         max_steps=cfg.iterations, max_epochs=1, accelerator=accelerator, devices=devices,
         logger=False, enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0,
@@ -193,7 +195,8 @@ class ProgressLines(L.Callback):
     every ``percent`` % of the iterations with the best objective so far and the elapsed time, instead of a
     carriage-return bar."""
 
-    def __init__(self, iterations: int, percent: int = 5) -> None:
+    def __init__(self, iterations: int, percent: int = 5, stage: str = "reconstruct") -> None:
+        self.stage = stage
         self.iterations = iterations
         self.every = max(1, iterations * percent // 100)
         self.start = time.perf_counter()
@@ -208,7 +211,7 @@ class ProgressLines(L.Callback):
             return
         best = getattr(pl_module, "best_loss", None)
         value = float(best.min()) if isinstance(best, torch.Tensor) and best.numel() else float("nan")
-        log.info("reconstruct: %3d%% (%d/%d iterations)  best objective %.4g  %.1f s", 100 * step // self.iterations,
+        log.info("%s: %3d%% (%d/%d iterations)  best objective %.4g  %.1f s", self.stage, 100 * step // self.iterations,
                  step, self.iterations, value, time.perf_counter() - self.start)
 
 

@@ -143,11 +143,15 @@ def test_gi_attack_refuses_a_missing_capture_and_oracle_labels_without_truth(tmp
 
 def test_piped_progress_is_lines_not_a_bar(tmp_path, caplog, capsys):
     caplog.set_level(logging.INFO, logger="gi")
+    # retry_ratio 1e-30: every fit counts as stalled, so the one retry runs and reports its own, labelled lines
     run(load_run_config("configs/demo.yaml", FAST + ["attack.progress=true", "attack.iterations=40",
+                                                     "attack.retries=1", "attack.retry_ratio=1e-30",
                                                      f"out={tmp_path / 'r'}"]))
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("reconstruct: ")
-             and "iterations)" in r.getMessage()]
+    messages = [r.getMessage() for r in caplog.records if "iterations)" in r.getMessage()]
+    lines = [m for m in messages if m.startswith("reconstruct: ")]
+    retry = [m for m in messages if m.startswith("reconstruct (retry 1): ")]
     assert len(lines) == 20 and lines[-1].startswith("reconstruct: 100% (40/40")
+    assert len(retry) == 20 and retry[-1].startswith("reconstruct (retry 1): 100% (40/40")
     assert "\r" not in capsys.readouterr().err
 
 
