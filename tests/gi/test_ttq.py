@@ -108,8 +108,8 @@ def test_missing_breaching_is_a_one_line_error_before_any_work(tmp_path, monkeyp
 
 
 def test_our_curve_runs_the_default_job_stages(tmp_path):
-    over = ["contenders=[gi]", "select=[3]", "every=5", "budget=1000", "job_overrides=[attack.iterations=20,attack.retries=0]",
-            f"out={tmp_path / 'a'}"]
+    over = ["contenders=[gi]", "select=[3]", "every=5", "budget=1000",
+            "job_overrides=[attack.iterations=20,attack.retries=0]", f"out={tmp_path / 'a'}"]
     out = run_ttq(load_ttq_config(LENET, over))
     curves = json.loads((out / "curves.json").read_text())
     (c,) = curves
