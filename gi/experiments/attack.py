@@ -308,19 +308,69 @@ def analytic_reconstruction(inversion: Any, label_result: LabelResult | None, ca
                           seconds=float(inversion.info["seconds"]), iterations=0, all_labels=soft[None])
 
 
-def attack_stages(lcfg: LabelConfig, attack: ReconConfig, captures: Sequence[Capture],
-                  truths: Sequence[Truth | None] | None = None, aux: Any = None,
-                  callbacks: Sequence[Any] = ()) -> AttackOutcome:
-    """labels → features → reconstruct over ``captures`` (one global model: one batched problem)."""
+@dataclass
+class PreparedAttack:
+    """The attack stages of N captures up to the reconstruction: the labels and features are done, ``attack`` is
+    the attack config with the label kind applied (:func:`prepare_attack`)."""
+
+    attack: ReconConfig
+    captures: list[Capture]
+    label_results: list[LabelResult | None]
+    label_kind: str
+    matched: list[torch.Tensor | None]
+    inversions: list[Any] | None
+    stages: list[dict[str, Any]]
+
+
+def prepare_attack(lcfg: LabelConfig, attack: ReconConfig, captures: Sequence[Capture],
+                   truths: Sequence[Truth | None] | None = None, aux: Any = None) -> PreparedAttack:
+    """labels → features over ``captures``: everything of :func:`attack_stages` but the reconstruction."""
     truths = list(truths) if truths is not None else [None] * len(captures)
     label_results, kind, lrec = label_stage(lcfg, captures, truths, aux)
     if attack.labels != kind:
         attack = dataclasses.replace(attack, labels=kind)
     features, inversions, frec = feature_stage(attack, captures, label_results)
     matched = features if attack.feature_weight > 0 else [None] * len(captures)
-    recs, rrec = reconstruct_stage(attack, captures, label_results, matched, inversions, callbacks)
-    warnings = sorted({w for r in recs for w in r.history.get("warnings", [])})
-    return AttackOutcome(label_results, kind, matched, recs, [lrec, frec, rrec], warnings)
+    return PreparedAttack(attack, list(captures), label_results, kind, matched, inversions, [lrec, frec])
+
+
+def attack_stages(lcfg: LabelConfig, attack: ReconConfig, captures: Sequence[Capture],
+                  truths: Sequence[Truth | None] | None = None, aux: Any = None,
+                  callbacks: Sequence[Any] = ()) -> AttackOutcome:
+    """labels → features → reconstruct over ``captures`` (one global model: one batched problem)."""
+    return reconstruct_prepared([prepare_attack(lcfg, attack, captures, truths, aux)], callbacks)[0]
+
+
+def can_pack(a: PreparedAttack, b: PreparedAttack) -> bool:
+    """Whether two prepared attacks can be one reconstruction problem: the same attack config and features
+    matched alike, captures of one global model (:func:`gi.recon.problem.same_model`), no analytic answer."""
+    from gi.recon.problem import same_model
+
+    return a.attack == b.attack and a.inversions is None and b.inversions is None and \
+        (a.matched[0] is None) == (b.matched[0] is None) and same_model(a.captures[0], b.captures[0])
+
+
+def reconstruct_prepared(prepared: Sequence[PreparedAttack], callbacks: Sequence[Any] = ()) -> list[AttackOutcome]:
+    """The reconstruct stage of several prepared attacks that :func:`can_pack` together (several jobs' captures
+    as one packed problem, issue 15), split back into one :class:`AttackOutcome` each. The reconstruct record
+    is the packed problem's, with ``packed_jobs``."""
+    first = prepared[0]
+    if any(not can_pack(first, p) for p in prepared[1:]):
+        raise ConfigError("reconstruct_prepared: these attacks cannot share one problem (different attack configs, "
+                          "models or analytic answers); reconstruct them one by one")
+    captures = [c for p in prepared for c in p.captures]
+    labels = [lr for p in prepared for lr in p.label_results]
+    matched = [f for p in prepared for f in p.matched]
+    recs, rrec = reconstruct_stage(first.attack, captures, labels, matched, first.inversions, callbacks)
+    if len(prepared) > 1:
+        rrec["packed_jobs"] = len(prepared)
+    out, start = [], 0
+    for p in prepared:
+        mine = recs[start:start + len(p.captures)]
+        start += len(p.captures)
+        warnings = sorted({w for r in mine for w in r.history.get("warnings", [])})
+        out.append(AttackOutcome(p.label_results, p.label_kind, p.matched, mine, [*p.stages, dict(rrec)], warnings))
+    return out
 
 
 # --------------------------------------------------------------------------- outputs
@@ -335,6 +385,15 @@ def truth_monitor(truths: Sequence[Truth], every: int) -> Any:
             self.truth, self.every = [t.images for t in truths], every
             self.steps: list[int] = []
             self.psnr: list[float] = []
+            self.per_capture: list[list[float]] = []  # per logged step, each capture's mean PSNR
+
+        def part(self, lo: int, hi: int) -> Any:
+            """The curve of captures ``lo:hi`` alone (a job packed with others: :func:`reconstruct_prepared`)."""
+            view = TruthMonitor.__new__(TruthMonitor)
+            view.truth, view.every, view.steps = self.truth[lo:hi], self.every, list(self.steps)
+            view.per_capture = [row[lo:hi] for row in self.per_capture]
+            view.psnr = [sum(row) / len(row) for row in view.per_capture]
+            return view
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
             if batch_idx % self.every and batch_idx != trainer.max_steps - 1:
@@ -350,6 +409,7 @@ def truth_monitor(truths: Sequence[Truth], every: int) -> Any:
                 values.append(psnr(rec[perm], truth).clamp(max=100))
             self.steps.append(batch_idx)
             self.psnr.append(float(torch.cat(values).mean()))
+            self.per_capture.append([float(v.mean()) for v in values])
 
     return TruthMonitor()
 

@@ -6,10 +6,12 @@ oracle LabelResult when ``labels.mode: truth`` is asked for explicitly, and to s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -20,12 +22,16 @@ from gi.experiments.attack import (  # noqa: F401  (the label modes: importable 
     LABEL_MODES,
     LabelConfig,
     LabelMode,
+    PreparedAttack,
     attack_labels,
     attack_stages,
+    can_pack,
     check_attack_labels,
     derived_attack,
     final_counts,
     oracle_labels,
+    prepare_attack,
+    reconstruct_prepared,
     truth_monitor,
     used_labels,
     with_preset,
@@ -287,28 +293,81 @@ def run(cfg: RunConfig) -> RunResult:
     """Run the end-to-end job and write its output directory: the victim part (data, model, captures) and the
     attack part (:func:`gi.experiments.attack.attack_stages`: labels → features → reconstruct, the same stages as
     ``gi attack``), then scores."""
+    return run_many([cfg])[0]
+
+
+@dataclass
+class _Job:
+    cfg: RunConfig
+    out: Path
+    tmp: Path
+    t0: float
+    captures: list[Capture]
+    truths: list[Truth]
+    prepared: PreparedAttack
+
+
+def pack_groups(prepared: Sequence[PreparedAttack]) -> list[list[int]]:
+    """Indices of ``prepared`` in groups that share one reconstruction problem (:func:`can_pack` with the group's
+    first), in order of first appearance."""
+    groups: list[list[int]] = []
+    for i, p in enumerate(prepared):
+        home = next((g for g in groups if can_pack(prepared[g[0]], p)), None)
+        if home is None:
+            groups.append([i])
+        else:
+            home.append(i)
+    return groups
+
+
+def run_many(cfgs: Sequence[RunConfig]) -> list[RunResult]:
+    """Run several ``gi run`` jobs, each to its own output directory, and reconstruct the jobs whose attacks can
+    share one problem (:func:`pack_groups`: the same attack config, captures of one global model; e.g. a sweep over
+    the label method or the images attacked) as one packed problem (issue 15, point 1). Each job gets the
+    reconstructions it gets alone (every capture starts from the image its seed gives it; up to float rounding);
+    the reconstruct stage record says ``packed_jobs``, and a packed job's ``log.txt`` holds its pack's log. If any
+    job fails, no job's directory is written."""
     import torch
 
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = Path(cfg.out or f"runs/{cfg.name}-{stamp}")
-    torch.manual_seed(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    with staged_output(out, overwrite=cfg.overwrite) as tmp:
-        t0 = time.perf_counter()
-        dataset, model = build_victim(cfg)
-        captures, truths = capture_all(cfg, dataset, model, gen)
-        log.info("captured %s %s of %d capture(s) x %d samples", cfg.model.name,
-                 "update" if captures[0].is_update else "gradients", len(captures), captures[0].num_samples)
-
-        # ---- attack side: captures (+ aux) only; the oracle mode alone reads truth, by request
-        aux = make_aux(cfg, dataset, gen, truths)
-        monitor = truth_monitor(truths, cfg.attack.log_every)
-        outcome = attack_stages(cfg.labels, cfg.attack, captures, truths if cfg.labels.mode == "truth" else None,
-                                aux, callbacks=[monitor])
-        metrics = write_outputs(tmp, cfg.name, cfg.written(), captures, truths, outcome, cfg.labels, cfg.seed,
-                                {"match": cfg.metrics.match, "lpips_vgg": cfg.metrics.lpips_vgg}, monitor, t0)
-        log.info("PSNR mean %.2f / median %.2f / min %.2f dB over %d image(s) (random image %.2f dB)",
-                 metrics["psnr_mean"], metrics["psnr_median"], metrics["psnr_min"], metrics["num_images"],
-                 metrics["random_image_psnr_mean"])
-    recs = outcome.reconstructions
-    return RunResult(out, metrics, captures[0], truths[0], recs[0], captures, truths, recs)
+    results: list[RunResult] = []
+    with contextlib.ExitStack() as stack:
+        jobs: list[_Job] = []
+        for cfg in cfgs:
+            out = Path(cfg.out or f"runs/{cfg.name}-{stamp}")
+            tmp = stack.enter_context(staged_output(out, overwrite=cfg.overwrite))
+            t0 = time.perf_counter()
+            torch.manual_seed(cfg.seed)
+            gen = torch.Generator().manual_seed(cfg.seed)
+            dataset, model = build_victim(cfg)
+            captures, truths = capture_all(cfg, dataset, model, gen)
+            log.info("captured %s %s of %d capture(s) x %d samples", cfg.model.name,
+                     "update" if captures[0].is_update else "gradients", len(captures), captures[0].num_samples)
+            # ---- attack side: captures (+ aux) only; the oracle mode alone reads truth, by request
+            aux = make_aux(cfg, dataset, gen, truths)
+            prepared = prepare_attack(cfg.labels, cfg.attack, captures,
+                                      truths if cfg.labels.mode == "truth" else None, aux)
+            jobs.append(_Job(cfg, out, tmp, t0, captures, truths, prepared))
+        by_job: dict[int, RunResult] = {}
+        for group in pack_groups([j.prepared for j in jobs]):
+            if len(group) > 1:
+                log.info("packing %d jobs into one problem: %s", len(group), ", ".join(jobs[i].cfg.name for i in group))
+            truths = [t for i in group for t in jobs[i].truths]
+            monitor = truth_monitor(truths, jobs[group[0]].cfg.attack.log_every)
+            outcomes = reconstruct_prepared([jobs[i].prepared for i in group], callbacks=[monitor])
+            start = 0
+            for i, outcome in zip(group, outcomes):
+                job, cfg = jobs[i], jobs[i].cfg
+                part = monitor.part(start, start + len(job.captures))
+                start += len(job.captures)
+                metrics = write_outputs(job.tmp, cfg.name, cfg.written(), job.captures, job.truths, outcome,
+                                        cfg.labels, cfg.seed, {"match": cfg.metrics.match,
+                                                               "lpips_vgg": cfg.metrics.lpips_vgg}, part, job.t0)
+                log.info("PSNR mean %.2f / median %.2f / min %.2f dB over %d image(s) (random image %.2f dB)",
+                         metrics["psnr_mean"], metrics["psnr_median"], metrics["psnr_min"], metrics["num_images"],
+                         metrics["random_image_psnr_mean"])
+                recs = outcome.reconstructions
+                by_job[i] = RunResult(job.out, metrics, job.captures[0], job.truths[0], recs[0], job.captures,
+                                      job.truths, recs)
+        results = [by_job[i] for i in range(len(jobs))]
+    return results

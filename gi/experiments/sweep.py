@@ -57,7 +57,11 @@ class SweepConfig:
     against the working directory); ``overrides``: ``key=value`` applied to every job; ``grid``: {dotted key:
     [values]}; ``seeds``: one job per seed and grid point (sets ``seed``); ``devices``: processes on this node
     (``auto``: one per GPU, else 1); ``accelerator``: ``auto`` | ``cpu`` | ``gpu``; ``num_nodes``: machines;
-    ``columns``: metrics of a ``run`` job copied into ``aggregate.csv``; ``metric``: the one summarised."""
+    ``columns``: metrics of a ``run`` job copied into ``aggregate.csv``; ``metric``: the one summarised;
+    ``pack``: up to this many ``run`` jobs of a rank that differ only in what the attack is told or shown
+    (:data:`PACK_FREE`: the label stage, the images attacked) run together, their captures reconstructed as one
+    packed problem where their attacks allow it (:func:`gi.experiments.pipeline.run_many`; 0: one job at a
+    time)."""
 
     name: str = "sweep"
     command: str = "run"
@@ -73,6 +77,7 @@ class SweepConfig:
                                                         "final_labels.ins_acc", "attack.seconds"])
     metric: str = "psnr_mean"
     dry_run: bool = False
+    pack: int = 0
     shards: int | None = None
     shard: int | None = None
 
@@ -96,6 +101,12 @@ class SweepConfig:
             raise ConfigError(f"devices must be 'auto' or an int >= 1, got {self.devices!r}")
         for text in self.overrides:
             parse_override(text)
+        if isinstance(self.pack, bool) or not isinstance(self.pack, int) or self.pack < 0:
+            raise ConfigError(f"pack must be an int >= 0 (jobs run as one packed problem; 0: one at a time), got "
+                              f"{self.pack!r}")
+        if self.pack and self.command != "run":
+            raise ConfigError(f"pack={self.pack} needs command=run (gi ablate already reconstructs all its modes as "
+                              "one problem); set pack=0")
 
 
 def load_sweep_config(path: str | Path, overrides: list[str] | None = None) -> SweepConfig:
@@ -158,19 +169,54 @@ def expand_jobs(cfg: SweepConfig) -> list[Job]:
     return jobs
 
 
+def _resolved(command: str, base: str, overrides: list[str], drop: tuple[str, ...]) -> dict[str, Any]:
+    """The job's fully resolved config as a dict without the dotted keys ``drop`` (a config that does not load:
+    its text)."""
+    try:
+        data = to_dict(job_config(command, base, overrides))
+    except GIError as exc:
+        return {"invalid": str(exc), "base": base, "overrides": overrides}
+    for dotted in drop:
+        *path, last = dotted.split(".")
+        node = data
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
+    return data
+
+
+def _hash(data: dict[str, Any]) -> str:
+    return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+WHERE_AND_HOW = ("out", "overwrite", "attack.progress", "attack.device")
+# what may differ between jobs packed into one problem: what the attack is told (the label stage) and shown (the
+# images attacked), and how results are named and scored
+PACK_FREE = ("labels", "data.images", "data.indices", "name", "metrics")
+
+
 def job_key(command: str, base: str, overrides: list[str]) -> str:
     """Hash of the job's fully resolved config (what determines its results; not where or how verbosely it is
     written). A config that does not load hashes its text: the job then fails when it runs and is reported."""
-    try:
-        data = to_dict(job_config(command, base, overrides))
-        for name in ("out", "overwrite"):
-            data.pop(name, None)
-        if isinstance(data.get("attack"), dict):
-            data["attack"].pop("progress", None)
-            data["attack"].pop("device", None)
-    except GIError as exc:
-        data = {"invalid": str(exc), "base": base, "overrides": overrides}
-    return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    return _hash(_resolved(command, base, overrides, WHERE_AND_HOW))
+
+
+def pack_key(command: str, base: str, overrides: list[str]) -> str:
+    """Jobs with the same pack key differ only in :data:`PACK_FREE` keys: ``pack`` runs them together."""
+    return _hash(_resolved(command, base, overrides, WHERE_AND_HOW + PACK_FREE))
+
+
+def pack_batches(cfg: SweepConfig, jobs: list[Job]) -> list[list[Job]]:
+    """``jobs`` in batches run together: up to ``cfg.pack`` jobs of one :func:`pack_key`, in job order (one job
+    each when ``pack`` is 0)."""
+    if not cfg.pack:
+        return [[j] for j in jobs]
+    groups: dict[str, list[Job]] = {}
+    for job in jobs:
+        groups.setdefault(pack_key(cfg.command, cfg.base, list(job.overrides)), []).append(job)
+    batches = [g[i:i + cfg.pack] for g in groups.values() for i in range(0, len(g), cfg.pack)]
+    return sorted(batches, key=lambda b: b[0].index)
 
 
 def _run_job(base: str, overrides: list[str]) -> dict[str, Any]:
@@ -207,32 +253,59 @@ def _device_overrides(cfg: SweepConfig, accelerator: str, local_rank: int) -> li
     return ["attack.device=cpu"]
 
 
+def _run_many(base: str, overrides: list[list[str]]) -> list[dict[str, Any]]:
+    from gi.experiments.pipeline import run_many
+
+    return [r.metrics for r in run_many([job_config("run", base, o) for o in overrides])]
+
+
 def run_jobs(cfg: SweepConfig, root: Path, jobs: list[Job], rank: int, world: int, accelerator: str,
              local_rank: int = 0) -> list[dict[str, Any]]:
-    """Run this rank's share of the jobs (job i on rank i mod world), skipping finished ones."""
+    """Run this rank's share of the jobs (job i on rank i mod world), skipping finished ones; with ``pack``, in
+    batches of :func:`pack_batches` (a batch that fails runs again job by job, so each failure is its own)."""
     mine = [j for j in jobs if j.index % world == rank]
     done = sum(is_done(root, j) for j in mine)
     print(f"[rank {rank}/{world}] {len(mine)} job(s), {done} already finished", flush=True)
-    report = []
-    for k, job in enumerate(mine, 1):
-        path = job_dir(root, job)
-        if is_done(root, job):
-            continue
-        start = time.perf_counter()
-        over = list(job.overrides) + _device_overrides(cfg, accelerator, local_rank) + \
-            [f"out={path}", "overwrite=true", "attack.progress=false"]
-        record = failure_record(root, job)
-        try:
-            metrics = JOB_KINDS[cfg.command](cfg.base, over)
-            status = f"{cfg.metric} {_get(metrics, cfg.metric)}" if _get(metrics, cfg.metric) is not None else "ok"
-            record.unlink(missing_ok=True)
-        except Exception as exc:  # a failed job is recorded, the sweep goes on; the exit status reports it
-            status = f"FAILED: {exc}" if isinstance(exc, GIError) else f"FAILED ({type(exc).__name__}): {exc}"
-            record.parent.mkdir(exist_ok=True)
-            record.write_text(f"{exc}\n" if isinstance(exc, GIError) else traceback.format_exc())
-        seconds = time.perf_counter() - start
-        print(f"[rank {rank}/{world}] {k}/{len(mine)} {job.name}: {status} ({seconds:.0f} s)", flush=True)
+    report: list[dict[str, Any]] = []
+
+    def overrides(job: Job) -> list[str]:
+        return list(job.overrides) + _device_overrides(cfg, accelerator, local_rank) + \
+            [f"out={job_dir(root, job)}", "overwrite=true", "attack.progress=false"]
+
+    def finish(job: Job, status: str, seconds: float) -> None:
+        print(f"[rank {rank}/{world}] {mine.index(job) + 1}/{len(mine)} {job.name}: {status} ({seconds:.0f} s)",
+              flush=True)
         report.append({"job": job.name, "status": status, "seconds": seconds})
+
+    def status_of(metrics: dict[str, Any]) -> str:
+        value = _get(metrics, cfg.metric)
+        return f"{cfg.metric} {value}" if value is not None else "ok"
+
+    for batch in pack_batches(cfg, [j for j in mine if not is_done(root, j)]):
+        if len(batch) > 1:
+            start = time.perf_counter()
+            try:
+                results = _run_many(cfg.base, [overrides(j) for j in batch])
+            except Exception as exc:  # the batch runs again job by job below: each failure is recorded alone
+                print(f"[rank {rank}/{world}] packed batch of {len(batch)} failed ({type(exc).__name__}: {exc}); "
+                      "running its jobs one by one", flush=True)
+            else:
+                seconds = (time.perf_counter() - start) / len(batch)
+                for job, metrics in zip(batch, results):
+                    failure_record(root, job).unlink(missing_ok=True)
+                    finish(job, status_of(metrics) + f" (packed with {len(batch) - 1} other job(s))", seconds)
+                continue
+        for job in batch:
+            start = time.perf_counter()
+            record = failure_record(root, job)
+            try:
+                status = status_of(JOB_KINDS[cfg.command](cfg.base, overrides(job)))
+                record.unlink(missing_ok=True)
+            except Exception as exc:  # a failed job is recorded, the sweep goes on; the exit status reports it
+                status = f"FAILED: {exc}" if isinstance(exc, GIError) else f"FAILED ({type(exc).__name__}): {exc}"
+                record.parent.mkdir(exist_ok=True)
+                record.write_text(f"{exc}\n" if isinstance(exc, GIError) else traceback.format_exc())
+            finish(job, status, time.perf_counter() - start)
     return report
 
 
@@ -281,7 +354,8 @@ def _summary(cfg: SweepConfig, root: Path, rows: list[dict[str, Any]], total: in
     for row in rows:
         value = row.get(metric)
         if isinstance(value, int | float):
-            groups.setdefault(tuple(row.get(k) for k in group_keys), []).append(float(value))
+            key = tuple(json.dumps(v) if isinstance(v, list | dict) else v for v in (row.get(k) for k in group_keys))
+            groups.setdefault(key, []).append(float(value))  # a list-valued grid (data.indices) keys as its text
     lines = [f"# gi sweep: {cfg.name}", "", f"{len(rows)} result row(s) from {total} job(s); {metric}: mean ± std "
              "over seeds", "", "| " + " | ".join(group_keys + [metric, "std", "n"]) + " |",
              "|" + "---|" * (len(group_keys) + 3)]
@@ -399,6 +473,10 @@ def dry_run(cfg: SweepConfig, config: str = "CONFIG", overrides: list[str] | Non
                                                    "attack.progress=false"]
             mark = " (done)" if is_done(root, job) else ""
             lines.append(f"  job {job.index}{mark}: gi {cfg.command} {cfg.base} " + " ".join(_quoted(o) for o in over))
+        for batch in pack_batches(cfg, [j for j in mine if not is_done(root, j)]) if cfg.pack else []:
+            if len(batch) > 1:
+                lines.append(f"  packed into one problem where their attacks allow: jobs "
+                             f"{', '.join(str(j.index) for j in batch)}")
     return "\n".join(lines)
 
 

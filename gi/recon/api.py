@@ -22,9 +22,10 @@ import lightning as L
 import torch
 
 from gi.capture import Capture
-from gi.core.devices import env_threads, resolve_device
+from gi.core.devices import env_threads, resolve_device, torch_device
 from gi.label_result import LabelResult
 from gi.recon.config import SMALL_MODEL, ReconConfig
+from gi.recon.memory import GIB, budget_bytes, bytes_per_capture
 from gi.recon.module import GradientInversion
 from gi.recon.problem import Problem, build_problem, check_inputs, same_model
 
@@ -137,18 +138,45 @@ def fit_many(captures: Sequence[Capture], label_results: Sequence[LabelResult | 
              features: Sequence[Tensor | None], cfg: ReconConfig, callbacks: Sequence[L.Callback] = (),
              stage: str = "reconstruct") -> list[Reconstruction]:
     """One fit of checked inputs: one packed problem, or problems of at most ``cfg.pack`` captures one after
-    another, or one problem per capture when the captures do not share a model. ``stage`` names the fit in the
-    piped progress lines."""
+    another (``auto``: :func:`pack_size`), or one problem per capture when the captures do not share a model.
+    ``stage`` names the fit in the piped progress lines. An ``auto`` pack that runs out of CUDA memory is halved
+    and the problem that failed is run again (the problems before it are kept)."""
     if not all(same_model(captures[0], c) for c in captures[1:]):
         return [fit_many([c], [lr], [f], cfg, callbacks, stage)[0]
                 for c, lr, f in zip(captures, label_results, features)]
-    if 0 < cfg.pack < len(captures):  # problems of at most `pack` captures, one after another (ReconConfig.pack)
-        spans = range(0, len(captures), cfg.pack)
-        return [rec for i in spans for rec in fit_many(captures[i:i + cfg.pack], label_results[i:i + cfg.pack],
-                                                       features[i:i + cfg.pack], cfg, callbacks, stage)]
-    problem = build_problem(captures, label_results, cfg, features)
-    module, seconds, threads = optimise(problem, cfg, callbacks, stage)
-    return results(module, cfg, seconds, threads)
+    auto = cfg.pack == "auto"
+    pack = min(pack_size(captures[0], cfg, len(captures)) if auto else int(cfg.pack) or len(captures), len(captures))
+    out: list[Reconstruction] = []
+    while len(out) < len(captures):
+        part = slice(len(out), len(out) + pack)
+        try:
+            problem = build_problem(captures[part], label_results[part], cfg, features[part])
+            module, seconds, threads = optimise(problem, cfg, callbacks, stage)
+        except torch.OutOfMemoryError:
+            if not auto or pack == 1:
+                raise
+            pack = max(1, pack // 2)
+            torch.cuda.empty_cache()
+            log.warning("out of device memory with attack.pack=auto; running %d capture(s) per problem from capture "
+                        "%d on", pack, len(out))
+            continue
+        fitted = results(module, cfg, seconds, threads)
+        for rec in fitted:
+            rec.history["pack"] = len(fitted)  # captures in the problem this one was fitted in
+        out += fitted
+    return out
+
+
+def pack_size(capture: Capture, cfg: ReconConfig, captures: int) -> int:
+    """``attack.pack: auto``: the captures per problem that fit ``attack.memory_budget`` by the memory model of
+    :mod:`gi.recon.memory` (logged with the estimate and the budget)."""
+    budget = budget_bytes(cfg.memory_budget, torch_device(cfg.device, "attack.device"))
+    per_capture = bytes_per_capture(capture, cfg)
+    pack = max(1, budget // per_capture)
+    log.info("attack.pack=auto: %d of %d capture(s) per problem (estimated %.0f MiB per capture with %d "
+             "restart(s); budget %.2f GiB)", min(pack, captures), captures, per_capture / 2 ** 20, cfg.restarts,
+             budget / GIB)
+    return pack
 
 
 def stalled(rec: Reconstruction, ratio: float) -> bool:

@@ -54,8 +54,10 @@ class ReconConfig:
     steps for 20 packed LeNet captures on a CPU, after a first call that compiles for minutes (README,
     "Throughput"); off by default. ``pack``: captures per packed problem in :func:`gi.recon.reconstruct_many`
     (0: all of them in one problem; N > 0: problems of at most N captures, run one after another, which bounds
-    the memory of a long ``data.images`` list on a GPU). Every capture starts from the image its own seed gives
-    it, so ``pack`` changes memory and speed, not the reconstructions (up to float rounding).
+    the memory of a long ``data.images`` list on a GPU; ``auto``: as many as fit ``memory_budget`` GiB by the
+    memory model of :mod:`gi.recon.memory`, null budget: half the device's free memory; on a CUDA out-of-memory
+    error an ``auto`` pack is halved and the problem run again). Every capture starts from the image its own seed
+    gives it, so ``pack`` changes memory and speed, not the reconstructions (up to float rounding).
     ``retries``: restart on a stall. After the fit, every capture whose best restart kept more than
     ``retry_ratio`` of its starting objective (:func:`gi.recon.api.stalled`: the DLG plateau) is fitted again
     from ``restarts`` × 4^k new starts (seed ``seed`` + k for the k-th retry; culled by ``cull_after`` like the
@@ -88,7 +90,8 @@ class ReconConfig:
     progress: bool = True
     log_every: int = 50
     compile: bool = False
-    pack: int = 0
+    pack: int | str = 0
+    memory_budget: float | None = None
     retries: int = 0
     retry_ratio: float = 1.0e-3
     preset: str | None = None
@@ -133,9 +136,12 @@ class ReconConfig:
         if not 0 < self.retry_ratio < 1:
             raise ConfigError(f"attack.retry_ratio must be in (0, 1): a fit stalled when its objective kept more "
                               f"than this fraction of its start; got {self.retry_ratio}")
-        if self.pack < 0:
-            raise ConfigError(f"attack.pack must be >= 0 (0: every capture in one problem; N: at most N captures "
-                              f"per problem), got {self.pack}")
+        if self.pack != "auto" and (isinstance(self.pack, bool) or not isinstance(self.pack, int) or self.pack < 0):
+            raise ConfigError(f"attack.pack must be auto or an int >= 0 (0: every capture in one problem; N: at most "
+                              f"N captures per problem; auto: as many as fit attack.memory_budget), got {self.pack!r}")
+        if self.memory_budget is not None and not self.memory_budget > 0:
+            raise ConfigError(f"attack.memory_budget must be > 0 GiB (or null: half the device's free memory), got "
+                              f"{self.memory_budget}")
         if self.lr <= 0 or (self.label_lr is not None and self.label_lr <= 0):
             raise ConfigError(f"attack.lr and attack.label_lr must be > 0, got {self.lr}, {self.label_lr}")
         if self.last_layer_weight < 0 or self.feature_weight < 0:

@@ -125,7 +125,7 @@ def test_pack_splits_the_captures_into_problems_with_the_same_results():
     for w, s in zip(whole, split):
         assert torch.allclose(w.images, s.images, atol=1e-4)
         assert s.best_restart == w.best_restart
-    with pytest.raises(ConfigError, match="attack.pack must be >= 0"):
+    with pytest.raises(ConfigError, match="attack.pack must be auto or an int >= 0"):
         ReconConfig(pack=-1)
 
 

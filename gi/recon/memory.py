@@ -1,0 +1,106 @@
+"""How many captures one packed problem may hold: ``attack.pack: auto`` (issue 15, point 1).
+
+A packed problem of N captures × R restarts keeps, per row (capture × restart), what the matching step of
+:mod:`gi.recon.module` holds at its peak: the row's parameter-sized tensors (the simulated gradient, the graph of
+its double backward, the distance terms), the forward activations of its batch, and the optimiser's state for its
+images; and per capture the target gradient. The model is counted from the capture (parameters) and one forward of
+a zero batch with hooks on its leaf modules (activations). The memory model::
+
+    bytes(capture) = 4 · [R · (PARAM_COPIES · P + (ACTIVATION_COPIES · A + V · U) · b + (STATE[opt] + 3) · n · b) + P]
+
+with P the parameter count, A the activation elements of one sample, U the elements of its convolutions'
+unfolded inputs (V = 1 when the rows are simulated with ``vmap``, whose batched convolutions keep them; 0 on the
+loop path), b the samples per capture and n the elements of one image. The factors were fitted to the peak
+resident memory of one process fitting 1 to 4 ResNet-18 captures (batch 1 and 8, Adam) and 4 to 16 LeNet
+captures × 4 restarts (L-BFGS and Adam, 150 steps) on the CPU (``scripts/pack_memory.py``; README,
+"Throughput"), rounded up, so the estimate errs on the side of smaller packs.
+The budget (``attack.memory_budget`` GiB, else :data:`BUDGET_SHARE` of the device's free memory) divided by the
+estimate gives the pack.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from gi.capture import Capture
+from gi.core.devices import resolve_device
+from gi.recon.problem import choose_batching
+
+PARAM_COPIES = 4  # parameter-sized tensors per row at the step's peak (measured ~3.2 on ResNet-18)
+ACTIVATION_COPIES = 3  # activation-sized tensors per row and sample (measured ~1.8 on ResNet-18, batch 8)
+# optimiser state per image element: Adam's two moments, SGD's momentum, L-BFGS's 100 curvature pairs (s, y) with
+# the two-loop's temporaries (measured ~330 on LeNet, 64 rows)
+STATE = {"adam": 2, "sgd": 1, "lbfgs": 350}
+BUDGET_SHARE = 0.5  # of the device's free memory when attack.memory_budget is null
+GIB = 2 ** 30
+
+
+def activation_elements(model: torch.nn.Module, in_shape: tuple[int, ...]) -> tuple[int, int]:
+    """For one sample of shape ``in_shape`` (one forward, no grad): the elements of every leaf module's output, and
+    the elements of the unfolded (im2col) inputs of its 2-d convolutions, C_in/groups · k_h · k_w · H_out · W_out
+    each, which the vmap path keeps for its backward."""
+    total, unfolded = 0, 0
+
+    def count(module: torch.nn.Module, _inputs: Any, output: Any) -> None:
+        nonlocal total, unfolded
+        outs = [t for t in (output if isinstance(output, tuple) else (output,)) if isinstance(t, torch.Tensor)]
+        total += sum(t.numel() for t in outs)
+        if isinstance(module, torch.nn.Conv2d):
+            kh, kw = module.kernel_size
+            unfolded += module.in_channels // module.groups * kh * kw * outs[0].shape[-2] * outs[0].shape[-1]
+
+    leaves = [m for m in model.modules() if not any(True for _ in m.children())]
+    hooks = [m.register_forward_hook(count) for m in leaves]
+    was_training = model.training
+    try:
+        model.eval()  # one sample through BatchNorm in train mode would fail; the element count is the same
+        with torch.no_grad():
+            model(torch.zeros(1, *in_shape))
+    finally:
+        model.train(was_training)
+        for hook in hooks:
+            hook.remove()
+    return total, unfolded
+
+
+def bytes_per_capture(capture: Capture, cfg: Any) -> int:
+    """Estimated peak bytes one capture adds to a packed problem under ``cfg`` (a ReconConfig): the memory model
+    of the module docstring."""
+    model = capture.model()
+    in_shape = tuple(int(s) for s in capture.model_spec["in_shape"])
+    params = sum(p.numel() for p in model.parameters())
+    acts, unfolded = activation_elements(model, in_shape)
+    vmap = choose_batching(cfg.batching, max(2, cfg.restarts), model, resolve_device(cfg.device)[0]) == "vmap"
+    b = capture.num_samples
+    n = math.prod(in_shape)
+    row = PARAM_COPIES * params + (ACTIVATION_COPIES * acts + vmap * unfolded) * b + \
+        (STATE.get(cfg.optimizer, 2) + 3) * n * b
+    return 4 * (cfg.restarts * row + params)
+
+
+def free_bytes(device: str) -> int:
+    """Free memory of ``device``: the CUDA device's free memory, else the host's available memory (Linux
+    ``MemAvailable``; else physical pages × page size)."""
+    if device.startswith("cuda"):
+        free, _total = torch.cuda.mem_get_info(torch.device(device))
+        return int(free)
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+
+    return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def budget_bytes(memory_budget: float | None, device: str) -> int:
+    """``attack.memory_budget`` GiB in bytes, or :data:`BUDGET_SHARE` of the device's free memory when null."""
+    if memory_budget is not None:
+        return int(memory_budget * GIB)
+    return int(BUDGET_SHARE * free_bytes(device))
