@@ -375,41 +375,56 @@ def reconstruct_prepared(prepared: Sequence[PreparedAttack], callbacks: Sequence
 
 # --------------------------------------------------------------------------- outputs
 def truth_monitor(truths: Sequence[Truth], every: int) -> Any:
-    """A Lightning callback that logs the mean PSNR of every capture's current best iterate against its truth every
-    ``every`` steps, from outside the attack module (``.steps``, ``.psnr``)."""
+    """A Lightning callback that logs the PSNR of every capture's current best iterate against its truth every
+    ``every`` steps, from outside the attack module: ``.steps`` and ``.psnr`` (the mean over captures at the steps
+    every capture was scored at), ``.per_capture``. It follows the captures by ``Problem.capture_ids`` through
+    every problem of a split fit (``attack.pack``); a capture's retry (``attack.retries``) is not drawn, its first
+    fit is."""
     import lightning as L
     import torch
 
     class TruthMonitor(L.Callback):
-        def __init__(self) -> None:
+        def __init__(self, curves: dict[int, dict[int, float]] | None = None, ids: list[int] | None = None) -> None:
             self.truth, self.every = [t.images for t in truths], every
-            self.steps: list[int] = []
-            self.psnr: list[float] = []
-            self.per_capture: list[list[float]] = []  # per logged step, each capture's mean PSNR
+            self.ids = list(range(len(truths))) if ids is None else ids
+            self.curves: dict[int, dict[int, float]] = {} if curves is None else curves  # capture -> step -> PSNR
+            self.fitting: set[int] = set()
 
-        def part(self, lo: int, hi: int) -> Any:
-            """The curve of captures ``lo:hi`` alone (a job packed with others: :func:`reconstruct_prepared`)."""
-            view = TruthMonitor.__new__(TruthMonitor)
-            view.truth, view.every, view.steps = self.truth[lo:hi], self.every, list(self.steps)
-            view.per_capture = [row[lo:hi] for row in self.per_capture]
-            view.psnr = [sum(row) / len(row) for row in view.per_capture]
-            return view
+        def on_train_start(self, trainer, pl_module) -> None:
+            self.fitting = {i for i in pl_module.problem.capture_ids if i not in self.curves}  # first fits only
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
             if batch_idx % self.every and batch_idx != trainer.max_steps - 1:
                 return
-            if pl_module.problem.num_problems != len(self.truth):  # a part of the captures (attack.pack, a retry)
+            ids = pl_module.problem.capture_ids
+            if not self.fitting or max(ids) >= len(self.truth):
                 return
             from gi.metrics import match_images, psnr
 
             batch_now = pl_module.current_batch().cpu()
-            values = []
-            for rec, truth in zip(batch_now, self.truth):
-                perm = match_images(rec, truth) if rec.shape[0] > 1 else [0]
-                values.append(psnr(rec[perm], truth).clamp(max=100))
-            self.steps.append(batch_idx)
-            self.psnr.append(float(torch.cat(values).mean()))
-            self.per_capture.append([float(v.mean()) for v in values])
+            for k, rec in zip(ids, batch_now):
+                if k in self.fitting:
+                    truth = self.truth[k]
+                    perm = match_images(rec, truth) if rec.shape[0] > 1 else [0]
+                    self.curves.setdefault(k, {})[batch_idx] = float(psnr(rec[perm], truth).clamp(max=100).mean())
+
+        @property
+        def steps(self) -> list[int]:
+            if any(k not in self.curves for k in self.ids):
+                return []
+            return sorted(set.intersection(*(set(self.curves[k]) for k in self.ids)))
+
+        @property
+        def per_capture(self) -> list[list[float]]:
+            return [[self.curves[k][step] for k in self.ids] for step in self.steps]
+
+        @property
+        def psnr(self) -> list[float]:
+            return [float(torch.tensor(row).mean()) for row in self.per_capture]
+
+        def part(self, lo: int, hi: int) -> Any:
+            """The curve of captures ``lo:hi`` alone (a job packed with others: :func:`reconstruct_prepared`)."""
+            return TruthMonitor(self.curves, self.ids[lo:hi])
 
     return TruthMonitor()
 

@@ -122,7 +122,7 @@ def reconstruct_many(
                     "starts (attack.seed + %d)", len(again), len(recs), cfg.retry_ratio, attempt, cfg.retries,
                     retry.restarts, attempt)
         news = fit_many([captures[i] for i in again], [label_results[i] for i in again], [features[i] for i in again],
-                        retry, callbacks, stage=f"reconstruct (retry {attempt})")
+                        retry, callbacks, stage=f"reconstruct (retry {attempt})", ids=again)
         for i, new in zip(again, news):
             old = recs[i]
             recs[i] = new if float(new.objective.min()) < float(old.objective.min()) else old
@@ -136,21 +136,24 @@ RETRY_GROWTH = 4  # the k-th retry of a stalled capture runs restarts x 4**k new
 
 def fit_many(captures: Sequence[Capture], label_results: Sequence[LabelResult | None],
              features: Sequence[Tensor | None], cfg: ReconConfig, callbacks: Sequence[L.Callback] = (),
-             stage: str = "reconstruct") -> list[Reconstruction]:
+             stage: str = "reconstruct", ids: Sequence[int] | None = None) -> list[Reconstruction]:
     """One fit of checked inputs: one packed problem, or problems of at most ``cfg.pack`` captures one after
     another (``auto``: :func:`pack_size`), or one problem per capture when the captures do not share a model.
-    ``stage`` names the fit in the piped progress lines. An ``auto`` pack that runs out of CUDA memory is halved
-    and the problem that failed is run again (the problems before it are kept)."""
+    ``stage`` names the fit in the piped progress lines; ``ids`` are the captures' positions in
+    :func:`reconstruct_many`'s list (``Problem.ids``; default 0 … N−1). An ``auto`` pack that runs out of CUDA
+    memory is halved and the problem that failed is run again (the problems before it are kept)."""
+    ids = list(range(len(captures))) if ids is None else list(ids)
     if not all(same_model(captures[0], c) for c in captures[1:]):
-        return [fit_many([c], [lr], [f], cfg, callbacks, stage)[0]
-                for c, lr, f in zip(captures, label_results, features)]
+        return [fit_many([c], [lr], [f], cfg, callbacks, stage, [i])[0]
+                for c, lr, f, i in zip(captures, label_results, features, ids)]
     auto = cfg.pack == "auto"
     pack = min(pack_size(captures[0], cfg, len(captures)) if auto else int(cfg.pack) or len(captures), len(captures))
     out: list[Reconstruction] = []
     while len(out) < len(captures):
         part = slice(len(out), len(out) + pack)
         try:
-            problem = build_problem(captures[part], label_results[part], cfg, features[part])
+            problem = dataclasses.replace(build_problem(captures[part], label_results[part], cfg, features[part]),
+                                          ids=tuple(ids[part]))
             module, seconds, threads = optimise(problem, cfg, callbacks, stage)
         except torch.OutOfMemoryError:
             if not auto or pack == 1:

@@ -37,7 +37,9 @@ class Problem:
     ``features`` term); ``prior`` (N, B, C, H, W): the image estimate of ``init=analytic``; ``bn_targets``
     {module: (mean, var)} for the ``bn`` term; ``kind``: the simulator (``gradient`` or ``update``); ``terms``:
     {term: weight} of the objective, summed in this order (:mod:`gi.recon.terms`); ``batching``: ``vmap`` (all
-    rows in one vectorised call) or ``loop`` (one row at a time).
+    rows in one vectorised call) or ``loop`` (one row at a time); ``ids``: the positions of the N captures in the
+    list given to :func:`gi.recon.reconstruct_many` (a pack chunk or a retry holds some of them; callbacks follow
+    the captures across problems by them; empty: 0 … N−1).
     """
 
     model: torch.nn.Module
@@ -54,6 +56,7 @@ class Problem:
     features: Tensor | None = None
     prior: Tensor | None = None
     bn_targets: dict[str, tuple[Tensor, Tensor]] | None = None
+    ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if "features" in self.terms and self.features is None:
@@ -64,6 +67,11 @@ class Problem:
     def num_problems(self) -> int:
         """N, the captures."""
         return next(iter(self.targets.values())).shape[0]
+
+    @property
+    def capture_ids(self) -> tuple[int, ...]:
+        """:attr:`ids`, or 0 … N−1 when not set."""
+        return self.ids or tuple(range(self.num_problems))
 
     @property
     def matched(self) -> list[str]:

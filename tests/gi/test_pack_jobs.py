@@ -98,3 +98,37 @@ def test_reconstruct_prepared_refuses_attacks_that_cannot_share_a_problem(tmp_pa
     other = prepare_attack(cfg.labels, type(cfg.attack)(**{**cfg.attack.__dict__, "lr": 0.5}), captures)
     with pytest.raises(ConfigError, match="cannot share one problem"):
         reconstruct_prepared([a, other])
+
+
+def test_the_psnr_curve_follows_the_captures_through_every_problem_of_a_split_fit(tmp_path):
+    cfg = _cfg(tmp_path, "split", "data.indices=null", "data.images=[0,1,2]", "attack.pack=2")
+    res = run(cfg)
+    assert [r.history["pack"] for r in res.reconstructions] == [2, 2, 1]
+    assert (res.out / "psnr.png").is_file()  # before, a split fit left the curve out
+
+
+def test_the_truth_monitor_draws_a_captures_first_fit_not_its_retry():
+    from types import SimpleNamespace
+
+    from gi.capture import Truth
+    from gi.experiments.attack import truth_monitor
+
+    truths = [Truth(images=torch.zeros(1, 3, 4, 4), labels=torch.tensor([0]), counts=torch.tensor([1]),
+                    targets=torch.tensor([[1.0]])) for _ in range(3)]
+    monitor = truth_monitor(truths, every=1)
+    trainer = SimpleNamespace(max_steps=2)
+
+    def fit(ids, value):
+        module = SimpleNamespace(problem=SimpleNamespace(capture_ids=ids),
+                                 current_batch=lambda: torch.full((len(ids), 1, 3, 4, 4), value))
+        monitor.on_train_start(trainer, module)
+        for step in range(2):
+            monitor.on_train_batch_end(trainer, module, None, None, step)
+
+    fit((0, 1), 0.1)  # a pack chunk of captures 0 and 1
+    assert monitor.steps == []  # capture 2 not scored yet
+    fit((2,), 0.01)  # the chunk of capture 2
+    fit((1,), 0.5)  # a retry of capture 1: not drawn
+    assert monitor.steps == [0, 1]
+    assert monitor.per_capture[0] == pytest.approx([20.0, 20.0, 40.0])  # PSNR of 0.1 and 0.01 against zeros
+    assert monitor.part(2, 3).psnr == pytest.approx([40.0, 40.0])
