@@ -6,11 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gi import data as gdata
 from gi.capture import capture_gradients
 from gi.core.errors import ConfigError
 from gi.fl.protocol import Protocol
-from gi.label_result import LabelResult
 from gi.models import build
 from gi.recon import ReconConfig, reconstruct_many
 from gi.recon import api as recon_api
@@ -63,18 +61,8 @@ def test_budget_is_the_configured_gib_or_half_the_free_memory():
     assert abs(budget_bytes(None, "cpu") - free // 2) < 0.05 * free  # free memory moves a little between calls
 
 
-def _cifar_captures(n: int):
-    ds = gdata.load("cifar10-samples")
-    model = build("lenet", 10, init="uniform", seed=0)
-    out = []
-    for i in range(n):
-        c, t = capture_gradients(model, ds.images[i:i + 1], ds.labels[i:i + 1], Protocol())
-        out.append((c, LabelResult.from_counts("truth", t.counts, soft=t.targets)))
-    return out
-
-
-def test_auto_pack_splits_the_captures_to_fit_the_budget_and_keeps_the_results():
-    caps = _cifar_captures(3)
+def test_auto_pack_splits_the_captures_to_fit_the_budget_and_keeps_the_results(lenet_captures):
+    caps = [(c, lr) for c, lr, _ in lenet_captures(3)]
     cfg = ReconConfig(iterations=4, lr=0.01, progress=False, threads=1, restarts=2)
     per = bytes_per_capture(caps[0][0], cfg)
     auto = ReconConfig(**{**cfg.__dict__, "pack": "auto", "memory_budget": 2.5 * per / GIB})
@@ -86,8 +74,8 @@ def test_auto_pack_splits_the_captures_to_fit_the_budget_and_keeps_the_results()
         assert torch.equal(a.images, f.images)
 
 
-def test_an_auto_pack_out_of_cuda_memory_is_halved_and_the_failed_problem_rerun(monkeypatch):
-    caps = _cifar_captures(3)
+def test_an_auto_pack_out_of_cuda_memory_is_halved_and_the_failed_problem_rerun(monkeypatch, lenet_captures):
+    caps = [(c, lr) for c, lr, _ in lenet_captures(3)]
     real = recon_api.optimise
     sizes = []
 

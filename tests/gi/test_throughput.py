@@ -8,32 +8,17 @@ import json
 import pytest
 import torch
 
-from gi import data as gdata
-from gi.capture import capture_gradients
 from gi.core.errors import ConfigError
 from gi.experiments.bench import BenchConfig, entries, load_bench_config, measure_packed
-from gi.fl.protocol import Protocol
-from gi.label_result import LabelResult
 from gi.metrics import psnr
-from gi.models import build
 from gi.recon import ReconConfig, reconstruct, reconstruct_many
 from gi.recon.module import GradientInversion
 from gi.recon.problem import build_problem
 from gi.train import train_model, training_key
 
 
-def _captures(n: int):
-    ds = gdata.load("cifar10-samples")
-    model = build("lenet", 10, init="uniform", seed=0)
-    out = []
-    for i in range(n):
-        c, t = capture_gradients(model, ds.images[i:i + 1], ds.labels[i:i + 1], Protocol())
-        out.append((c, LabelResult.from_counts("truth", t.counts, soft=t.targets), t))
-    return out
-
-
-def test_every_packed_problem_starts_from_the_image_it_starts_from_alone():
-    caps = _captures(3)
+def test_every_packed_problem_starts_from_the_image_it_starts_from_alone(lenet_captures):
+    caps = lenet_captures(3)
     for cfg in (ReconConfig(iterations=2, progress=False), ReconConfig(iterations=2, restarts=2, init="gaussian",
                                                                        labels="joint", progress=False)):
         labels = [lr if cfg.labels == "fixed" else None for _, lr, _ in caps]
@@ -46,8 +31,8 @@ def test_every_packed_problem_starts_from_the_image_it_starts_from_alone():
                 assert torch.equal(packed.label_logits[i * r:(i + 1) * r], alone.label_logits)
 
 
-def test_reconstruct_many_gives_each_capture_the_images_it_gets_alone():
-    caps = _captures(2)
+def test_reconstruct_many_gives_each_capture_the_images_it_gets_alone(lenet_captures):
+    caps = lenet_captures(2)
     cfg = ReconConfig(iterations=12, lr=0.01, regularizers={"tv": 2e-3}, progress=False, threads=1)
     packed = reconstruct_many([c for c, _, _ in caps], [lr for _, lr, _ in caps], config=cfg)
     for (c, lr, truth), rec in zip(caps, packed):
@@ -58,8 +43,8 @@ def test_reconstruct_many_gives_each_capture_the_images_it_gets_alone():
         assert abs(float(psnr(alone.images, truth.images).mean()) - float(psnr(rec.images, truth.images).mean())) < 0.05
 
 
-def test_the_step_uses_raw_torch_optimisers_and_compiles_only_the_vmap_path():
-    (c, lr, _), = _captures(1)
+def test_the_step_uses_raw_torch_optimisers_and_compiles_only_the_vmap_path(lenet_captures):
+    (c, lr, _), = lenet_captures(1)
     module = GradientInversion(build_problem([c], [lr], ReconConfig(compile=True)), ReconConfig(compile=True))
     assert module.step_objective == module.objective  # one problem: the loop path (autograd.grad), never compiled
     rec = reconstruct(c, lr, config=ReconConfig(iterations=3, progress=False))
