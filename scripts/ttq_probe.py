@@ -22,7 +22,6 @@ import sys
 import torch
 
 import gi.recon.optim
-
 from gi.experiments.ttq import CONTENDERS, AttackClock, TTQConfig, build_victim_side, scorer, time_to
 
 TUNE_DATA = ("cifar10-samples", "fashion-mnist")
