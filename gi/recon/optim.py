@@ -90,11 +90,11 @@ def lbfgs_for(groups: list[dict[str, Any]], lr: float, history_size: int | None 
 
 @register_optimizer("lbfgs")
 def _lbfgs(groups: list[dict[str, Any]], cfg: Any) -> torch.optim.Optimizer:
-    """L-BFGS with :func:`lbfgs_history`'s memory for the rows left after ``cfg``'s cull (``cull_after`` with
-    ``restarts`` > 1 keeps one row of every problem)."""
+    """L-BFGS with ``cfg.lbfgs_history`` pairs, else :func:`lbfgs_history`'s memory for the rows left after
+    ``cfg``'s cull (``cull_after`` with ``restarts`` > 1 keeps one row of every problem)."""
     rows = groups[0]["params"][0].shape[0]
     culled = cfg.cull_after > 0 and cfg.restarts > 1 and cfg.iterations > cfg.cull_after
-    return lbfgs_for(groups, cfg.lr, steady_rows=max(1, rows // cfg.restarts) if culled else rows)
+    return lbfgs_for(groups, cfg.lr, cfg.lbfgs_history, steady_rows=max(1, rows // cfg.restarts) if culled else rows)
 
 
 def two_loop_direction(g: Tensor, pairs: Sequence[tuple[Tensor, Tensor, Tensor]], gamma: Tensor) -> Tensor:
