@@ -134,10 +134,10 @@ def reconstruct_many(
 
 RETRY_GROWTH = 4  # the k-th retry of a stalled capture runs restarts x 4**k new starts (culled as configured)
 # a retry culls its starts no earlier than RETRY_MIN_CULL and keeps RETRY_LBFGS_HISTORY L-BFGS pairs (unless
-# attack.lbfgs_history says otherwise): the recipe that rescued the plateau case. Fashion-MNIST seed 0 image 8
-# (README "Default job"): its retry from 16 starts culled at 100 with 100 pairs recovered it (93.0 dB); culled at
-# 25 with 400 pairs (the one-capture memory of gi.recon.optim.lbfgs_history) 9.2 dB, culled at 100 with 400 pairs
-# its objective was still 6.2 (plateau) after 1820 of 2600 iterations
+# attack.lbfgs_history says otherwise): the recipe that rescued the plateau case at 2c34bdc (Fashion-MNIST seed 0
+# image 8, README "Default job": 93.0 dB), independent of the first fit's cull and memory. Since the one-row step
+# path (1ecb2b2) that image stays on the plateau with it too (objective 4.8; README); culled at 25 with 400 pairs
+# (the one-capture memory of gi.recon.optim.lbfgs_history) 9.2 dB, at 100 with 400 pairs objective 6.2
 RETRY_MIN_CULL = 100
 RETRY_LBFGS_HISTORY = 100
 

@@ -63,6 +63,8 @@ LBFGS = {"optimizer": "lbfgs", "lr": 1.0, "schedule": "constant", "objective": "
 # 38.89 / 37.20 / 27.52), and one capture's 4-row phase (~32 ms per step against ~11 ms for one row) shrinks from
 # 100 steps to 25: image 0 alone reaches 30 dB in 500 iterations either way (scripts/ttq_probe.py). One capture
 # alone also gets 400 L-BFGS pairs (gi.recon.optim.lbfgs_history): 500 instead of 725 iterations to 30 dB there.
+# Fashion-MNIST seed 0: unchanged for nine images; image 8 stalls as before, and its retry (culled at 100, 100
+# pairs, gi.recon.api.RETRY_*) no longer rescues it, on a6b8222's code either (README "Default job").
 register_preset("default", {**LBFGS, "iterations": 2600, "restarts": 4, "cull_after": 25, "retries": 1,
                             "regularizers": {"tv": 1.0e-4}, "feature_weight": 1.0, "last_layer_weight": 1.0})
 register_preset("fast", {**LBFGS, "iterations": 300, "restarts": 1, "regularizers": {"tv": 1.0e-4},
