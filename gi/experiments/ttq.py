@@ -639,14 +639,43 @@ def run_ttq(cfg: TTQConfig) -> Path:
 MERGE_MAY_DIFFER = ("select", "out", "overwrite", "name", "contenders", "budget", "breaching")
 
 
-def merge_runs(parts: Sequence[str | Path], out: str | Path, overwrite: bool = False) -> Path:
+def same_run_longer(short: Curve, long: Curve, tol_db: float = 1e-6) -> bool:
+    """Whether ``long`` is ``short``'s attack run further: every checkpoint of ``short`` but its last (the answer it
+    returned when stopped) is a checkpoint of ``long`` at the same iteration with the same PSNR (``tol_db``)."""
+    at = dict(zip(long.iterations, long.psnr))
+    return long.iterations[-1] >= short.iterations[-1] and all(
+        i in at and abs(at[i] - p) <= tol_db for i, p in zip(short.iterations[:-1], short.psnr[:-1]))
+
+
+def keep_longest(curves: list[Curve]) -> list[Curve]:
+    """One curve per (contender, variant, capture): where parts attacked one twice, the longer run, provided it is
+    the same attack run further (:func:`same_run_longer`; else a ConfigError)."""
+    kept: dict[tuple[str, str, int], Curve] = {}
+    for c in curves:
+        key = (c.contender, c.variant, c.capture)
+        old = kept.get(key)
+        if old is None:
+            kept[key] = c
+            continue
+        short, long = (old, c) if c.iterations[-1] >= old.iterations[-1] else (c, old)
+        if not same_run_longer(short, long):
+            raise ConfigError(f"merge_runs: two curves of {key} differ before the shorter one stops: not the same "
+                              f"attack run longer, so neither can stand for the other")
+        kept[key] = long
+    return list(kept.values())
+
+
+def merge_runs(parts: Sequence[str | Path], out: str | Path, overwrite: bool = False, longest: bool = False
+               ) -> Path:
     """One output directory from several runs of one job: disjoint ``select`` lists (e.g. two processes on two
     cores) and/or different contenders or breaching schedules on the same captures (e.g. breaching's long
     schedules in one process, ours in another): every curve, the summary over all captures (each contender's best
     variant per capture) and the plot; ``summary.json`` names the parts. The parts must agree on everything but
     :data:`MERGE_MAY_DIFFER` (same job, levels, checkpoints, clock, threads, breaching's tv and seed) and
-    attack each (contender, variant, capture) once; the merged config lists every contender (``gi`` first),
-    every breaching schedule and the largest budget."""
+    attack each (contender, variant, capture) once, unless ``longest``: then a (contender, variant, capture)
+    attacked in several parts keeps its longest curve, which must be the same attack run further
+    (:func:`keep_longest`; e.g. breaching's 24000 schedule cut at 150 s in one part and run to its end in another).
+    The merged config lists every contender (``gi`` first), every breaching schedule and the largest budget."""
     import yaml
 
     parts = [Path(p) for p in parts]
@@ -664,10 +693,13 @@ def merge_runs(parts: Sequence[str | Path], out: str | Path, overwrite: bool = F
     for c in curves:  # curves written before variants: breaching's schedule is in its info
         if not c.variant and c.contender == "breaching" and "max_iterations" in c.info:
             c.variant = f"{c.info['max_iterations']} it"
+    if longest:
+        curves = keep_longest(curves)
     keys = [(c.contender, c.variant, c.capture) for c in curves]
     if len(keys) != len(set(keys)):
         raise ConfigError(f"merge_runs: the parts attack the same capture twice with the same contender "
-                          f"({sorted(k for k in set(keys) if keys.count(k) > 1)})")
+                          f"({sorted(k for k in set(keys) if keys.count(k) > 1)}); longest=True keeps the longer "
+                          f"run where one is the other run further")
     names = sorted({n for c in configs for n in c["contenders"]}, key=lambda n: (n != "gi", n))
     seen = sorted({c.capture for c in curves})
     missing = [(n, k) for n in names for k in seen if not any((c.contender, c.capture) == (n, k) for c in curves)]

@@ -60,9 +60,11 @@ class ReconConfig:
     gives it, so ``pack`` changes memory and speed, not the reconstructions (up to float rounding).
     ``retries``: restart on a stall. After the fit, every capture whose best restart kept more than
     ``retry_ratio`` of its starting objective (:func:`gi.recon.api.stalled`: the DLG plateau) is fitted again
-    from ``restarts`` × 4^k new starts (seed ``seed`` + k for the k-th retry; culled by ``cull_after`` like the
-    first fit), up to ``retries`` times; the fit with the lower objective is kept (never chosen with ground
-    truth) and ``history['retries']`` records the retries it took. Callbacks see every fit.
+    from ``restarts`` × 4^k new starts (seed ``seed`` + k for the k-th retry; culled no earlier than iteration
+    100, with 100 L-BFGS pairs: :data:`gi.recon.api.RETRY_MIN_CULL`), up to ``retries`` times; the fit with the
+    lower objective is kept (never chosen with ground truth) and ``history['retries']`` records the retries it
+    took. Callbacks see every fit. ``lbfgs_history``: L-BFGS curvature pairs (None: sized by the problem,
+    :func:`gi.recon.optim.lbfgs_history`).
     """
 
     iterations: int = 1000
@@ -94,6 +96,7 @@ class ReconConfig:
     memory_budget: float | None = None
     retries: int = 0
     retry_ratio: float = 1.0e-3
+    lbfgs_history: int | None = None  # L-BFGS curvature pairs (None: gi.recon.optim.lbfgs_history's rule)
     preset: str | None = None
     analytic_tol: float = 1.0e-4
 
@@ -131,6 +134,9 @@ class ReconConfig:
             raise ConfigError("attack.iterations and attack.restarts must be >= 1")
         if self.cull_after < 0:
             raise ConfigError(f"attack.cull_after must be >= 0 (0: no culling), got {self.cull_after}")
+        if self.lbfgs_history is not None and self.lbfgs_history < 1:
+            raise ConfigError(f"attack.lbfgs_history must be >= 1 pairs (null: sized by the problem), got "
+                              f"{self.lbfgs_history}")
         if self.retries < 0:
             raise ConfigError(f"attack.retries must be >= 0 (0: no restart on a stall), got {self.retries}")
         if not 0 < self.retry_ratio < 1:

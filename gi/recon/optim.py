@@ -56,19 +56,45 @@ def _sgd(groups: list[dict[str, Any]], cfg: Any) -> torch.optim.Optimizer:
 COMPACT_MAX_BYTES = 10_000_000
 
 
-def lbfgs_for(groups: list[dict[str, Any]], lr: float, history_size: int = 100) -> torch.optim.Optimizer:
-    """:class:`BatchedLBFGS` (compact) when the problems' curvature memory is at most :data:`COMPACT_MAX_BYTES`,
-    else :class:`TwoLoopLBFGS`."""
+LBFGS_HISTORY = 100  # curvature pairs of the ``lbfgs`` optimiser
+# curvature pairs when the memory of the rows optimised after the cull fits COMPACT_MAX_BYTES (one LeNet capture
+# of one 32 px image: 400 x 2 x 3072 float32 = 9.8 MB). Measured on cifar10-samples image 0, one capture, the
+# default preset, one thread (README "Time to quality vs breaching", scripts/ttq_probe.py): iterations to 30 dB
+# 725 (100 pairs), 600 (200), 500 (400), at 9.1 / 9.5 / 10.3 ms per step (scripts/lenet_step_time.py).
+LBFGS_LONG_HISTORY = 400
+
+
+def lbfgs_history(steady_rows: int, width: int, element_size: int = 4) -> int:
+    """Curvature pairs for ``steady_rows`` problems of ``width`` entries (the rows optimised after a cull):
+    :data:`LBFGS_LONG_HISTORY` when their compact memory fits :data:`COMPACT_MAX_BYTES`, else
+    :data:`LBFGS_HISTORY` (packed captures, batches: their per-step optimiser cost would outgrow the objective's)."""
+    long_bytes = steady_rows * 2 * LBFGS_LONG_HISTORY * width * element_size
+    return LBFGS_LONG_HISTORY if long_bytes <= COMPACT_MAX_BYTES else LBFGS_HISTORY
+
+
+def lbfgs_for(groups: list[dict[str, Any]], lr: float, history_size: int | None = None,
+              steady_rows: int | None = None) -> torch.optim.Optimizer:
+    """L-BFGS for the parameter ``groups``: ``history_size`` pairs (None: :func:`lbfgs_history` of the
+    ``steady_rows`` problems left after a cull, default all rows). :class:`BatchedLBFGS` (compact) with the long
+    memory, or when the memory of all rows is at most :data:`COMPACT_MAX_BYTES`; else :class:`TwoLoopLBFGS`."""
     params = [p for g in groups for p in g["params"]]
-    rows, width = params[0].shape[0], sum(p[0].numel() for p in params)
-    if rows * 2 * history_size * width * params[0].element_size() <= COMPACT_MAX_BYTES:
+    rows, width, size = params[0].shape[0], sum(p[0].numel() for p in params), params[0].element_size()
+    if history_size is None:
+        history_size = lbfgs_history(steady_rows or rows, width, size)
+        if history_size == LBFGS_LONG_HISTORY:  # compact; before the ring fills it reads only the filled slots
+            return BatchedLBFGS(groups, lr=lr, history_size=history_size)
+    if rows * 2 * history_size * width * size <= COMPACT_MAX_BYTES:
         return BatchedLBFGS(groups, lr=lr, history_size=history_size)
     return TwoLoopLBFGS(groups, lr=lr, history_size=history_size)
 
 
 @register_optimizer("lbfgs")
 def _lbfgs(groups: list[dict[str, Any]], cfg: Any) -> torch.optim.Optimizer:
-    return lbfgs_for(groups, cfg.lr)
+    """L-BFGS with ``cfg.lbfgs_history`` pairs, else :func:`lbfgs_history`'s memory for the rows left after
+    ``cfg``'s cull (``cull_after`` with ``restarts`` > 1 keeps one row of every problem)."""
+    rows = groups[0]["params"][0].shape[0]
+    culled = cfg.cull_after > 0 and cfg.restarts > 1 and cfg.iterations > cfg.cull_after
+    return lbfgs_for(groups, cfg.lr, cfg.lbfgs_history, steady_rows=max(1, rows // cfg.restarts) if culled else rows)
 
 
 def two_loop_direction(g: Tensor, pairs: Sequence[tuple[Tensor, Tensor, Tensor]], gamma: Tensor) -> Tensor:
@@ -90,7 +116,7 @@ def two_loop_direction(g: Tensor, pairs: Sequence[tuple[Tensor, Tensor, Tensor]]
 
 
 def compact_direction(g: Tensor, memory: Tensor, r: Tensor, yy: Tensor, d: Tensor, gamma: Tensor,
-                      order: Tensor | None = None) -> Tensor:
+                      order: Tensor | None = None, used: int | None = None) -> Tensor:
     """``−H g`` from the compact representation of the L-BFGS inverse Hessian (Byrd, Nocedal & Schnabel 1994,
     "Representations of quasi-Newton matrices", eq. 3.1 with ``H₀ = γI``)::
 
@@ -105,21 +131,43 @@ def compact_direction(g: Tensor, memory: Tensor, r: Tensor, yy: Tensor, d: Tenso
     ``r[p, i, j] = s_iᵀy_j`` for i ≤ j, with a unit pivot for a pair not in use (whose ``s = y = 0``, so it has
     no effect); ``yy[p, i, j] = y_iᵀy_j``; ``d`` (P, m) the pairs' ``s_jᵀy_j`` (0 when not in use); ``gamma`` (P,).
     ``memory`` (P, 2m, n) holds ``s`` in rows 0..m−1 and ``y`` in rows m..2m−1 of m slots (a ring): ``order``
-    (2m,) are the rows of the pairs oldest first, ``s`` then ``y`` (None: in order). The small matrices are solved
-    in their own dtype (float64 in :class:`BatchedLBFGS`)."""
+    (2m,) are the rows of the pairs oldest first, ``s`` then ``y`` (None: in order). ``used`` (with ``order``
+    None): only slots 0..used−1 hold pairs (the ring has not filled up), so the products run over those alone
+    (the others are zero pairs, which have no effect): a long memory costs what its filled part costs. The small
+    matrices are solved in their own dtype (float64 in :class:`BatchedLBFGS`)."""
     m = r.shape[1]
-    uv = torch.bmm(memory, g.unsqueeze(2)).squeeze(2).to(r.dtype)  # (P, 2m): Sᵀg, Yᵀg
-    if order is not None:
-        uv = uv[:, order]
+    k = m if used is None or order is not None else max(1, min(used, m))
+    col = g.unsqueeze(2)
+    if k < m:
+        s_mem, y_mem = memory[:, :k], memory[:, m:m + k]
+        r, yy, d = r[:, :k, :k], yy[:, :k, :k], d[:, :k]
+        uv = torch.cat([torch.bmm(s_mem, col), torch.bmm(y_mem, col)], 1).squeeze(2).to(r.dtype)  # Sᵀg, Yᵀg
+    else:
+        uv = torch.bmm(memory, col).squeeze(2).to(r.dtype)  # (P, 2m): Sᵀg, Yᵀg
+        if order is not None:
+            uv = uv[:, order]
     gam = gamma.to(r.dtype)[:, None, None]
-    w = torch.linalg.solve_triangular(r, uv[:, :m, None], upper=True)
-    inner = torch.baddbmm(uv[:, m:, None], yy, w, beta=-1.0).mul_(gam).addcmul_(d[..., None], w)
+    w = torch.linalg.solve_triangular(r, uv[:, :k, None], upper=True)
+    inner = torch.baddbmm(uv[:, k:, None], yy, w, beta=-1.0).mul_(gam).addcmul_(d[..., None], w)
     p = torch.linalg.solve_triangular(r.mT, inner, upper=False)
-    coef = torch.cat([p, w.mul_(-gam)], 1).squeeze(2)
+    coef = torch.cat([p, w.mul_(-gam)], 1).squeeze(2).to(g.dtype)
+    start = (gamma[:, None] * g).unsqueeze(1)
+    if k < m:
+        hg = torch.baddbmm(start, coef[:, None, :k], s_mem).baddbmm_(coef[:, None, k:], y_mem).squeeze(1)
+        return hg.neg_()
     if order is not None:
         coef = torch.empty_like(coef).index_copy_(1, order, coef)
-    hg = torch.baddbmm((gamma[:, None] * g).unsqueeze(1), coef.to(g.dtype).unsqueeze(1), memory).squeeze(1)
+    hg = torch.baddbmm(start, coef.unsqueeze(1), memory).squeeze(1)
     return hg.neg_()
+
+
+def drop_oldest(t: Tensor) -> Tensor:
+    """``t`` (P, m, m) shifted by one pair, ``out[:, i, j] = t[:, i + 1, j + 1]``; the last row and column are left
+    unset (the caller writes the newest pair there). A strided copy: ``torch.roll`` over two dimensions cost 2.5 ms
+    for m = 400 against 0.1 ms."""
+    out = torch.empty_like(t)
+    out[:, :-1, :-1] = t[:, 1:, 1:]
+    return out
 
 
 DIRECTIONS = ("compact", "two-loop")
@@ -210,24 +258,30 @@ class BatchedLBFGS(torch.optim.Optimizer):
             self.d = torch.zeros(num, m, dtype=torch.float64, device=s.device)
             self.ok = torch.zeros(num, m, dtype=torch.bool, device=s.device)
         slot, j = self.pairs % m, min(self.pairs, m - 1)
-        if self.pairs >= m:  # the oldest pair leaves: shift the chronological matrices
-            self.r, self.yy = self.r.roll((-1, -1), (1, 2)), self.yy.roll((-1, -1), (1, 2))
+        if self.pairs >= m:  # the oldest pair leaves: shift the chronological matrices (the newest row and
+            self.r, self.yy = drop_oldest(self.r), drop_oldest(self.yy)  # column are written below)
             self.d, self.ok = self.d.roll(-1, 1), self.ok.roll(-1, 1)
             self.r[:, j, :j] = 0.0
         keep = ok[:, None].to(s.dtype)
         self.memory[:, slot] = s * keep
         self.memory[:, m + slot] = y * keep
         self.pairs += 1
-        col = torch.bmm(self.memory, self.memory[:, m + slot].unsqueeze(2)).squeeze(2).double()  # S'y, Y'y
+        y_new = self.memory[:, m + slot].unsqueeze(2)
         order = self._ring_order()
+        k = self.pairs if order is None else m  # slots holding pairs (in order until the ring wraps)
+        if k < m:  # S'y and Y'y over the filled slots only; the others are zero
+            col = torch.cat([torch.bmm(self.memory[:, :k], y_new), torch.bmm(self.memory[:, m:m + k], y_new)], 1)
+        else:
+            col = torch.bmm(self.memory, y_new)
+        col = col.squeeze(2).double()
         if order is not None:
             col = col[:, order]
         sy_new = col[:, j]
-        self.r[:, :, j] = col[:, :m]
+        self.r[:, :k, j] = col[:, :k]
         self.r[:, j, j] = torch.where(ok, sy_new, torch.ones_like(sy_new))
         self.d[:, j] = torch.where(ok, sy_new, torch.zeros_like(sy_new))
-        self.yy[:, :, j] = col[:, m:]
-        self.yy[:, j, :] = col[:, m:]
+        self.yy[:, :k, j] = col[:, k:]
+        self.yy[:, j, :k] = col[:, k:]
         self.ok[:, j] = ok
 
     def _direction(self, g: Tensor) -> Tensor:
@@ -236,7 +290,7 @@ class BatchedLBFGS(torch.optim.Optimizer):
             return -g * self.h_diag[:, None]
         order = self._ring_order()
         if self.direction == "compact":
-            return compact_direction(g, self.memory, self.r, self.yy, self.d, self.h_diag, order)
+            return compact_direction(g, self.memory, self.r, self.yy, self.d, self.h_diag, order, used=k)
         rows = list(range(k)) if order is None else order[:m].tolist()
         rho = torch.where(self.ok, 1.0 / self.d.where(self.ok, torch.ones_like(self.d)), 0.0).to(g.dtype)
         pairs = [(self.memory[:, i], self.memory[:, m + i], rho[:, j]) for j, i in enumerate(rows)]

@@ -135,15 +135,83 @@ def test_compact_and_two_loop_follow_the_same_path_on_a_real_image(monkeypatch):
 
 
 def test_lbfgs_for_picks_compact_for_a_small_memory_and_the_list_two_loop_beyond():
+    from gi.recon.config import ReconConfig
     from gi.recon.optim import OPTIMIZERS, TwoLoopLBFGS, lbfgs_for, select_rows
 
     one = torch.zeros(1, 1, 3, 32, 32, requires_grad=True)
     many = torch.zeros(80, 1, 3, 32, 32, requires_grad=True)
     assert isinstance(lbfgs_for([{"params": [one]}], 1.0), BatchedLBFGS)
     assert isinstance(lbfgs_for([{"params": [torch.zeros(4, 1, 3, 32, 32)]}], 1.0), BatchedLBFGS)  # 9.8 MB
-    opt = OPTIMIZERS["lbfgs"]([{"params": [many], "lr": 1.0}], type("C", (), {"lr": 1.0})())
+    opt = OPTIMIZERS["lbfgs"]([{"params": [many], "lr": 1.0}], ReconConfig(optimizer="lbfgs", lr=1.0))
     assert isinstance(opt, TwoLoopLBFGS)
     many.grad = torch.ones_like(many)
     opt.step()
     select_rows(opt, torch.tensor([3]))
     assert opt.prev_x.shape[0] == 1 and opt.g0.shape == (1,)
+
+
+def test_compact_direction_over_the_filled_slots_equals_the_whole_ring():
+    """``used`` = k < m: the products over the k filled slots give the direction of the whole ring, whose other
+    slots are zero pairs with unit pivots (not in use)."""
+    gen = torch.Generator().manual_seed(3)
+    num, m, k, n = 3, 8, 5, 16
+    s, y = _pairs(num, m, n, gen)
+    ok = torch.zeros(num, m, dtype=torch.bool)
+    ok[:, :k] = True
+    ok[1, 2] = False  # a rejected pair among the filled slots
+    g = torch.randn(num, n, generator=gen, dtype=torch.float64)
+    gamma = torch.rand(num, generator=gen, dtype=torch.float64) + 0.5
+    inputs = _compact_inputs(s, y, ok)
+    whole = compact_direction(g, *inputs, gamma)
+    filled = compact_direction(g, *inputs, gamma, used=k)
+    assert torch.allclose(filled, whole, rtol=1e-12, atol=1e-12 * whole.abs().max())
+    rho = torch.where(ok, 1.0 / (s * y).sum(2), torch.zeros(()))
+    ref = two_loop_direction(g, [(s[:, i], y[:, i], rho[:, i]) for i in range(k)], gamma)
+    assert torch.allclose(filled, ref, rtol=1e-10, atol=1e-10 * ref.abs().max())
+
+
+def test_long_memory_ring_matches_torch_lbfgs_before_and_after_it_fills():
+    """BatchedLBFGS reading only the filled slots (and the whole ring once it wraps) follows torch.optim.LBFGS'
+    iterates on a quadratic, float64, for more steps than its memory holds."""
+    gen = torch.Generator().manual_seed(11)
+    n, hist = 12, 4
+    a = torch.randn(n, n, generator=gen, dtype=torch.float64)
+    a = a @ a.T / n + 0.2 * torch.eye(n, dtype=torch.float64)
+    b = torch.randn(n, generator=gen, dtype=torch.float64)
+    x0 = torch.randn(1, n, generator=gen, dtype=torch.float64)
+    ours, ref = x0.clone().requires_grad_(True), x0[0].clone().requires_grad_(True)
+    opt = BatchedLBFGS([ours], lr=0.5, history_size=hist)
+    topt = torch.optim.LBFGS([ref], lr=0.5, max_iter=1, history_size=hist, tolerance_grad=0, tolerance_change=0)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return 0.5 * x @ a @ x - b @ x
+
+    for _ in range(3 * hist):
+        opt.zero_grad()
+        f(ours[0]).backward()
+        opt.step()
+
+        def closure() -> torch.Tensor:
+            topt.zero_grad()
+            loss = f(ref)
+            loss.backward()
+            return loss
+
+        topt.step(closure)
+        assert torch.allclose(ours[0], ref, rtol=1e-8, atol=1e-10)
+
+
+def test_lbfgs_history_is_long_for_one_capture_and_100_for_packed_captures():
+    from gi.recon.config import ReconConfig
+    from gi.recon.optim import LBFGS_HISTORY, LBFGS_LONG_HISTORY, OPTIMIZERS, lbfgs_history
+
+    assert lbfgs_history(1, 3 * 32 * 32) == LBFGS_LONG_HISTORY == 400  # 9.8 MB
+    assert lbfgs_history(20, 3 * 32 * 32) == LBFGS_HISTORY == 100
+    assert lbfgs_history(1, 8 * 28 * 28) == LBFGS_HISTORY  # a batch of 8 Fashion-MNIST images: 20 MB
+    cfg = ReconConfig(optimizer="lbfgs", lr=1.0, restarts=4, cull_after=100, iterations=2600)
+    one = OPTIMIZERS["lbfgs"]([{"params": [torch.zeros(4, 1, 3, 32, 32)], "lr": 1.0}], cfg)  # 1 row after the cull
+    packed = OPTIMIZERS["lbfgs"]([{"params": [torch.zeros(80, 1, 3, 32, 32)], "lr": 1.0}], cfg)  # 20 rows after
+    uncull = OPTIMIZERS["lbfgs"]([{"params": [torch.zeros(4, 1, 3, 32, 32)], "lr": 1.0}],
+                                 ReconConfig(optimizer="lbfgs", lr=1.0, restarts=4, cull_after=0))
+    assert (one.history_size, one.direction) == (400, "compact")
+    assert packed.history_size == 100 and uncull.history_size == 100

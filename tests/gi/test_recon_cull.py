@@ -170,7 +170,30 @@ def test_retries_refit_stalled_captures_from_new_starts_and_keep_the_lower_objec
 
 @pytest.mark.parametrize(("keys", "match"), [({"retries": -1}, "retries must be >= 0"),
                                              ({"retry_ratio": 0.0}, "retry_ratio must be in"),
-                                             ({"retry_ratio": 1.0}, "retry_ratio must be in")])
+                                             ({"retry_ratio": 1.0}, "retry_ratio must be in"),
+                                             ({"lbfgs_history": 0}, "lbfgs_history must be >= 1")])
 def test_bad_retry_settings_are_clear_errors(keys, match):
     with pytest.raises(ConfigError, match=match):
         ReconConfig(**keys)
+
+
+def test_a_retry_culls_no_earlier_than_retry_min_cull_with_the_retry_memory(monkeypatch):
+    """The retry of a stalled capture runs 4x the starts, culled no earlier than RETRY_MIN_CULL, with
+    RETRY_LBFGS_HISTORY pairs (the recipe that rescued the Fashion-MNIST plateau case); no cull stays no cull."""
+    import gi.recon.api as api
+
+    seen = []
+    real = api.fit_many
+
+    def spy(captures, label_results, features, cfg, callbacks=(), **kw):
+        seen.append(cfg)
+        return real(captures, label_results, features, cfg, callbacks, **kw)
+
+    monkeypatch.setattr(api, "fit_many", spy)
+    capture, _, lr = _capture(0)
+    for cull, want in ((5, api.RETRY_MIN_CULL), (0, 0)):
+        seen.clear()
+        reconstruct_many([capture], [lr], None, _config(restarts=2, cull_after=cull, retries=1, retry_ratio=1e-30))
+        first, retry = seen
+        assert (first.cull_after, first.lbfgs_history) == (cull, None)
+        assert (retry.restarts, retry.cull_after, retry.lbfgs_history) == (8, want, api.RETRY_LBFGS_HISTORY)

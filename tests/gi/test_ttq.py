@@ -304,3 +304,39 @@ def test_merge_runs_joins_contenders_and_schedules_from_separate_runs(tmp_path):
     with pytest.raises(ConfigError, match="every contender"):
         ttq.merge_runs([ours, part("b1", ["breaching"], [_curve("breaching", 0, [(1.0, 1.0)], "9 it")],
                                    schedules=[9])], tmp_path / "m2")
+
+
+def test_merge_runs_longest_keeps_the_same_attack_run_further_and_refuses_a_different_one(tmp_path):
+    """A breaching schedule cut at its budget in one part and run to its end in another: ``longest=True`` keeps
+    the longer curve (its checkpoints extend the shorter one's); a curve that differs before the cut is refused."""
+    from gi.core.config import to_dict
+    from gi.experiments.report import write_json, write_yaml
+
+    def part(name, contenders, curves):
+        d = tmp_path / name
+        d.mkdir()
+        write_yaml(d / "config.yaml", to_dict(TTQConfig(contenders=contenders, select=[0])))
+        write_json(d / "curves.json", [dict(c.__dict__) for c in curves])
+        write_json(d / "summary.json", {"git": "x", "load_average_end": [1.0, 1.0, 1.0]})
+        return d
+
+    def breaching(points, stopped):  # checkpoints every 10 iterations, the answer at the end
+        c = ttq.Curve("breaching", 0, variant="24000 it", info={"stopped_by_budget": stopped})
+        for i, (t, p) in enumerate(points):
+            c.add(10 * (i + 1), {"wall": t, "cpu": t}, p)
+        return c
+
+    ours = part("gi", ["gi"], [_curve("gi", 0, [(5.0, 31.0)], stopped_by_budget=False)])
+    cut = part("cut", ["breaching"], [breaching([(50.0, 20.0), (100.0, 25.0), (150.0, 25.5)], True)])
+    full = part("full", ["breaching"], [breaching([(50.0, 20.0), (100.0, 25.0), (150.0, 29.0), (200.0, 31.0)],
+                                                  False)])
+    with pytest.raises(ConfigError, match="longest=True"):
+        ttq.merge_runs([ours, cut, full], tmp_path / "m0")
+    out = ttq.merge_runs([ours, cut, full], tmp_path / "m", longest=True)
+    s = json.loads((out / "summary.json").read_text())
+    assert len(json.loads((out / "curves.json").read_text())) == 2
+    assert s["rows"][0]["ratio_breaching_30"] == {"value": 40.0, "kind": "exact"}  # 200 s / 5 s
+    other = part("other", ["breaching"], [breaching([(50.0, 20.0), (100.0, 24.0), (150.0, 29.0), (200.0, 31.0)],
+                                                    False)])
+    with pytest.raises(ConfigError, match="not the same attack"):
+        ttq.merge_runs([ours, cut, other], tmp_path / "m2", longest=True)
