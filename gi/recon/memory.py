@@ -6,13 +6,15 @@ its double backward, the distance terms), the forward activations of its batch, 
 images; and per capture the target gradient. The model is counted from the capture (parameters) and one forward of
 a zero batch with hooks on its leaf modules (activations). The memory model::
 
-    bytes(capture) = 4 · [R · (PARAM_COPIES · P + (ACTIVATION_COPIES · A + V · U) · b + (STATE[opt] + 3) · n · b) + P]
+    bytes(capture) = 4 · [R · (PARAM_COPIES · P + (ACTIVATION_COPIES · A + V · U) · b + (S + 3) · n · b) + P]
 
 with P the parameter count, A the activation elements of one sample, U the elements of its convolutions'
 unfolded inputs (V = 1 when the rows are simulated with ``vmap``, whose batched convolutions keep them; 0 on the
-loop path), b the samples per capture and n the elements of one image. The factors were fitted to the peak
-resident memory of one process fitting 1 to 4 ResNet-18 captures (batch 1 and 8, Adam) and 4 to 16 LeNet
-captures × 4 restarts (L-BFGS and Adam, 150 steps) on the CPU (``scripts/pack_memory.py``; README,
+loop path), b the samples per capture, n the elements of one image and S the optimiser's state per image
+element (:data:`STATE`; L-BFGS: :data:`LBFGS_STATE` per curvature pair, packed problems keep
+:data:`gi.recon.optim.LBFGS_HISTORY` pairs unless ``attack.lbfgs_history`` says otherwise). The factors were
+fitted to the peak resident memory of one process fitting 1 to 4 ResNet-18 captures (batch 1 and 8, Adam) and 4
+to 16 LeNet captures × 4 restarts (L-BFGS and Adam, 150 steps) on the CPU (``scripts/pack_memory.py``; README,
 "Throughput"), rounded up, so the estimate errs on the side of smaller packs.
 The budget (``attack.memory_budget`` GiB, else :data:`BUDGET_SHARE` of the device's free memory) divided by the
 estimate gives the pack.
@@ -27,13 +29,15 @@ import torch
 
 from gi.capture import Capture
 from gi.core.devices import resolve_device
+from gi.recon.optim import LBFGS_HISTORY
 from gi.recon.problem import choose_batching
 
 PARAM_COPIES = 4  # parameter-sized tensors per row at the step's peak (measured ~3.2 on ResNet-18)
 ACTIVATION_COPIES = 3  # activation-sized tensors per row and sample (measured ~1.8 on ResNet-18, batch 8)
-# optimiser state per image element: Adam's two moments, SGD's momentum, L-BFGS's 100 curvature pairs (s, y) with
-# the two-loop's temporaries (measured ~330 on LeNet, 64 rows)
-STATE = {"adam": 2, "sgd": 1, "lbfgs": 350}
+# optimiser state per image element: Adam's two moments, SGD's momentum; L-BFGS keeps LBFGS_STATE per curvature
+# pair (s, y and the two-loop's temporaries: ~330 measured on LeNet, 64 rows, 100 pairs)
+STATE = {"adam": 2, "sgd": 1}
+LBFGS_STATE = 3.5
 BUDGET_SHARE = 0.5  # of the device's free memory when attack.memory_budget is null
 GIB = 2 ** 30
 
@@ -76,9 +80,10 @@ def bytes_per_capture(capture: Capture, cfg: Any) -> int:
     vmap = choose_batching(cfg.batching, max(2, cfg.restarts), model, resolve_device(cfg.device)[0]) == "vmap"
     b = capture.num_samples
     n = math.prod(in_shape)
-    row = PARAM_COPIES * params + (ACTIVATION_COPIES * acts + vmap * unfolded) * b + \
-        (STATE.get(cfg.optimizer, 2) + 3) * n * b
-    return 4 * (cfg.restarts * row + params)
+    state = LBFGS_STATE * (cfg.lbfgs_history or LBFGS_HISTORY) if cfg.optimizer == "lbfgs" else \
+        STATE.get(cfg.optimizer, 2)
+    row = PARAM_COPIES * params + (ACTIVATION_COPIES * acts + vmap * unfolded) * b + (state + 3) * n * b
+    return int(4 * (cfg.restarts * row + params))
 
 
 def free_bytes(device: str) -> int:

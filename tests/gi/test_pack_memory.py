@@ -40,8 +40,9 @@ def test_activation_elements_leaves_a_training_batchnorm_model_in_training_mode(
 def test_bytes_per_capture_is_the_memory_model_exactly():
     capture, _ = _linear_capture(batch=2)
     p, a, n, b = 16 * 3 + 3, 35, 16, 2  # parameters, activations of one sample, image elements, samples
-    for opt, state in (("adam", 2), ("sgd", 1), ("lbfgs", 350)):
-        cfg = ReconConfig(optimizer=opt, restarts=3)
+    for opt, state, keys in (("adam", 2, {}), ("sgd", 1, {}), ("lbfgs", 350, {}),
+                             ("lbfgs", 700, {"lbfgs_history": 200})):
+        cfg = ReconConfig(optimizer=opt, restarts=3, **keys)
         assert bytes_per_capture(capture, cfg) == 4 * (3 * (4 * p + 3 * a * b + (state + 3) * n * b) + p)
 
 
