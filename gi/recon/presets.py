@@ -84,7 +84,10 @@ register_preset("ig", {"optimizer": "adam", "lr": 0.1, "signed": True, "schedule
 # iterations and then stalls; decaying x0.1 there (multistep over 1067 iterations: 400, 667) gives 33.5 dB at
 # 288 s. L-BFGS from the same state instead: 32.6 dB. The features term (beta = 1) slowed the climb (24.5 vs
 # 26.3 dB at 480 iterations), so beta = 0 (f* is still computed and recorded). Its time-to-quality against
-# breaching, whose schedule fitted alike makes it the same attack: README, ResNet-18 paragraph.
+# breaching, whose schedule fitted alike makes it the same attack: README, ResNet-18 paragraph. Tried against it
+# and worse (README "Levers tried", scripts/probe_resnet_levers.py): a feature-inversion warm start (the untrained
+# net's f* does not pin the image: 12.7 dB), matching fewer layers (1.8x cheaper steps, 13 dB), lr 0.01 / 0.05 /
+# 0.1, a grey start, the layer-wise cosine, the first decay at 300 instead of 400 (30.9 vs 33.1 dB at 300 s).
 register_preset("resnet", {"optimizer": "adam", "lr": 0.025, "signed": True, "schedule": "multistep",
                            "objective": "cosine", "iterations": 1067, "restarts": 1, "cull_after": 0,
                            "regularizers": {"tv": 2.0e-3}, "init": "gaussian", "feature_weight": 0.0,
