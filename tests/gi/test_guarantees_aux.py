@@ -33,12 +33,12 @@ def _aux_of_run(monkeypatch, tmp_path, overrides: list[str]):
         seen["truth"] = truths[0]
         return captures, truths
 
-    def stop(lcfg, attack, captures, truths=None, aux=None, callbacks=()):
+    def stop(lcfg, attack, captures, truths=None, aux=None):
         seen["aux"] = aux
         raise _Stop()
 
     monkeypatch.setattr(pipeline, "capture_all", record)
-    monkeypatch.setattr(pipeline, "attack_stages", stop)
+    monkeypatch.setattr(pipeline, "prepare_attack", stop)
     with pytest.raises(_Stop):
         run(load_run_config("configs/demo.yaml", overrides + [f"out={tmp_path / 'run'}"]))
     return seen["aux"], seen["truth"]
