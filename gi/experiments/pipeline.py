@@ -330,7 +330,6 @@ def run_many(cfgs: Sequence[RunConfig]) -> list[RunResult]:
     import torch
 
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    results: list[RunResult] = []
     with contextlib.ExitStack() as stack:
         jobs: list[_Job] = []
         for cfg in cfgs:
@@ -369,5 +368,4 @@ def run_many(cfgs: Sequence[RunConfig]) -> list[RunResult]:
                 recs = outcome.reconstructions
                 by_job[i] = RunResult(job.out, metrics, job.captures[0], job.truths[0], recs[0], job.captures,
                                       job.truths, recs)
-        results = [by_job[i] for i in range(len(jobs))]
-    return results
+    return [by_job[i] for i in range(len(jobs))]  # published: the staged outputs closed without an error
