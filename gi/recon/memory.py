@@ -29,6 +29,7 @@ import torch
 
 from gi.capture import Capture
 from gi.core.devices import resolve_device
+from gi.recon.module import leaf_outputs
 from gi.recon.optim import LBFGS_HISTORY
 from gi.recon.problem import choose_batching
 
@@ -43,30 +44,13 @@ GIB = 2 ** 30
 
 
 def activation_elements(model: torch.nn.Module, in_shape: tuple[int, ...]) -> tuple[int, int]:
-    """For one sample of shape ``in_shape`` (one forward, no grad): the elements of every leaf module's output, and
-    the elements of the unfolded (im2col) inputs of its 2-d convolutions, C_in/groups · k_h · k_w · H_out · W_out
-    each, which the vmap path keeps for its backward."""
-    total, unfolded = 0, 0
-
-    def count(module: torch.nn.Module, _inputs: Any, output: Any) -> None:
-        nonlocal total, unfolded
-        outs = [t for t in (output if isinstance(output, tuple) else (output,)) if isinstance(t, torch.Tensor)]
-        total += sum(t.numel() for t in outs)
-        if isinstance(module, torch.nn.Conv2d):
-            kh, kw = module.kernel_size
-            unfolded += module.in_channels // module.groups * kh * kw * outs[0].shape[-2] * outs[0].shape[-1]
-
-    leaves = [m for m in model.modules() if not any(True for _ in m.children())]
-    hooks = [m.register_forward_hook(count) for m in leaves]
-    was_training = model.training
-    try:
-        model.eval()  # one sample through BatchNorm in train mode would fail; the element count is the same
-        with torch.no_grad():
-            model(torch.zeros(1, *in_shape))
-    finally:
-        model.train(was_training)
-        for hook in hooks:
-            hook.remove()
+    """For one sample of shape ``in_shape`` (:func:`gi.recon.module.leaf_outputs`, a real forward pass): the
+    elements of every leaf module's output, and the elements of the unfolded (im2col) inputs of its 2-d
+    convolutions, C_in/groups · k_h · k_w · H_out · W_out each, which the vmap path keeps for its backward."""
+    calls = leaf_outputs(model, in_shape, meta=False)
+    total = sum(math.prod(shape) for _, shapes in calls for shape in shapes)
+    unfolded = sum(m.in_channels // m.groups * math.prod(m.kernel_size) * math.prod(shapes[0][-2:])
+                   for m, shapes in calls if isinstance(m, torch.nn.Conv2d))
     return total, unfolded
 
 

@@ -39,27 +39,45 @@ FLAT_MAX = 4_000_000  # shared entries per problem up to which the one-at-a-time
 NATIVE_CONV_MACS = 4_000_000
 
 
-def conv_macs(net: torch.nn.Module, image_shape: tuple[int, ...]) -> int | None:
-    """Multiply-adds of ``net``'s convolutions for one image of ``image_shape`` (a forward pass on the meta device:
-    shapes only, the model's parameters and buffers untouched); None when the net cannot run on meta tensors."""
-    total = 0
+def leaf_outputs(net: torch.nn.Module, image_shape: tuple[int, ...], meta: bool = True
+                 ) -> list[tuple[torch.nn.Module, list[torch.Size]]]:
+    """Every leaf module of ``net`` that ran in one forward pass of one image of ``image_shape``, in call order,
+    with the shapes of its tensor outputs. ``meta``: on the meta device (shapes only; the parameters and buffers
+    are untouched; raises where the net cannot run on meta tensors), else a real pass of a zero image. The net
+    runs in eval mode (the shapes are the same) and keeps its mode."""
+    calls: list[tuple[torch.nn.Module, list[torch.Size]]] = []
 
-    def count(mod: torch.nn.Module, inputs: Any, out: torch.Tensor) -> None:
-        nonlocal total
-        total += out[0].numel() * (mod.in_channels // mod.groups) * math.prod(mod.kernel_size)
+    def record(mod: torch.nn.Module, inputs: Any, out: Any) -> None:
+        outs = out if isinstance(out, tuple) else (out,)
+        calls.append((mod, [t.shape for t in outs if isinstance(t, torch.Tensor)]))
 
-    convs = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
-    handles = [m.register_forward_hook(count) for m in net.modules() if isinstance(m, convs)]
+    leaves = [m for m in net.modules() if not any(True for _ in m.children())]
+    handles = [m.register_forward_hook(record) for m in leaves]
+    was_training = net.training
+    device = "meta" if meta else "cpu"
     try:
-        state = {k: torch.empty_like(v, device="meta") for k, v in [*net.named_parameters(), *net.named_buffers()]}
+        net.eval()  # one image through a training BatchNorm can fail (one value per channel); shapes do not change
+        state = {k: torch.empty_like(v, device=device) if meta else v
+                 for k, v in [*net.named_parameters(), *net.named_buffers()]}
         with torch.no_grad():
-            torch.func.functional_call(net, state, (torch.empty((1, *image_shape), device="meta"),))
-    except Exception:  # noqa: BLE001 - a net that cannot run on meta keeps the default convolutions
-        return None
+            torch.func.functional_call(net, state, (torch.zeros((1, *image_shape), device=device),))
     finally:
+        net.train(was_training)
         for h in handles:
             h.remove()
-    return total
+    return calls
+
+
+def conv_macs(net: torch.nn.Module, image_shape: tuple[int, ...]) -> int | None:
+    """Multiply-adds of ``net``'s convolutions for one image of ``image_shape`` (:func:`leaf_outputs` on the meta
+    device); None when the net cannot run on meta tensors."""
+    convs = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+    try:
+        calls = leaf_outputs(net, image_shape)
+    except Exception:  # noqa: BLE001 - a net that cannot run on meta keeps the default convolutions
+        return None
+    return sum(math.prod(shapes[0]) * (m.in_channels // m.groups) * math.prod(m.kernel_size)
+               for m, shapes in calls if isinstance(m, convs))
 
 
 @contextmanager
