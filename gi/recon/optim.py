@@ -64,12 +64,17 @@ LBFGS_HISTORY = 100  # curvature pairs of the ``lbfgs`` optimiser
 LBFGS_LONG_HISTORY = 400
 
 
+def pair_bytes(rows: int, pairs: int, width: int, element_size: int = 4) -> int:
+    """Bytes of the curvature memory of ``rows`` problems of ``width`` entries with ``pairs`` pairs (s and y)."""
+    return rows * 2 * pairs * width * element_size
+
+
 def lbfgs_history(steady_rows: int, width: int, element_size: int = 4) -> int:
     """Curvature pairs for ``steady_rows`` problems of ``width`` entries (the rows optimised after a cull):
     :data:`LBFGS_LONG_HISTORY` when their compact memory fits :data:`COMPACT_MAX_BYTES`, else
     :data:`LBFGS_HISTORY` (packed captures, batches: their per-step optimiser cost would outgrow the objective's)."""
-    long_bytes = steady_rows * 2 * LBFGS_LONG_HISTORY * width * element_size
-    return LBFGS_LONG_HISTORY if long_bytes <= COMPACT_MAX_BYTES else LBFGS_HISTORY
+    fits = pair_bytes(steady_rows, LBFGS_LONG_HISTORY, width, element_size) <= COMPACT_MAX_BYTES
+    return LBFGS_LONG_HISTORY if fits else LBFGS_HISTORY
 
 
 def lbfgs_for(groups: list[dict[str, Any]], lr: float, history_size: int | None = None,
@@ -83,7 +88,7 @@ def lbfgs_for(groups: list[dict[str, Any]], lr: float, history_size: int | None 
         history_size = lbfgs_history(steady_rows or rows, width, size)
         if history_size == LBFGS_LONG_HISTORY:  # compact; before the ring fills it reads only the filled slots
             return BatchedLBFGS(groups, lr=lr, history_size=history_size)
-    if rows * 2 * history_size * width * size <= COMPACT_MAX_BYTES:
+    if pair_bytes(rows, history_size, width, size) <= COMPACT_MAX_BYTES:
         return BatchedLBFGS(groups, lr=lr, history_size=history_size)
     return TwoLoopLBFGS(groups, lr=lr, history_size=history_size)
 
