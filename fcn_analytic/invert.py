@@ -1,4 +1,5 @@
-"""Layer-by-layer analytic inversion of a fully-connected net (soft-label paper, §4.2, eq. 6–7).
+"""Layer-by-layer analytic inversion of a fully-connected net (soft-label paper, §4.2, eq. 6–7), and of a
+convolutional body with invertible activations (R-GAP's recursive step, :mod:`fcn_analytic.conv`).
 
 For a layer ``z = W a + b`` followed by ``a' = σ(z)``, with the layer's output ``a'`` and ``∂L/∂a'`` known:
 
@@ -9,6 +10,10 @@ For a layer ``z = W a + b`` followed by ``a' = σ(z)``, with the layer's output 
 With a bias the layer's δ is simply ∇b (the bias attack), so no derivative is needed. Starting from the
 last-layer feature (``fcn_analytic.last_layer_features``) this walks down to the normalised input and
 undoes the model's ``Normalize`` layer, giving the image in pixel space [0, 1].
+
+A body ``(Conv2d → activation)* → Flatten → (Linear → activation)*`` (e.g. the DLG LeNet) is walked the same way;
+a convolution's input is not a rank-one read-out of ∇W, so it is solved from the layer's forward and gradient
+constraints together (:func:`fcn_analytic.conv.solve_conv`), which needs σ⁻¹ (sigmoid, tanh, leaky ReLU, …).
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from fcn_analytic.activations import ACTIVATION_DERIVATIVES, ACTIVATION_INVERSES
+from fcn_analytic.conv import check_conv, conv_input_gradient, solve_conv
 from fcn_analytic.features import feature_source, output_gradient
 from gi.capture import Capture
 from gi.core.errors import CaptureError, GIError
@@ -29,23 +36,6 @@ from gi.label_result import LabelResult
 Tensor = torch.Tensor
 _ROWS = 512  # rows per block when a large float32 matrix is used in float64
 EXACT_TOL = 1e-4  # relative rank-one residual / forward mismatch under which a layer counts as exact
-
-
-def _selu_derivative(a: Tensor, m: nn.Module) -> Tensor:
-    scale, alpha = 1.0507009873554805, 1.6732632423543772
-    return torch.where(a > 0, torch.full_like(a, scale), a + scale * alpha)
-
-
-# activation class → σ'(z) written as a function of the output a = σ(z) (and the module, for its parameters)
-ACTIVATION_DERIVATIVES: dict[type, Callable[[Tensor, nn.Module], Tensor]] = {
-    nn.ReLU: lambda a, m: (a > 0).to(a.dtype),
-    nn.Sigmoid: lambda a, m: a * (1 - a),
-    nn.Tanh: lambda a, m: 1 - a * a,
-    nn.Identity: lambda a, m: torch.ones_like(a),
-    nn.LeakyReLU: lambda a, m: torch.where(a > 0, torch.ones_like(a), torch.full_like(a, m.negative_slope)),
-    nn.ELU: lambda a, m: torch.where(a > 0, torch.ones_like(a), a + m.alpha),
-    nn.SELU: _selu_derivative,
-}
 
 
 @dataclass
@@ -80,33 +70,87 @@ class FCNInversion:
         return all(layer.exact for layer in self.layers)
 
 
-def fc_layers(model: nn.Module) -> list[tuple[str, nn.Linear, nn.Module]]:
-    """``[(prefix, Linear, activation)]`` of a fully-connected GIModel body ``Flatten → (Linear → act)*``.
+@dataclass
+class AnalyticLayer:
+    """One invertible layer of a GIModel body: parameter ``prefix``, the ``Linear`` / ``Conv2d`` module, the
+    activation after it, and its input / output shapes for one sample."""
 
-    Raises :class:`GIError` naming the first module that breaks the pattern.
+    prefix: str
+    module: nn.Module
+    activation: nn.Module
+    in_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+
+
+PATTERN = "(Conv2d → activation)* → Flatten → (Linear → activation)*"
+
+
+def _layer_shapes(body: nn.Module, in_shape: tuple[int, ...]) -> dict[nn.Module, tuple[tuple, tuple]]:
+    """Input / output shape (one sample) of every Linear / Conv2d of ``body``, by a forward pass on ``meta``."""
+    shapes: dict[nn.Module, tuple[tuple, tuple]] = {}
+
+    def hook(mod: nn.Module, inp: tuple, out: Tensor) -> None:
+        shapes[mod] = (tuple(inp[0].shape[1:]), tuple(out.shape[1:]))
+
+    handles = [m.register_forward_hook(hook) for m in body.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+    try:
+        body(torch.zeros(1, *in_shape, device="meta"))
+    finally:
+        for h in handles:
+            h.remove()
+    return shapes
+
+
+def _leaves(module: nn.Sequential, prefix: str = "") -> list[tuple[str, nn.Module]]:
+    """The modules of nested ``Sequential`` containers in call order, named by their parameter prefix."""
+    out: list[tuple[str, nn.Module]] = []
+    for name, child in module.named_children():
+        if isinstance(child, nn.Sequential):
+            out += _leaves(child, f"{prefix}{name}.")
+        else:
+            out.append((f"{prefix}{name}", child))
+    return out
+
+
+def analytic_layers(model: nn.Module) -> list[AnalyticLayer]:
+    """The invertible layers of a GIModel body ``(Conv2d → activation)* → Flatten → (Linear → activation)*``.
+
+    Raises :class:`GIError` naming the first module that breaks the pattern (a pooling layer, BatchNorm, …).
     """
     body = getattr(model, "body", None)
     if body is None or not hasattr(model, "normalize") or not hasattr(model, "fc"):
         raise GIError("fcn_analytic needs a gi.models GIModel (normalize → body → fc)")
     if isinstance(body, nn.Flatten):
         return []
-    if not isinstance(body, nn.Sequential) or len(body) == 0 or not isinstance(body[0], nn.Flatten):
-        first = type(body[0]).__name__ if isinstance(body, nn.Sequential) and len(body) else type(body).__name__
-        raise GIError(f"model {getattr(model, 'spec', {}).get('name')!r} is not fully connected: its body starts "
-                      f"with {first}, fcn_analytic needs Flatten → (Linear → activation)*")
-    mods = list(body.named_children())[1:]
-    layers = []
-    for i in range(0, len(mods), 2):
-        name, lin = mods[i]
-        if not isinstance(lin, nn.Linear):
-            raise GIError(f"model is not fully connected: body.{name} is {type(lin).__name__}, expected Linear")
+    name = getattr(model, "spec", {}).get("name")
+    if not isinstance(body, nn.Sequential) or len(body) == 0:
+        raise GIError(f"model {name!r}'s body is {type(body).__name__}; the analytic inversion needs {PATTERN}")
+    mods = _leaves(body)
+    shapes = _layer_shapes(body, tuple(model.spec["in_shape"]) if hasattr(model, "spec") else ())
+    layers: list[AnalyticLayer] = []
+    i, flat = 0, False
+    while i < len(mods):
+        mod_name, mod = mods[i]
+        if isinstance(mod, nn.Flatten) and not flat:
+            flat, i = True, i + 1
+            continue
+        wanted = nn.Linear if flat else nn.Conv2d
+        if not isinstance(mod, wanted):
+            raise GIError(f"model {name!r} is not invertible layer by layer: body.{mod_name} is "
+                          f"{type(mod).__name__} where {wanted.__name__} was expected; the analytic inversion needs "
+                          f"{PATTERN}")
         if i + 1 >= len(mods):
-            raise GIError(f"body.{name} (Linear) has no activation after it; expected Linear → activation pairs")
+            raise GIError(f"body.{mod_name} ({type(mod).__name__}) has no activation after it; expected {PATTERN}")
         act_name, act = mods[i + 1]
-        if any(True for _ in act.parameters()) or isinstance(act, (nn.Linear, nn.Flatten)):
+        if any(True for _ in act.parameters()) or isinstance(act, (nn.Linear, nn.Conv2d, nn.Flatten)):
             raise GIError(f"body.{act_name} is {type(act).__name__}, expected a parameter-free activation after "
-                          f"body.{name}")
-        layers.append((f"body.{name}", lin, act))
+                          f"body.{mod_name}")
+        if isinstance(mod, nn.Conv2d):
+            check_conv(mod, f"body.{mod_name}")
+        layers.append(AnalyticLayer(f"body.{mod_name}", mod, act, *shapes[mod]))
+        i += 2
+    if not flat:
+        raise GIError(f"model {name!r}'s body has no Flatten; the analytic inversion needs {PATTERN}")
     return layers
 
 
@@ -165,6 +209,67 @@ def _normalization(capture: Capture, channels: int) -> tuple[Tensor, Tensor]:
     return mean.double().reshape(-1, 1, 1), std.double().reshape(-1, 1, 1)
 
 
+def _delta_from_derivative(layer: AnalyticLayer, grad_a: Tensor, a_out: Tensor) -> Tensor:
+    act = layer.activation
+    if type(act) not in ACTIVATION_DERIVATIVES:
+        raise GIError(f"{layer.prefix}'s activation {type(act).__name__} has no derivative readable from its "
+                      f"output; supported: {sorted(t.__name__ for t in ACTIVATION_DERIVATIVES)}")
+    return grad_a * ACTIVATION_DERIVATIVES[type(act)](a_out, act)
+
+
+def _linear_step(capture: Capture, layer: AnalyticLayer, gw: Tensor, a_out: Tensor, grad_a: Tensor,
+                 need_grad: bool) -> tuple[Tensor, Tensor | None, LayerReport]:
+    """Eq. 7 for a Linear layer (δ from its bias gradient, else from σ'), then eq. 6 for the layer below."""
+    state, lin = capture.model_state, layer.module
+    gb = _shared(capture, f"{layer.prefix}.bias") if lin.bias is not None else None
+    if gb is not None:
+        delta, route = gb.double(), "bias"
+    else:
+        delta, route = _delta_from_derivative(layer, grad_a, a_out), "derivative"
+    a_in, delta, rows, residual = _invert_layer(gw, delta, layer.prefix)
+    w = state[f"{layer.prefix}.weight"]
+    z = _matvec(w, a_in)
+    if lin.bias is not None:
+        z = z + state[f"{layer.prefix}.bias"].double()
+    forward = float((layer.activation(z) - a_out).norm() / a_out.norm().clamp_min(1e-300))
+    report = LayerReport(layer.prefix, route, rows, delta.numel(), residual, forward,
+                         residual < EXACT_TOL and forward < EXACT_TOL)
+    return a_in, (_matvec_t(w, delta) if need_grad else None), report
+
+
+def _conv_step(capture: Capture, layer: AnalyticLayer, gw: Tensor, a_out: Tensor, grad_a: Tensor,
+               need_grad: bool) -> tuple[Tensor, Tensor | None, LayerReport]:
+    """A convolution: z = σ⁻¹(a), δ = ∂L/∂a ⊙ σ'(z), then the stacked least squares of
+    :func:`fcn_analytic.conv.solve_conv`; eq. 6 (convᵀ δ) for the layer below."""
+    act, conv = layer.activation, layer.module
+    if type(act) not in ACTIVATION_INVERSES:
+        raise GIError(f"{layer.prefix} is a convolution followed by {type(act).__name__}, which has no inverse; "
+                      f"the analytic inversion of a convolution needs one of "
+                      f"{sorted(t.__name__ for t in ACTIVATION_INVERSES)}")
+    state = capture.model_state
+    w = state[f"{layer.prefix}.weight"].double()
+    z, valid = ACTIVATION_INVERSES[type(act)](a_out, act)
+    if conv.bias is not None:
+        z = z - state[f"{layer.prefix}.bias"].double().view(-1, 1, 1)
+    delta = _delta_from_derivative(layer, grad_a, a_out)
+    o = w.shape[0]
+    solved = solve_conv(conv, layer.in_shape, w, z.reshape(o, -1), valid.reshape(o, -1), delta.reshape(o, -1),
+                        gw)
+    forward = solved.forward_residual
+    unread = f", {solved.unread} input entries no window reads" if solved.unread else ""
+    report = LayerReport(layer.prefix, f"least-squares ({solved.solver}{unread})", solved.rows, solved.unknowns,
+                         solved.residual, forward, solved.residual < EXACT_TOL and forward < EXACT_TOL)
+    grad_in = conv_input_gradient(conv, layer.in_shape, w, delta) if need_grad else None
+    return solved.x, grad_in, report
+
+
+# layer type → its inversion step (a_out, ∂L/∂a_out → a_in, ∂L/∂a_in, report)
+LAYER_ROUTES: dict[type, Callable[..., tuple[Tensor, Tensor | None, LayerReport]]] = {
+    nn.Linear: _linear_step,
+    nn.Conv2d: _conv_step,
+}
+
+
 def invert(capture: Capture, label_result: LabelResult | None = None, features: Tensor | None = None) -> FCNInversion:
     """Reconstruct the input image of a fully-connected GIModel from one sample's gradient (§4.2, eq. 6–7).
 
@@ -182,7 +287,7 @@ def invert(capture: Capture, label_result: LabelResult | None = None, features: 
         from gi.models import from_spec
 
         model = from_spec(capture.model_spec)
-    layers = fc_layers(model)
+    layers = analytic_layers(model)
     if features is None:
         features, source = feature_source(capture, label_result)
     else:
@@ -199,32 +304,20 @@ def invert(capture: Capture, label_result: LabelResult | None = None, features: 
                                fc_res < EXACT_TOL))
     grad_a = state["fc.weight"].double().T @ delta  # eq. 6: ∂L/∂(input of fc)
     a_out = x
-    for i, (prefix, lin, act) in reversed(list(enumerate(layers))):
-        gw = _shared(capture, f"{prefix}.weight")
+    for i, layer in reversed(list(enumerate(layers))):
+        gw = _shared(capture, f"{layer.prefix}.weight")
         if gw is None:
-            raise CaptureError(f"capture shares no {prefix + '.weight'!r}; analytic inversion needs every layer")
-        if tuple(gw.shape) != (lin.out_features, lin.in_features):
-            raise CaptureError(f"shared {prefix}.weight has shape {tuple(gw.shape)}, the model's layer is "
-                               f"{(lin.out_features, lin.in_features)}: capture and model differ")
-        gb = _shared(capture, f"{prefix}.bias") if lin.bias is not None else None
-        if gb is not None:
-            delta, route = gb.double(), "bias"
-        elif type(act) in ACTIVATION_DERIVATIVES:
-            delta, route = grad_a * ACTIVATION_DERIVATIVES[type(act)](a_out, act), "derivative"
-        else:
-            raise GIError(f"{prefix} has no bias and its activation {type(act).__name__} has no derivative readable "
-                          f"from its output; supported: {sorted(t.__name__ for t in ACTIVATION_DERIVATIVES)}")
-        a_in, delta, rows, residual = _invert_layer(gw, delta, prefix)
-        w = state[f"{prefix}.weight"]
-        z = _matvec(w, a_in)
-        if lin.bias is not None:
-            z = z + state[f"{prefix}.bias"].double()
-        forward = float((act(z) - a_out).norm() / a_out.norm().clamp_min(1e-300))  # parameter-free modules
-        reports.append(LayerReport(prefix, route, rows, delta.numel(), residual, forward,
-                                   residual < EXACT_TOL and forward < EXACT_TOL))
-        recovered[prefix] = a_in
-        if i > 0:
-            grad_a = _matvec_t(w, delta)  # eq. 6
+            raise CaptureError(f"capture shares no {layer.prefix + '.weight'!r}; analytic inversion needs every "
+                               "layer")
+        if tuple(gw.shape) != tuple(layer.module.weight.shape):
+            raise CaptureError(f"shared {layer.prefix}.weight has shape {tuple(gw.shape)}, the model's layer is "
+                               f"{tuple(layer.module.weight.shape)}: capture and model differ")
+        step = LAYER_ROUTES[type(layer.module)]
+        shape = layer.out_shape if isinstance(layer.module, nn.Conv2d) else (-1,)
+        a_in, grad_a, report = step(capture, layer, gw, a_out.reshape(shape), grad_a.reshape(shape),
+                                    need_grad=i > 0)
+        reports.append(report)
+        recovered[layer.prefix] = a_in
         a_out = a_in
     shape = tuple(capture.model_spec["in_shape"])
     mean, std = _normalization(capture, shape[0])

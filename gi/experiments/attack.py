@@ -210,8 +210,9 @@ def label_stage(lcfg: LabelConfig, captures: Sequence[Capture], truths: Sequence
 def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_results: Sequence[LabelResult | None]
                   ) -> tuple[list[torch.Tensor | None], list[Any] | None, dict[str, Any]]:
     """The feature stage: f* of eq. 8 per capture when the labels give it (one sample; a batch with a last-layer
-    bias: :func:`gi.recon.problem.feature_targets`), and for fully-connected nets ``fcn_analytic.invert``'s
-    image. Returns the features (None each when not all captures have them), the inversions (None unless every
+    bias: :func:`gi.recon.problem.feature_targets`), and ``fcn_analytic.invert``'s image wherever it applies
+    (one FedSGD sample of a fully-connected net, or of a conv body with invertible activations such as the DLG
+    LeNet). Returns the features (None each when not all captures have them), the inversions (None unless every
     capture inverts) and the stage record."""
 
     from fcn_analytic import invert
@@ -230,9 +231,9 @@ def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_result
     source = None
     if available:
         source = "last_layer_features" if captures[0].num_samples == 1 else "grad_W_c / grad_b_c per slot"
-    inversions: list[Any] | None = []
-    for c, lr in zip(captures, label_results):
-        if c.num_samples != 1 or c.is_update or inversions is None:
+    inversions: list[Any] | None = [] if attack.analytic else None
+    for c, lr in zip(captures, label_results):  # joint labels (lr None): the DLG baseline, no analytic stage
+        if lr is None or c.num_samples != 1 or c.is_update or inversions is None:
             inversions = None
             break
         try:
@@ -247,6 +248,8 @@ def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_result
               "alpha": attack.last_layer_weight, "analytic_inversion": inversions is not None and bool(inversions),
               "analytic_residual": residual, "seconds": time.perf_counter() - start,
               "cpu_seconds": time.process_time() - cpu}
+    if not attack.analytic:
+        record["analytic_why_not"] = "attack.analytic=false"
     if not available:
         record["why_not"] = ("joint labels from a random start, an update, or a bias-free batch: no analytic "
                              "last-layer feature")
@@ -258,19 +261,28 @@ def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_result
 def reconstruct_stage(attack: ReconConfig, captures: Sequence[Capture], label_results: Sequence[LabelResult | None],
                       features: Sequence[torch.Tensor | None], inversions: list[Any] | None,
                       callbacks: Sequence[Any] = ()) -> tuple[list[Reconstruction], dict[str, Any]]:
-    """Reconstruct every capture as one batched problem (:func:`gi.recon.reconstruct_many`); a fully-connected
-    net whose analytic inversion is exact (residual below ``attack.analytic_tol``) is answered directly."""
+    """Reconstruct every capture as one batched problem (:func:`gi.recon.reconstruct_many`); captures whose
+    analytic inversion is consistent (largest layer residual below ``attack.analytic_tol``) are answered
+    directly, otherwise the optimisation starts from it."""
     from gi.recon import reconstruct_many
 
     start, cpu = time.perf_counter(), time.process_time()
     record: dict[str, Any] = {"name": "reconstruct", "optimizer": attack.optimizer, "objective": attack.objective,
                               "preset": attack.preset, "iterations": attack.iterations, "restarts": attack.restarts,
                               "captures": len(captures)}
-    residual = max(inversion_residual(inv) for inv in inversions) if inversions else None
-    if residual is not None and residual < attack.analytic_tol:
-        recs = [analytic_reconstruction(inv, lr, c) for inv, lr, c in zip(inversions, label_results, captures)]
-        record.update(optimizer="analytic (fcn_analytic.invert)", iterations=0, restarts=0, skipped=True,
-                      why=f"fully-connected net, gradient residual {residual:.1e} < attack.analytic_tol")
+    residuals = [inversion_residual(inv) for inv in inversions] if inversions else [None] * len(captures)
+    direct = [i for i, r in enumerate(residuals) if r is not None and r < attack.analytic_tol]
+    rest = [i for i in range(len(captures)) if i not in direct]
+    recs: list[Any] = [None] * len(captures)
+    for i in direct:
+        recs[i] = analytic_reconstruction(inversions[i], label_results[i], captures[i])
+    if direct:
+        worst = max(residuals[i] for i in direct)
+        record.update(analytic_captures=len(direct),
+                      why=f"analytic inversion of {len(direct)} capture(s), largest layer residual {worst:.1e} < "
+                          f"attack.analytic_tol ({attack.analytic_tol:g})")
+    if not rest:
+        record.update(optimizer="analytic (fcn_analytic.invert)", iterations=0, restarts=0, skipped=True)
     else:
         cfg = attack
         if features[0] is None and cfg.feature_weight > 0:
@@ -278,17 +290,24 @@ def reconstruct_stage(attack: ReconConfig, captures: Sequence[Capture], label_re
             record["feature_weight"] = "0 (no features available)"
         if inversions:
             cfg = dataclasses.replace(cfg, init="analytic")
-            record["init"] = "analytic (fcn_analytic.invert, residual above attack.analytic_tol)"
-        recs = reconstruct_many(captures, label_results, list(features), cfg, callbacks)
+            record["init"] = (f"analytic (fcn_analytic.invert, residual {min(residuals[i] for i in rest):.1e} or "
+                              f"more >= attack.analytic_tol {attack.analytic_tol:g})")
+        out = reconstruct_many([captures[i] for i in rest], [label_results[i] for i in rest],
+                               [features[i] for i in rest], cfg, callbacks,
+                               priors=[inversions[i].image for i in rest] if inversions else None, ids=rest)
+        for i, rec in zip(rest, out):
+            recs[i] = rec
     record["seconds"] = time.perf_counter() - start
     record["cpu_seconds"] = time.process_time() - cpu  # this process's CPU time: on a loaded machine, the work
-    log.info("reconstruct: %s, %d capture(s) in %.1f s", record["optimizer"], len(captures), record["seconds"])
+    log.info("reconstruct: %s, %d capture(s)%s in %.1f s", record["optimizer"], len(captures),
+             f" ({len(direct)} answered by the analytic inversion)" if direct and rest else "", record["seconds"])
     return recs, record
 
 
 def inversion_residual(inversion: Any) -> float:
-    """The largest relative residual of an ``fcn_analytic.invert`` result over its layers: the rank-one gradient
-    residual and the forward mismatch (0 up to rounding when the inversion is exact)."""
+    """The largest relative residual of an ``fcn_analytic.invert`` result over its layers: each layer's gradient
+    residual (rank-one for a Linear layer, the weight gradient's for a convolution) and its forward mismatch
+    (0 up to rounding when the inversion is exact)."""
     return max(max(r.residual, r.forward_error or 0.0) for r in inversion.layers)
 
 

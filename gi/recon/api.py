@@ -104,16 +104,26 @@ def reconstruct_many(
     features: Sequence[Tensor | None] | None = None,
     config: ReconConfig | None = None,
     callbacks: Sequence[L.Callback] = (),
+    priors: Sequence[Tensor] | None = None,
+    ids: Sequence[int] | None = None,
 ) -> list[Reconstruction]:
     """:func:`reconstruct` for many captures of one global model as one batched problem (captures × restarts).
+
+    ``priors``: the ``init=analytic`` image (1, C, H, W) of each capture when the caller already has it (the
+    pipeline's feature stage); default: :func:`gi.recon.problem.analytic_prior` computes it. ``ids``: the
+    captures' positions in the caller's list (``Problem.ids``, which callbacks follow; default 0 … N−1).
+    A fit that starts from the analytic inversion (``init=analytic``) is not retried: it starts near its
+    optimum, so its objective need not fall far below its start (the stall rule's premise).
 
     Captures must share model, state, protocol, history and batch size (an ablation's captures do); otherwise
     they are reconstructed one after another. On a CPU a LeNet step over 10 captures costs about twice one.
     """
     cfg = config or ReconConfig()
     captures, label_results, features = check_inputs(captures, label_results, features)
-    recs = fit_many(captures, label_results, features, cfg, callbacks)
-    for attempt in range(1, cfg.retries + 1):  # restart-on-stall (ReconConfig.retries)
+    priors = list(priors) if priors is not None else [None] * len(captures)
+    ids = list(range(len(captures))) if ids is None else list(ids)
+    recs = fit_many(captures, label_results, features, cfg, callbacks, ids=ids, priors=priors)
+    for attempt in range(1, (cfg.retries if cfg.init != "analytic" else 0) + 1):  # restart-on-stall (retries)
         again = [i for i, rec in enumerate(recs) if stalled(rec, cfg.retry_ratio)]
         if not again:
             break
@@ -124,7 +134,8 @@ def reconstruct_many(
                     "starts (attack.seed + %d)", len(again), len(recs), cfg.retry_ratio, attempt, cfg.retries,
                     retry.restarts, attempt)
         news = fit_many([captures[i] for i in again], [label_results[i] for i in again], [features[i] for i in again],
-                        retry, callbacks, stage=f"reconstruct (retry {attempt})", ids=again)
+                        retry, callbacks, stage=f"reconstruct (retry {attempt})", ids=[ids[i] for i in again],
+                        priors=[priors[i] for i in again])
         for i, new in zip(again, news):
             old = recs[i]
             recs[i] = new if float(new.objective.min()) < float(old.objective.min()) else old
@@ -145,23 +156,26 @@ RETRY_LBFGS_HISTORY = 100
 
 def fit_many(captures: Sequence[Capture], label_results: Sequence[LabelResult | None],
              features: Sequence[Tensor | None], cfg: ReconConfig, callbacks: Sequence[L.Callback] = (),
-             stage: str = "reconstruct", ids: Sequence[int] | None = None) -> list[Reconstruction]:
+             stage: str = "reconstruct", ids: Sequence[int] | None = None,
+             priors: Sequence[Tensor | None] | None = None) -> list[Reconstruction]:
     """One fit of checked inputs: one packed problem, or problems of at most ``cfg.pack`` captures one after
     another (``auto``: :func:`pack_size`), or one problem per capture when the captures do not share a model.
     ``stage`` names the fit in the piped progress lines; ``ids`` are the captures' positions in
     :func:`reconstruct_many`'s list (``Problem.ids``; default 0 … N−1). An ``auto`` pack that runs out of CUDA
     memory is halved and the problem that failed is run again (the problems before it are kept)."""
     ids = list(range(len(captures))) if ids is None else list(ids)
+    priors = list(priors) if priors is not None else [None] * len(captures)
     if not all(same_model(captures[0], c) for c in captures[1:]):
-        return [fit_many([c], [lr], [f], cfg, callbacks, stage, [i])[0]
-                for c, lr, f, i in zip(captures, label_results, features, ids)]
+        return [fit_many([c], [lr], [f], cfg, callbacks, stage, [i], [pr])[0]
+                for c, lr, f, i, pr in zip(captures, label_results, features, ids, priors)]
     auto = cfg.pack == "auto"
     pack = min(pack_size(captures[0], cfg, len(captures)) if auto else int(cfg.pack) or len(captures), len(captures))
     out: list[Reconstruction] = []
     while len(out) < len(captures):
         part = slice(len(out), len(out) + pack)
         try:
-            problem = dataclasses.replace(build_problem(captures[part], label_results[part], cfg, features[part]),
+            problem = dataclasses.replace(build_problem(captures[part], label_results[part], cfg, features[part],
+                                                        priors[part]),
                                           ids=tuple(ids[part]))
             module, seconds, threads = optimise(problem, cfg, callbacks, stage)
         except torch.OutOfMemoryError:

@@ -1,7 +1,7 @@
 """Initial images (registry): ``fn(shape, generator, prior, noise) -> (N, R, B, C, H, W)`` in [0, 1].
 
 ``shape`` is (N problems, R restarts, B, C, H, W); ``prior`` (N, B, C, H, W) is an attack-side estimate of the
-images (``analytic``: ``fcn_analytic.invert`` of a fully-connected net) or None.
+images (``analytic``: ``fcn_analytic.invert`` of a fully-connected net or an invertible conv body) or None.
 """
 
 from __future__ import annotations
@@ -46,8 +46,9 @@ def constant_init(shape: tuple[int, ...], generator: torch.Generator, prior: Ten
 def analytic_init(shape: tuple[int, ...], generator: torch.Generator, prior: Tensor | None, noise: float) -> Tensor:
     """The analytic inversion (soft-label paper §4.2, eq. 6–7) for restart 0; restarts r ≥ 1 add N(0, noise²)."""
     if prior is None:
-        raise ConfigError("attack.init=analytic needs an analytic image estimate: it exists for fully-connected "
-                          "nets with one sample (fcn_analytic.invert); use init=uniform otherwise")
+        raise ConfigError("attack.init=analytic needs an analytic image estimate: it exists for one sample of a "
+                          "net fcn_analytic.invert covers (fully connected, or convs with invertible activations); "
+                          "use init=uniform otherwise")
     n, r = shape[:2]
     out = prior.float().reshape(n, 1, *shape[2:]).expand(shape).clone()
     if r > 1 and noise > 0:

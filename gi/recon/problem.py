@@ -158,7 +158,8 @@ def feature_targets(capture: Capture, label_result: LabelResult | None, soft: Te
 
 
 def analytic_prior(capture: Capture, label_result: LabelResult | None) -> Tensor | None:
-    """The analytic inversion of a fully-connected net (soft-label paper §4.2) as (B=1, C, H, W), else None."""
+    """The analytic inversion (``fcn_analytic.invert``: a fully-connected net, soft-label paper §4.2, or a conv
+    body with invertible activations, R-GAP) as (B=1, C, H, W), else None."""
     from fcn_analytic import invert
 
     try:
@@ -231,22 +232,27 @@ def _feature_rows(captures: list[Capture], label_results: list[LabelResult | Non
     return torch.stack([f.reshape(b, -1) for f in rows])
 
 
-def _prior(captures: list[Capture], label_results: list[LabelResult | None]) -> Tensor:
-    """The analytic images (N, 1, C, H, W) of ``init=analytic``."""
-    priors = [analytic_prior(c, lr) for c, lr in zip(captures, label_results)]
+def _prior(captures: list[Capture], label_results: list[LabelResult | None],
+           given: Sequence[Tensor | None] | None = None) -> Tensor:
+    """The analytic images (N, 1, C, H, W) of ``init=analytic`` (``given`` ones as they are)."""
+    given = list(given) if given is not None else [None] * len(captures)
+    priors = [g if g is not None else analytic_prior(c, lr) for c, lr, g in zip(captures, label_results, given)]
     if any(p is None for p in priors) or captures[0].num_samples != 1:
-        raise ConfigError("attack.init=analytic needs a fully-connected net and one sample (fcn_analytic.invert); "
+        raise ConfigError("attack.init=analytic needs one sample of a net fcn_analytic.invert covers (fully "
+                          "connected, or (Conv2d → invertible activation)* → Flatten → (Linear → activation)*); "
                           "use attack.init=uniform")
     return torch.stack(priors)
 
 
 def build_problem(captures: Sequence[Capture], label_results: Sequence[LabelResult | None] | None,
-                  config: ReconConfig, features: Sequence[Tensor | None] | None = None) -> Problem:
+                  config: ReconConfig, features: Sequence[Tensor | None] | None = None,
+                  priors: Sequence[Tensor | None] | None = None) -> Problem:
     """The :class:`Problem` of captures of one global model (:func:`same_model`) under ``config``.
 
     ``label_results`` give the slot labels (:func:`labels_for_slots`; all None with ``labels=joint``: random
     start); ``features`` the f* of eq. 8 per capture (None: from the capture and labels, when
-    ``feature_weight`` > 0). Reads its arguments only; the model is a fresh copy rebuilt from the capture.
+    ``feature_weight`` > 0); ``priors`` the ``init=analytic`` images when already computed (None each:
+    :func:`analytic_prior`). Reads its arguments only; the model is a fresh copy rebuilt from the capture.
     """
     captures, label_results, features = check_inputs(captures, label_results, features)
     first = captures[0]
@@ -270,6 +276,6 @@ def build_problem(captures: Sequence[Capture], label_results: Sequence[LabelResu
         batching=choose_batching(cfg.batching, len(captures) * cfg.restarts, model, resolve_device(cfg.device)[0]),
         kind="update" if first.is_update else "gradient", history=dict(first.history),
         features=_feature_rows(captures, label_results, features, soft, classes) if cfg.feature_weight > 0 else None,
-        prior=_prior(captures, label_results) if cfg.init == "analytic" else None,
+        prior=_prior(captures, label_results, priors) if cfg.init == "analytic" else None,
         bn_targets=bn_targets(first, model, cfg.bn_stats) if cfg.regularizers.get("bn") else None,
     )

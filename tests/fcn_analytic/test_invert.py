@@ -1,4 +1,4 @@
-"""Analytic inversion of fully-connected nets (soft-label paper §4.2, eq. 6–7)."""
+"""Analytic inversion of fully-connected nets (soft-label paper §4.2, eq. 6–7); conv bodies: test_conv.py."""
 
 from __future__ import annotations
 
@@ -71,10 +71,10 @@ def test_last_layer_features_from_soft_label_only():
         fcn_analytic.last_layer_features(cap, labels.LabelResult.from_counts("hard", full.counts))
 
 
-def test_not_fully_connected_or_unsupported_is_an_error():
-    lenet = build("lenet", C, bias_last=False, seed=9)
-    cap, _ = _sample(lenet)
-    with pytest.raises(GIError, match="not fully connected"):
+def test_not_invertible_or_unsupported_is_an_error():
+    lenet5 = build("lenet5", C, bias_last=False, seed=9)  # max-pooling: not invertible layer by layer
+    cap, _ = _sample(lenet5)
+    with pytest.raises(GIError, match="not invertible layer by layer: body.0.2 is MaxPool2d"):
         fcn_analytic.invert(cap, labels.recover(cap, "soft-lambda"))
     silu = build("mlp", C, activation="silu", in_shape=(1, 6, 6), widths=(16,), bias=False, bias_last=False, seed=9)
     cap, _ = _sample(silu)

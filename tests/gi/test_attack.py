@@ -79,14 +79,33 @@ def test_presets_fill_only_the_keys_a_config_leaves_out():
 
 
 def test_default_job_records_stages_labels_features_reconstruct(tmp_path):
+    """The DLG LeNet: labels → features, whose conv inversion answers the capture (residual below the tolerance)."""
     result = run(load_run_config("configs/demo.yaml", FAST + [f"out={tmp_path / 'r'}"]))
     stages = json.loads((tmp_path / "r" / "metrics.json").read_text())["stages"]
     assert [s["name"] for s in stages] == ["labels", "features", "reconstruct"]
     assert stages[0]["method"] == "soft-lambda" and stages[0]["picked_by"] == "auto" and stages[0]["why"]
     assert stages[1]["available"] and stages[1]["source"] == "last_layer_features"
-    assert stages[2]["optimizer"] == PRESETS["default"]["optimizer"] and stages[2]["preset"] == "default"
+    assert stages[1]["analytic_inversion"] and stages[1]["analytic_residual"] < 1e-2
+    assert stages[2]["optimizer"] == "analytic (fcn_analytic.invert)" and stages[2]["skipped"]
+    assert stages[2]["analytic_captures"] == 1 and "attack.analytic_tol" in stages[2]["why"]
     assert all(s["seconds"] >= 0 for s in stages)
     assert result.metrics["labels"]["counts"] == result.metrics["labels"]["true_counts"]
+    assert result.metrics["psnr_min"] > 40
+
+
+def test_the_optimisation_starts_from_the_inversion_above_the_tolerance_or_runs_alone_without_it(tmp_path):
+    polish = run(load_run_config("configs/demo.yaml", FAST + [f"out={tmp_path / 'p'}", "attack.analytic_tol=0",
+                                                              "attack.retries=1", "attack.retry_ratio=0.99"]))
+    stages = polish.metrics["stages"]
+    assert stages[2]["optimizer"] == PRESETS["default"]["optimizer"] and stages[2]["preset"] == "default"
+    assert stages[2]["init"].startswith("analytic") and "analytic_captures" not in stages[2]
+    assert polish.reconstruction.history.get("retries") is None  # a fit from the inversion is not retried
+    assert polish.metrics["psnr_min"] > 40
+    alone = run(load_run_config("configs/demo.yaml", FAST + [f"out={tmp_path / 'a'}", "attack.analytic=false"]))
+    stages = alone.metrics["stages"]
+    assert not stages[1]["analytic_inversion"] and stages[1]["analytic_why_not"] == "attack.analytic=false"
+    assert stages[2]["optimizer"] == PRESETS["default"]["optimizer"] and "init" not in stages[2]
+    assert alone.metrics["psnr_min"] < 40  # 30 iterations from a random start
 
 
 def test_images_are_separate_captures_with_per_image_rows(tmp_path):
@@ -146,6 +165,7 @@ def test_piped_progress_is_lines_not_a_bar(tmp_path, caplog, capsys):
     # retry_ratio 1e-30: every fit counts as stalled, so the one retry runs and reports its own, labelled lines
     run(load_run_config("configs/demo.yaml", FAST + ["attack.progress=true", "attack.iterations=40",
                                                      "attack.retries=1", "attack.retry_ratio=1e-30",
+                                                     "attack.analytic=false",
                                                      f"out={tmp_path / 'r'}"]))
     messages = [r.getMessage() for r in caplog.records if "iterations)" in r.getMessage()]
     lines = [m for m in messages if m.startswith("reconstruct: ")]
@@ -157,11 +177,11 @@ def test_piped_progress_is_lines_not_a_bar(tmp_path, caplog, capsys):
 
 def test_a_dominating_regulariser_and_a_stall_are_warned_about(tmp_path):
     result = run(load_run_config("configs/demo.yaml", FAST + ["attack.regularizers={tv: 1000.0}",
-                                                              f"out={tmp_path / 'r'}"]))
+                                                              "attack.analytic=false", f"out={tmp_path / 'r'}"]))
     warnings = result.metrics["warnings"]
     assert any("lower attack.regularizers.tv" in w for w in warnings), warnings
     stalled = run(load_run_config("configs/demo.yaml", FAST + ["attack.preset=ig", "attack.lr=1.0e-9",
-                                                               f"out={tmp_path / 's'}"]))
+                                                               "attack.analytic=false", f"out={tmp_path / 's'}"]))
     assert any("stalled" in w and "attack.iterations" in w for w in stalled.metrics["warnings"])
 
 

@@ -14,7 +14,7 @@ from gi.experiments.pipeline import load_run_config, run, run_many
 from gi.experiments.sweep import SweepConfig, dry_run, expand_jobs, pack_batches, pack_key, run_sweep
 
 FAST = ["attack.preset=ig", "attack.iterations=30", "attack.progress=false", "metrics.lpips_vgg=false",
-        "attack.log_every=10", "attack.retries=0", "attack.restarts=1"]
+        "attack.log_every=10", "attack.retries=0", "attack.restarts=1", "attack.analytic=false"]
 
 
 def _cfg(tmp_path, name, *extra):

@@ -9,7 +9,8 @@ import gi.lpips_offline
 from gi.core.errors import AssetError, ConfigError
 from gi.experiments.pipeline import load_run_config, run
 
-FAST = ["attack.iterations=150", "attack.progress=false", "metrics.lpips_vgg=false", "attack.log_every=25"]
+FAST = ["attack.iterations=150", "attack.progress=false", "metrics.lpips_vgg=false", "attack.log_every=25",
+        "attack.analytic=false"]  # the optimisation path (the analytic stage: tests/gi/test_attack.py)
 
 
 def test_demo_oracle_and_idlg_give_same_label_and_psnr(tmp_path):

@@ -91,9 +91,9 @@ def test_config_yaml_written_by_gi_run_is_what_ran(tmp_path, monkeypatch):
     seen = {}
     real = gi.recon.reconstruct_many
 
-    def spy(captures, labels, features=None, config=None, callbacks=()):
+    def spy(captures, labels, features=None, config=None, callbacks=(), **kw):
         seen["attack"] = config
-        return real(captures, labels, features=features, config=config, callbacks=callbacks)
+        return real(captures, labels, features=features, config=config, callbacks=callbacks, **kw)
 
     monkeypatch.setattr(gi.recon, "reconstruct_many", spy)
     cfg = load_run_config("configs/demo.yaml", ["labels.mode=joint", "attack.iterations=2", "attack.progress=false",

@@ -107,9 +107,19 @@ def test_missing_breaching_is_a_one_line_error_before_any_work(tmp_path, monkeyp
     assert not (tmp_path / "o").exists()
 
 
+def test_our_curve_is_the_analytic_answer_when_the_inversion_is_consistent(tmp_path):
+    """The default job on the DLG LeNet: labels → features with the conv inversion, no optimisation; the curve is
+    one point, the inversion's image at the stages' seconds."""
+    over = ["contenders=[gi]", "select=[3]", "every=5", "budget=1000", f"out={tmp_path / 'a'}"]
+    (c,) = json.loads((run_ttq(load_ttq_config(LENET, over)) / "curves.json").read_text())
+    assert c["iterations"] == [0] and c["psnr"][0] > 40 and 0 < c["cpu"][0] < 60
+    stages = c["info"]["stages"]
+    assert stages[1]["analytic_inversion"] and stages[2]["skipped"] and stages[2]["iterations"] == 0
+
+
 def test_our_curve_runs_the_default_job_stages(tmp_path):
     over = ["contenders=[gi]", "select=[3]", "every=5", "budget=1000",
-            "job_overrides=[attack.iterations=20,attack.retries=0]", f"out={tmp_path / 'a'}"]
+            "job_overrides=[attack.iterations=20,attack.retries=0,attack.analytic=false]", f"out={tmp_path / 'a'}"]
     out = run_ttq(load_ttq_config(LENET, over))
     curves = json.loads((out / "curves.json").read_text())
     (c,) = curves
@@ -128,16 +138,18 @@ def test_our_curve_ends_on_the_default_jobs_image_and_stops_at_its_budget(tmp_pa
     """The same capture through attack_stages outside the benchmark gives the curve's final image."""
     from gi.experiments.attack import attack_stages
 
-    over = ["contenders=[gi]", "select=[3]", "every=5", "budget=1000", "job_overrides=[attack.iterations=20]",
-            f"out={tmp_path / 'a'}"]
+    over = ["contenders=[gi]", "select=[3]", "every=5", "budget=1000",
+            "job_overrides=[attack.iterations=20,attack.analytic=false]", f"out={tmp_path / 'a'}"]
     (c,) = json.loads((run_ttq(load_ttq_config(LENET, over)) / "curves.json").read_text())
 
-    victim = ttq.build_victim_side(load_ttq_config(LENET, ["select=[3]", "job_overrides=[attack.iterations=20]"]))
+    victim = ttq.build_victim_side(load_ttq_config(LENET, ["select=[3]",
+                                                            "job_overrides=[attack.iterations=20,attack.analytic=false]"]))
     attack = victim.job.attack.__class__(**{**victim.job.attack.__dict__, "threads": 1, "progress": False})
     rec = attack_stages(victim.job.labels, attack, victim.captures, None, victim.aux).reconstructions[0]
     assert ttq.scorer(victim.truths[0])(rec.images) == pytest.approx(c["psnr"][-1], abs=1e-4)
 
-    stopped = run_ttq(load_ttq_config(LENET, over[:-2] + ["budget=1e-9", f"out={tmp_path / 'b'}"]))
+    stopped = run_ttq(load_ttq_config(LENET, over[:3] + ["budget=1e-9", "job_overrides=[attack.analytic=false]",
+                                                         f"out={tmp_path / 'b'}"]))
     (c,) = json.loads((stopped / "curves.json").read_text())
     assert c["iterations"][-1] == 1  # the budget stops it after its first step
 

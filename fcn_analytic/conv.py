@@ -1,0 +1,163 @@
+"""Least-squares inversion of one convolution layer from its weight gradient and its output (R-GAP).
+
+Beyond the five papers: this is the recursive step of Zhu & Blaschko, "R-GAP: Recursive Gradient Attack on
+Privacy" (ICLR 2021, §3), which the soft-label paper's fully-connected walk (§4.2, eq. 6–7) is the one-position
+special case of. For a layer ``z = conv(x; W) + b`` followed by ``a = σ(z)``, with ``a`` and ``∂L/∂a`` known from
+the layer above, and σ invertible (:data:`fcn_analytic.activations.ACTIVATION_INVERSES`):
+
+    z = σ⁻¹(a),   δ = ∂L/∂z = ∂L/∂a ⊙ σ'(z)                              (eq. 6, per output position p)
+    forward constraint:   conv(x; W) = z − b                               (O·P rows, where σ⁻¹ is defined)
+    gradient constraint:  ∇W[o, i, k] = Σ_p δ[o, p] · x̃[i, s·p + k]        (O·C·k² rows; x̃ = x zero-padded)
+
+Both are linear in the layer input ``x``. Each block is scaled by its right-hand side's norm, so neither swamps
+the other, and the stacked system is solved by least squares: the normal equations are formed from the sparse
+rows (every row touches one kernel window) and solved by Cholesky, falling back to an SVD-based solve when the
+system is rank-deficient (dead ReLUs). ``∂L/∂x = convᵀ δ`` then feeds the layer below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gi.core.errors import GIError
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class ConvSolve:
+    """``x`` (C, H, W) float64 the recovered layer input; ``residual`` the relative residual ‖∇W − G(x; δ)‖/‖∇W‖
+    of the gradient constraint; ``forward_residual`` the relative residual of the forward constraint;
+    ``rows`` / ``unknowns`` the system's size; ``solver`` ``cholesky`` | ``lstsq``; ``unread`` the input entries
+    no kernel window reads (left at 0: nothing in the gradient determines them)."""
+
+    x: Tensor
+    residual: float
+    forward_residual: float
+    rows: int
+    unknowns: int
+    solver: str
+    unread: int = 0
+
+
+def window_index(conv: nn.Conv2d, in_shape: tuple[int, int, int]) -> Tensor:
+    """(C·k², P) flat input index read by each kernel tap at each output position (−1: zero padding)."""
+    n = in_shape[0] * in_shape[1] * in_shape[2]
+    ids = torch.arange(1, n + 1, dtype=torch.float64).view(1, *in_shape)
+    cols = F.unfold(ids, conv.kernel_size, dilation=conv.dilation, padding=conv.padding, stride=conv.stride)[0]
+    return cols.round().long() - 1
+
+
+def check_conv(conv: nn.Conv2d, name: str) -> None:
+    """Raise :class:`GIError` for a convolution the route does not cover (groups, non-zero padding modes)."""
+    if conv.groups != 1:
+        raise GIError(f"{name}: grouped convolution (groups={conv.groups}) is not supported by the analytic inversion")
+    if conv.padding_mode != "zeros" or isinstance(conv.padding, str):
+        raise GIError(f"{name}: padding {conv.padding!r} / mode {conv.padding_mode!r} is not supported by the "
+                      "analytic inversion (integer zero padding only)")
+
+
+def solve_conv(conv: nn.Conv2d, in_shape: tuple[int, int, int], weight: Tensor, z_minus_b: Tensor, valid: Tensor,
+               delta: Tensor, grad_weight: Tensor) -> ConvSolve:
+    """Solve the stacked forward + gradient constraints for the layer input (module docstring).
+
+    ``z_minus_b`` / ``valid`` / ``delta``: (O, P) of the layer's output positions; ``weight`` / ``grad_weight`` the
+    layer's (O, C, kh, kw) weight and its shared gradient. float64 throughout.
+    """
+    idx = window_index(conv, in_shape)  # (K, P), K = C·kh·kw
+    k, p = idx.shape
+    o = weight.shape[0]
+    n = in_shape[0] * in_shape[1] * in_shape[2]
+    if z_minus_b.shape != (o, p) or delta.shape != (o, p):
+        raise GIError(f"conv output has {tuple(z_minus_b.shape)} entries, the layer gives {(o, p)}")
+    w = weight.reshape(o, k).double()
+    gw = grad_weight.reshape(o, k).double()
+    rf = z_minus_b.double()
+    sf = 1.0 / float(rf[valid].norm()) if bool(valid.any()) and float(rf[valid].norm()) > 0 else 0.0
+    ng = float(gw.norm())
+    if ng == 0:
+        raise GIError("the layer's weight gradient is zero: its input cannot be recovered (δ = 0)")
+    sg = 1.0 / ng
+    rf = rf * valid
+    tap = idx >= 0
+    jdx = torch.where(tap, idx, n)  # a zero-padding tap reads a dummy unknown n, dropped before the solve
+    c, hw = in_shape[0], in_shape[1] * in_shape[2]
+    taps = k // c  # kernel taps per input channel (the rows of idx are channel-major: unfold's order)
+    # normal equations AᵀA x = Aᵀr, summed row by row (each row touches one kernel window).
+    # forward rows (o, p) hold W[o, k] at idx[k, p]:  Σ_o valid·W[o, k]·W[o, k'] added at (idx[k, p], idx[k', p])
+    vw = valid.double() * sf * sf  # (O, P)
+    m_f = torch.einsum("op,ok,ol->pkl", vw, w, w)  # (P, K, K)
+    cols_f = jdx.T  # (P, K)
+    full = torch.zeros((n + 1) * (n + 1), dtype=torch.float64)
+    full.index_add_(0, (cols_f[:, :, None] * (n + 1) + cols_f[:, None, :]).reshape(-1), m_f.reshape(-1))
+    gram = full.view(n + 1, n + 1)[:n, :n]
+    # gradient rows (o, k) hold δ[o, p] at idx[k, p]:  (δᵀδ)[p, p'] added at (idx[k, p], idx[k, p']). A row reads
+    # one input channel, at the same pixels for every channel, so this part is one (HW, HW) block repeated on
+    # the channel diagonal
+    d = delta.double() * sg
+    t0 = torch.where(tap[:taps], idx[:taps], hw)  # channel 0's taps: pixel indices within the channel
+    block = torch.zeros((hw + 1) * (hw + 1), dtype=torch.float64)
+    block.index_add_(0, (t0[:, :, None] * (hw + 1) + t0[:, None, :]).reshape(-1),
+                     (d.T @ d).expand(taps, p, p).reshape(-1))
+    block = block.view(hw + 1, hw + 1)[:hw, :hw]
+    for ch in range(c):
+        gram[ch * hw:(ch + 1) * hw, ch * hw:(ch + 1) * hw] += block
+    rhs = torch.zeros(n + 1, dtype=torch.float64)
+    rhs.index_add_(0, cols_f.reshape(-1), ((rf * sf).T @ (w * sf)).reshape(-1))
+    rhs.index_add_(0, jdx.reshape(-1), ((gw * sg).T @ d).reshape(-1))
+    rhs = rhs[:n]
+    read = gram.diagonal() > 0  # an input pixel no kernel window reads (stride / no padding) is not determined
+    if bool(read.all()):
+        x, solver = _solve_spd(gram.contiguous(), rhs)
+    else:
+        keep = read.nonzero()[:, 0]
+        x = torch.zeros(n, dtype=torch.float64)
+        x[keep], solver = _solve_spd(gram[keep][:, keep].contiguous(), rhs[keep])
+    xs = x.view(1, *in_shape)
+    kw = dict(stride=conv.stride, padding=conv.padding, dilation=conv.dilation)
+    fwd = F.conv2d(xs, weight.double(), **kw)[0].reshape(o, p)
+    grad = torch.nn.grad.conv2d_weight(xs, weight.shape, delta.double().view(1, o, *fwd_shape(conv, in_shape)),
+                                       **kw).reshape(o, k)
+    f_res = float(((fwd - z_minus_b.double()) * valid).norm() / max(float(rf.norm()), 1e-300))
+    g_res = float((grad - gw).norm() / ng)
+    rows = int(valid.sum()) + o * k
+    return ConvSolve(x.view(in_shape), g_res, f_res, rows, n, solver, int((~read).sum()))
+
+
+def _solve_spd(gram: Tensor, rhs: Tensor) -> tuple[Tensor, str]:
+    """Solve ``gram x = rhs`` for the symmetric normal matrix: LAPACK's Cholesky (scipy, in place; about 3× torch's
+    ``cholesky_ex``, which also copies a triangle, on one CPU thread for n = 3072), else a least-squares solve
+    (rank-deficient: e.g. dead ReLUs) that returns the minimum-norm answer."""
+    import numpy as np
+    import scipy.linalg as sl
+    from threadpoolctl import threadpool_limits
+
+    g = gram.numpy()
+    # LAPACK as many threads as torch has (``gi --threads 1`` timings stay one thread)
+    with threadpool_limits(limits=torch.get_num_threads(), user_api="blas"):
+        try:  # a symmetric C-ordered matrix is its own Fortran-ordered transpose: factor it without a copy
+            factor = sl.cho_factor(g.T, lower=True, overwrite_a=True, check_finite=False)
+            x = sl.cho_solve(factor, rhs.numpy(), check_finite=False)
+            if np.isfinite(x).all():
+                return torch.from_numpy(x), "cholesky"
+        except (np.linalg.LinAlgError, ValueError):
+            pass
+    return torch.linalg.lstsq(gram, rhs.unsqueeze(1), driver="gelsd").solution[:, 0], "lstsq"
+
+
+def fwd_shape(conv: nn.Conv2d, in_shape: tuple[int, int, int]) -> tuple[int, int]:
+    """The (H', W') of the convolution's output for an input of ``in_shape``."""
+    out = []
+    for size, k, s, p, d in zip(in_shape[1:], conv.kernel_size, conv.stride, conv.padding, conv.dilation):
+        out.append((size + 2 * p - d * (k - 1) - 1) // s + 1)
+    return out[0], out[1]
+
+
+def conv_input_gradient(conv: nn.Conv2d, in_shape: tuple[int, int, int], weight: Tensor, delta: Tensor) -> Tensor:
+    """∂L/∂x = convᵀ δ (eq. 6 for a convolution), (C, H, W) float64; ``delta`` (O, H', W')."""
+    return torch.nn.grad.conv2d_input((1, *in_shape), weight.double(), delta.double().unsqueeze(0),
+                                      stride=conv.stride, padding=conv.padding, dilation=conv.dilation)[0]

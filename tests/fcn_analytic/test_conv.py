@@ -1,0 +1,173 @@
+"""Analytic inversion of convolution layers (R-GAP's recursive step, fcn_analytic.conv) and of conv bodies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import fcn_analytic
+import labels
+from fcn_analytic.conv import conv_input_gradient, fwd_shape, solve_conv, window_index
+from gi import data as gdata
+from gi.capture import Capture, capture_gradients
+from gi.core.errors import CaptureError, GIError
+from gi.fl.protocol import Protocol
+from gi.metrics import psnr
+from gi.models import build
+
+C = 10
+
+
+def _layer_system(conv: nn.Conv2d, in_shape, seed: int):
+    """A float64 layer: input x, its pre-activation z − b = conv(x), a random δ and ∇W = Σ_p δ ⊗ patch(x)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, *in_shape, generator=g, dtype=torch.float64)
+    w = torch.randn(conv.weight.shape, generator=g, dtype=torch.float64)
+    kw = dict(stride=conv.stride, padding=conv.padding, dilation=conv.dilation)
+    z = F.conv2d(x, w, **kw)[0]
+    delta = torch.randn(z.shape, generator=g, dtype=torch.float64)
+    gw = torch.nn.grad.conv2d_weight(x, w.shape, delta[None], **kw)
+    o = w.shape[0]
+    return x[0], w, z.reshape(o, -1), delta.reshape(o, -1), gw
+
+
+@pytest.mark.parametrize("kernel,stride,padding,dilation", [(5, 2, 2, 1), (3, 1, 1, 1), (4, 2, 0, 1), (3, 1, 2, 2)])
+def test_solve_conv_recovers_the_input_exactly(kernel, stride, padding, dilation):
+    conv = nn.Conv2d(3, 6, kernel, stride=stride, padding=padding, dilation=dilation)
+    in_shape = (3, 9, 9)
+    x, w, z, delta, gw = _layer_system(conv, in_shape, seed=kernel + stride)
+    solved = solve_conv(conv, in_shape, w, z, torch.ones_like(z, dtype=torch.bool), delta, gw)
+    read = torch.zeros(x.numel(), dtype=torch.bool)
+    idx = window_index(conv, in_shape)
+    read[idx[idx >= 0]] = True
+    read = read.view(in_shape)
+    torch.testing.assert_close(solved.x[read], x[read], rtol=1e-7, atol=1e-8)
+    assert bool((solved.x[~read] == 0).all()) and solved.unread == int((~read).sum())
+    assert solved.unread == (51 if (kernel, stride, padding) == (4, 2, 0) else 0)  # last row + column unread
+    assert solved.residual < 1e-9 and solved.forward_residual < 1e-9 and solved.solver == "cholesky"
+    assert solved.unknowns == x.numel() and solved.rows == z.numel() + gw.numel()
+
+
+def test_gradient_rows_alone_and_masked_forward_rows():
+    """Rows where σ⁻¹ is undefined (a ReLU's zeros) are dropped; the gradient rows still pin the input down."""
+    conv = nn.Conv2d(2, 8, 3, stride=1, padding=1)
+    in_shape = (2, 6, 6)
+    x, w, z, delta, gw = _layer_system(conv, in_shape, seed=3)
+    valid = z > 0
+    wrong = torch.where(valid, z, torch.full_like(z, 1e3))  # what a masked row says must not matter
+    solved = solve_conv(conv, in_shape, w, wrong, valid, delta, gw)
+    torch.testing.assert_close(solved.x, x, rtol=1e-6, atol=1e-7)
+    assert solved.rows == int(valid.sum()) + gw.numel()
+
+
+def test_rank_deficient_system_falls_back_to_least_squares():
+    """One output channel and a zero δ leave fewer equations than unknowns: no Cholesky, a finite min-norm answer."""
+    conv = nn.Conv2d(2, 1, 3, stride=2, padding=0)
+    in_shape = (2, 7, 7)
+    x, w, z, delta, gw = _layer_system(conv, in_shape, seed=4)
+    solved = solve_conv(conv, in_shape, w, z, torch.ones_like(z, dtype=torch.bool), delta, gw)
+    assert solved.solver == "lstsq" and bool(torch.isfinite(solved.x).all())
+    assert solved.residual < 1e-8  # consistent system: the equations are met, the input is not unique
+    with pytest.raises(GIError, match="weight gradient is zero"):
+        solve_conv(conv, in_shape, w, z, torch.ones_like(z, dtype=torch.bool), delta, torch.zeros_like(gw))
+
+
+def test_window_index_and_input_gradient_match_torch():
+    conv = nn.Conv2d(2, 3, 3, stride=2, padding=1)
+    in_shape = (2, 5, 5)
+    idx = window_index(conv, in_shape)
+    x = torch.randn(1, *in_shape, dtype=torch.float64)
+    cols = F.unfold(x, 3, padding=1, stride=2)[0]
+    gathered = torch.where(idx >= 0, x.reshape(-1)[idx.clamp_min(0)], torch.zeros(()).double())
+    torch.testing.assert_close(gathered, cols)
+    assert fwd_shape(conv, in_shape) == (3, 3)
+    w = torch.randn(3, 2, 3, 3, dtype=torch.float64, requires_grad=False)
+    delta = torch.randn(3, 3, 3, dtype=torch.float64)
+    xr = x.clone().requires_grad_(True)
+    (F.conv2d(xr, w, stride=2, padding=1)[0] * delta).sum().backward()
+    torch.testing.assert_close(conv_input_gradient(conv, in_shape, w, delta), xr.grad[0])
+
+
+@settings(max_examples=25, deadline=None)
+@given(kind=st.sampled_from(sorted(t.__name__ for t in fcn_analytic.ACTIVATION_INVERSES)),
+       seed=st.integers(0, 10_000))
+def test_activation_inverse_round_trips(kind, seed):
+    act_type = next(t for t in fcn_analytic.ACTIVATION_INVERSES if t.__name__ == kind)
+    act = act_type()
+    z = torch.randn(200, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 3
+    a = act(z)
+    back, valid = fcn_analytic.ACTIVATION_INVERSES[act_type](a, act)
+    assert bool(valid.any())
+    torch.testing.assert_close(back[valid], z[valid], rtol=1e-6, atol=1e-8)
+    deriv = fcn_analytic.ACTIVATION_DERIVATIVES[act_type](a, act)
+    zr = z.clone().requires_grad_(True)
+    act(zr).sum().backward()
+    torch.testing.assert_close(deriv[valid], zr.grad[valid], rtol=1e-6, atol=1e-8)
+
+
+def _capture(model, x, label: int = 3):
+    y = torch.zeros(1, C)
+    y[0, label] = 1
+    cap, truth = capture_gradients(model, x, y, Protocol())
+    return cap, truth.images
+
+
+def test_dlg_lenet_on_real_images_is_inverted_from_its_labels():
+    """The DLG LeNet (sigmoid, biased convs) on bundled CIFAR-10 images: labels → features → three conv solves."""
+    ds = gdata.load("cifar10-samples")
+    model = build("lenet", C, init="uniform", seed=0)
+    for i in (0, 5):
+        cap, x = _capture(model, ds.images[i:i + 1], int(ds.labels[i]))
+        result = labels.recover(cap, "auto")
+        inv = fcn_analytic.invert(cap, result)
+        assert float(psnr(inv.image, x)) > 50
+        assert [layer.name for layer in inv.layers] == ["fc", "body.4", "body.2", "body.0"]
+        assert all(layer.route == "least-squares (cholesky)" for layer in inv.layers[1:])
+        assert _worst(inv) < 1e-2
+        assert inv.info["seconds"] < 20
+
+
+def _worst(inv) -> float:
+    return max(max(layer.residual, layer.forward_error or 0) for layer in inv.layers)
+
+
+@pytest.mark.parametrize("activation", ["tanh", "leaky_relu", "elu"])
+def test_small_conv_bodies_with_other_activations(activation):
+    model = build("lenet", C, activation=activation, in_shape=(1, 16, 16), seed=2)  # the zoo's default init
+    x = torch.rand(1, 1, 16, 16, generator=torch.Generator().manual_seed(5))
+    cap, x = _capture(model, x)
+    inv = fcn_analytic.invert(cap, labels.recover(cap, "soft-lambda"))
+    assert float(psnr(inv.image, x)) > 80 and _worst(inv) < 1e-5, activation
+
+
+def test_saturated_activations_show_in_the_residual():
+    """U(−0.5, 0.5) weights saturate tanh (σ⁻¹ and σ' ill-conditioned): the layer residuals say so, so the pipeline
+    optimises from the inversion instead of answering with it (attack.analytic_tol)."""
+    model = build("lenet", C, activation="tanh", in_shape=(1, 16, 16), init="uniform", seed=2)
+    cap, x = _capture(model, torch.rand(1, 1, 16, 16, generator=torch.Generator().manual_seed(5)))
+    inv = fcn_analytic.invert(cap, labels.recover(cap, "soft-lambda"))
+    assert _worst(inv) > 1e-2 and float(psnr(inv.image, x)) < 30
+
+
+def test_bodies_outside_the_pattern_and_missing_layers_are_clear_errors():
+    lenet5 = build("lenet5", C, in_shape=(1, 28, 28), seed=1)
+    cap, _ = _capture(lenet5, torch.rand(1, 1, 28, 28))
+    with pytest.raises(GIError, match="body.0.2 is MaxPool2d.*Conv2d → activation"):
+        fcn_analytic.invert(cap, labels.recover(cap, "soft-lambda"))
+    silu = build("lenet", C, activation="silu", in_shape=(1, 16, 16), seed=1)
+    cap, _ = _capture(silu, torch.rand(1, 1, 16, 16))
+    with pytest.raises(GIError, match="SiLU, which has no inverse"):
+        fcn_analytic.invert(cap, labels.recover(cap, "soft-lambda"))
+    lenet = build("lenet", C, in_shape=(1, 16, 16), seed=1)
+    cap, _ = _capture(lenet, torch.rand(1, 1, 16, 16))
+    missing = Capture(cap.model_spec, cap.model_state, cap.protocol,
+                      gradients={k: v for k, v in cap.gradients.items() if k != "body.2.weight"}, meta=cap.meta)
+    with pytest.raises(CaptureError, match="body.2.weight"):
+        fcn_analytic.invert(missing, labels.recover(cap, "soft-lambda"))
+    grouped = nn.Conv2d(4, 4, 3, groups=2)
+    with pytest.raises(GIError, match="grouped convolution"):
+        fcn_analytic.conv.check_conv(grouped, "body.0")
