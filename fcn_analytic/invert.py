@@ -246,11 +246,11 @@ def _conv_step(capture: Capture, layer: AnalyticLayer, gw: Tensor, a_out: Tensor
         raise GIError(f"{layer.prefix} is a convolution followed by {type(act).__name__}, which has no inverse; "
                       f"the analytic inversion of a convolution needs one of "
                       f"{sorted(t.__name__ for t in ACTIVATION_INVERSES)}")
-    state = capture.model_state
-    w = state[f"{layer.prefix}.weight"].double()
+    state = capture.model_state  # the solve runs on the CPU in float64 (LAPACK), wherever the capture lives
+    w, gw, a_out, grad_a = (t.detach().cpu().double() for t in (state[f"{layer.prefix}.weight"], gw, a_out, grad_a))
     z, valid = ACTIVATION_INVERSES[type(act)](a_out, act)
     if conv.bias is not None:
-        z = z - state[f"{layer.prefix}.bias"].double().view(-1, 1, 1)
+        z = z - state[f"{layer.prefix}.bias"].detach().cpu().double().view(-1, 1, 1)
     delta = _delta_from_derivative(layer, grad_a, a_out)
     o = w.shape[0]
     solved = solve_conv(conv, layer.in_shape, w, z.reshape(o, -1), valid.reshape(o, -1), delta.reshape(o, -1),
