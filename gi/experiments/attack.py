@@ -297,6 +297,9 @@ def reconstruct_stage(attack: ReconConfig, captures: Sequence[Capture], label_re
                                priors=[inversions[i].image for i in rest] if inversions else None, ids=rest)
         for i, rec in zip(rest, out):
             recs[i] = rec
+            if residuals[i] is not None:
+                rec.history.update(answered_by="optimised from the analytic inversion",
+                                   analytic_residual=residuals[i])
     record["seconds"] = time.perf_counter() - start
     record["cpu_seconds"] = time.process_time() - cpu  # this process's CPU time: on a loaded machine, the work
     log.info("reconstruct: %s, %d capture(s)%s in %.1f s", record["optimizer"], len(captures),
@@ -323,7 +326,8 @@ def analytic_reconstruction(inversion: Any, label_result: LabelResult | None, ca
     residual = inversion_residual(inversion)
     return Reconstruction(images=image, all_images=image[None], labels=soft,
                           objective=torch.tensor([residual]), best_restart=0,
-                          history={"step": [], "objective": [], "warnings": []},
+                          history={"step": [], "objective": [], "warnings": [], "answered_by": "analytic inversion",
+                                   "analytic_residual": residual},
                           seconds=float(inversion.info["seconds"]), iterations=0, all_labels=soft[None])
 
 
@@ -508,7 +512,9 @@ def write_outputs(tmp: Path, name: str, config: dict[str, Any], captures: Sequen
                 rows.append({"capture": k, "image": i, "dataset_index": truth.meta.get("indices", [None] * (i + 1))[i],
                              "psnr": s["psnr"][i], "ssim": s["ssim"][i], "lpips_alex": s["lpips_alex"][i],
                              "true_label": int(truth.labels[i]), "recovered_label": int(rec_labels[i]),
-                             "matched_reconstruction": s["perm"][i]})
+                             "matched_reconstruction": s["perm"][i],
+                             "answered_by": rec.history.get("answered_by", "optimisation"),
+                             "analytic_residual": rec.history.get("analytic_residual")})
                 captions.append(f"{s['psnr'][i]:.1f} dB\nlabel {int(rec_labels[i])} / {int(truth.labels[i])}")
             shown_truth.append(truth.images)
             shown_rec.append(rec.images[perm])

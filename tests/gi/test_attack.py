@@ -91,6 +91,8 @@ def test_default_job_records_stages_labels_features_reconstruct(tmp_path):
     assert all(s["seconds"] >= 0 for s in stages)
     assert result.metrics["labels"]["counts"] == result.metrics["labels"]["true_counts"]
     assert result.metrics["psnr_min"] > 40
+    (row,) = list(csv.DictReader((tmp_path / "r" / "results.csv").open()))
+    assert row["answered_by"] == "analytic inversion" and float(row["analytic_residual"]) < 1e-2
 
 
 def test_the_optimisation_starts_from_the_inversion_above_the_tolerance_or_runs_alone_without_it(tmp_path):
@@ -101,11 +103,15 @@ def test_the_optimisation_starts_from_the_inversion_above_the_tolerance_or_runs_
     assert stages[2]["init"].startswith("analytic") and "analytic_captures" not in stages[2]
     assert polish.reconstruction.history.get("retries") is None  # a fit from the inversion is not retried
     assert polish.metrics["psnr_min"] > 40
+    (row,) = list(csv.DictReader((tmp_path / "p" / "results.csv").open()))
+    assert row["answered_by"] == "optimised from the analytic inversion" and float(row["analytic_residual"]) > 0
     alone = run(load_run_config("configs/demo.yaml", FAST + [f"out={tmp_path / 'a'}", "attack.analytic=false"]))
     stages = alone.metrics["stages"]
     assert not stages[1]["analytic_inversion"] and stages[1]["analytic_why_not"] == "attack.analytic=false"
     assert stages[2]["optimizer"] == PRESETS["default"]["optimizer"] and "init" not in stages[2]
     assert alone.metrics["psnr_min"] < 40  # 30 iterations from a random start
+    (row,) = list(csv.DictReader((tmp_path / "a" / "results.csv").open()))
+    assert row["answered_by"] == "optimisation" and row["analytic_residual"] == ""
 
 
 def test_images_are_separate_captures_with_per_image_rows(tmp_path):
