@@ -240,7 +240,8 @@ def _linear_step(capture: Capture, layer: AnalyticLayer, gw: Tensor, a_out: Tens
 def _conv_step(capture: Capture, layer: AnalyticLayer, gw: Tensor, a_out: Tensor, grad_a: Tensor,
                need_grad: bool) -> tuple[Tensor, Tensor | None, LayerReport]:
     """A convolution: z = σ⁻¹(a), δ = ∂L/∂a ⊙ σ'(z), then the stacked least squares of
-    :func:`fcn_analytic.conv.solve_conv`; eq. 6 (convᵀ δ) for the layer below."""
+    :func:`fcn_analytic.conv.solve_conv` with the forward rows weighted by σ'(z); eq. 6 (convᵀ δ) for the layer
+    below."""
     act, conv = layer.activation, layer.module
     if type(act) not in ACTIVATION_INVERSES:
         raise GIError(f"{layer.prefix} is a convolution followed by {type(act).__name__}, which has no inverse; "
@@ -253,8 +254,9 @@ def _conv_step(capture: Capture, layer: AnalyticLayer, gw: Tensor, a_out: Tensor
         z = z - state[f"{layer.prefix}.bias"].detach().cpu().double().view(-1, 1, 1)
     delta = _delta_from_derivative(layer, grad_a, a_out)
     o = w.shape[0]
+    slope = ACTIVATION_DERIVATIVES[type(act)](a_out, act).reshape(o, -1)  # σ'(z): the forward rows' weights
     solved = solve_conv(conv, layer.in_shape, w, z.reshape(o, -1), valid.reshape(o, -1), delta.reshape(o, -1),
-                        gw)
+                        gw, slope)
     forward = solved.forward_residual
     unread = f", {solved.unread} input entries no window reads" if solved.unread else ""
     report = LayerReport(layer.prefix, f"least-squares ({solved.solver}{unread})", solved.rows, solved.unknowns,

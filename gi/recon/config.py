@@ -48,9 +48,9 @@ class ReconConfig:
     config loader or :meth:`from_preset`). ``analytic_tol``: ``gi run`` / ``gi attack`` answer a capture with
     ``fcn_analytic.invert``'s image, skipping its optimisation, when the inversion's largest relative layer residual
     (gradient or forward) is below it; other captures are optimised from that image (0: always optimise).
-    Default 1e-2: a fully-connected net inverts to ~1e-7; the DLG LeNet's convolutions to 2e-5–5e-3 on the 20
-    cifar10-samples (41.9–87.4 dB, README "Default job"); optimising from the inversion gains 4–15 dB there at
-    ~45 CPU s per image. ``analytic``: false leaves ``fcn_analytic.invert`` out of ``gi run`` / ``gi attack``
+    Default 1e-2: a clean capture inverts to ~1e-7 (fully connected) or 3e-6–8e-6 (the DLG LeNet, 95–112 dB on
+    the cifar10-samples, README "Default job"); Gaussian noise of 1e-4 / 1e-3 of each gradient's std gives ~2e-3
+    (50–56 dB) / ~2e-2 (27–36 dB), so captures above 1e-2 are worse than ~40 dB and are optimised. ``analytic``: false leaves ``fcn_analytic.invert`` out of ``gi run`` / ``gi attack``
     altogether (no inversion, the optimisation alone from ``init``: the ablation of the analytic stage).
     ``threads``: torch CPU threads while reconstructing (null: ``$GI_THREADS`` if set, else 1 for models under
     2M parameters on CPU, else torch's default; oversubscribed CPUs run small-op loops 10–20× slower with more
