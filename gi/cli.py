@@ -15,6 +15,7 @@ EPILOG = """examples:
   gi run configs/demo.yaml                      end-to-end reconstruction of one CIFAR-10 sample
   gi run configs/demo.yaml labels.mode=truth    the same with oracle labels
   gi run configs/default.yaml                   the default job over all 20 bundled CIFAR-10 samples
+  gi run configs/default.yaml attack.analytic=false   ... without the analytic inversion: the optimisation alone
   gi attack runs/demo/capture.safetensors       the label-first attack on a saved capture (no truth needed)
   gi attack runs/demo truth=runs/demo           ... scored against the truth gi run saved
   gi labels configs/labels/<table>.yaml         label-recovery benchmark table
@@ -26,6 +27,8 @@ EPILOG = """examples:
                                                 kind: time-to-quality (ttq-*.yaml): PSNR vs seconds, vs breaching
   gi methods                                    list the registered label-recovery methods
 
+The default job is labels -> last-layer features -> the analytic inversion where the net allows it (fully
+connected, or convs with invertible activations such as the DLG LeNet) -> gradient matching otherwise.
 Every run writes one output directory (config.yaml, metrics.json, results.csv, PNG grid, plots, log).
 Overrides use dotted keys (attack.iterations=500); unknown keys are errors that list the valid keys."""
 
