@@ -37,7 +37,7 @@ from gi.experiments.attack import (  # noqa: F401  (the label modes: importable 
     with_preset,
     write_outputs,
 )
-from gi.experiments.report import check_run_name, staged_output
+from gi.experiments.report import check_run_name, log_scope, staged_output
 from gi.recon.config import ReconConfig
 from gi.recon.presets import DEFAULT
 from gi.victim_setup import (  # noqa: F401  (DataConfig, ModelConfig: the sections, importable from here too)
@@ -325,7 +325,8 @@ def run_many(cfgs: Sequence[RunConfig]) -> list[RunResult]:
     share one problem (:func:`pack_groups`: the same attack config, captures of one global model; e.g. a sweep over
     the label method or the images attacked) as one packed problem (issue 15, point 1). Each job gets the
     reconstructions it gets alone (every capture starts from the image its seed gives it; up to float rounding);
-    the reconstruct stage record says ``packed_jobs``, and a packed job's ``log.txt`` holds its pack's log. If any
+    the reconstruct stage record says ``packed_jobs``; each job's ``log.txt`` holds its own lines and its pack's
+shared reconstruction (:func:`gi.experiments.report.log_scope`), not the other jobs'. If any
     job fails, no job's directory is written."""
     import torch
 
@@ -335,36 +336,40 @@ def run_many(cfgs: Sequence[RunConfig]) -> list[RunResult]:
         for cfg in cfgs:
             out = Path(cfg.out or f"runs/{cfg.name}-{stamp}")
             tmp = stack.enter_context(staged_output(out, overwrite=cfg.overwrite))
-            t0 = time.perf_counter()
-            torch.manual_seed(cfg.seed)
-            gen = torch.Generator().manual_seed(cfg.seed)
-            dataset, model = build_victim(cfg)
-            captures, truths = capture_all(cfg, dataset, model, gen)
-            log.info("captured %s %s of %d capture(s) x %d samples", cfg.model.name,
-                     "update" if captures[0].is_update else "gradients", len(captures), captures[0].num_samples)
-            # ---- attack side: captures (+ aux) only; the oracle mode alone reads truth, by request
-            aux = make_aux(cfg, dataset, gen, truths)
-            prepared = prepare_attack(cfg.labels, cfg.attack, captures,
-                                      truths if cfg.labels.mode == "truth" else None, aux)
+            with log_scope(out):  # this job's victim and label / feature stages go to its own log.txt only
+                t0 = time.perf_counter()
+                torch.manual_seed(cfg.seed)
+                gen = torch.Generator().manual_seed(cfg.seed)
+                dataset, model = build_victim(cfg)
+                captures, truths = capture_all(cfg, dataset, model, gen)
+                log.info("captured %s %s of %d capture(s) x %d samples", cfg.model.name,
+                         "update" if captures[0].is_update else "gradients", len(captures), captures[0].num_samples)
+                # ---- attack side: captures (+ aux) only; the oracle mode alone reads truth, by request
+                aux = make_aux(cfg, dataset, gen, truths)
+                prepared = prepare_attack(cfg.labels, cfg.attack, captures,
+                                          truths if cfg.labels.mode == "truth" else None, aux)
             jobs.append(_Job(cfg, out, tmp, t0, captures, truths, prepared))
         by_job: dict[int, RunResult] = {}
         for group in pack_groups([j.prepared for j in jobs]):
-            if len(group) > 1:
-                log.info("packing %d jobs into one problem: %s", len(group), ", ".join(jobs[i].cfg.name for i in group))
-            truths = [t for i in group for t in jobs[i].truths]
-            monitor = truth_monitor(truths, jobs[group[0]].cfg.attack.log_every)
-            outcomes = reconstruct_prepared([jobs[i].prepared for i in group], callbacks=[monitor])
+            with log_scope(*(jobs[i].out for i in group)):  # the pack's shared reconstruction: every member's log
+                if len(group) > 1:
+                    log.info("packing %d jobs into one problem: %s", len(group),
+                             ", ".join(jobs[i].cfg.name for i in group))
+                truths = [t for i in group for t in jobs[i].truths]
+                monitor = truth_monitor(truths, jobs[group[0]].cfg.attack.log_every)
+                outcomes = reconstruct_prepared([jobs[i].prepared for i in group], callbacks=[monitor])
             start = 0
             for i, outcome in zip(group, outcomes):
                 job, cfg = jobs[i], jobs[i].cfg
                 part = monitor.part(start, start + len(job.captures))
                 start += len(job.captures)
-                metrics = write_outputs(job.tmp, cfg.name, cfg.written(), job.captures, job.truths, outcome,
-                                        cfg.labels, cfg.seed, {"match": cfg.metrics.match,
-                                                               "lpips_vgg": cfg.metrics.lpips_vgg}, part, job.t0)
-                log.info("PSNR mean %.2f / median %.2f / min %.2f dB over %d image(s) (random image %.2f dB)",
-                         metrics["psnr_mean"], metrics["psnr_median"], metrics["psnr_min"], metrics["num_images"],
-                         metrics["random_image_psnr_mean"])
+                with log_scope(job.out):
+                    metrics = write_outputs(job.tmp, cfg.name, cfg.written(), job.captures, job.truths, outcome,
+                                            cfg.labels, cfg.seed, {"match": cfg.metrics.match,
+                                                                   "lpips_vgg": cfg.metrics.lpips_vgg}, part, job.t0)
+                    log.info("PSNR mean %.2f / median %.2f / min %.2f dB over %d image(s) (random image %.2f dB)",
+                             metrics["psnr_mean"], metrics["psnr_median"], metrics["psnr_min"], metrics["num_images"],
+                             metrics["random_image_psnr_mean"])
                 recs = outcome.reconstructions
                 by_job[i] = RunResult(job.out, metrics, job.captures[0], job.truths[0], recs[0], job.captures,
                                       job.truths, recs)

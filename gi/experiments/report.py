@@ -17,6 +17,7 @@ Guarantees of :func:`staged_output`:
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import csv
 import ctypes
 import errno
@@ -265,6 +266,21 @@ def _publish(tmp: Path, final: Path, overwrite: bool) -> None:
         _remove(aside)
 
 
+# which staged outputs' log.txt the current log records go to (None: every open one); set by log_scope
+_LOG_SCOPE: contextvars.ContextVar[frozenset[Path] | None] = contextvars.ContextVar("gi_log_scope", default=None)
+
+
+@contextlib.contextmanager
+def log_scope(*finals: str | Path) -> Iterator[None]:
+    """While open, log records go only to the ``log.txt`` of the staged outputs of ``finals`` (several jobs staged
+    at once, e.g. :func:`gi.experiments.pipeline.run_many`: each job's log holds its own lines and its pack's)."""
+    token = _LOG_SCOPE.set(frozenset(Path(f).resolve() for f in finals))
+    try:
+        yield
+    finally:
+        _LOG_SCOPE.reset(token)
+
+
 @contextlib.contextmanager
 def staged_output(final: str | Path, overwrite: bool = False) -> Iterator[Path]:
     """Yield a hidden staging folder next to ``final``; on success it becomes ``final`` (no-clobber, or an atomic
@@ -285,6 +301,8 @@ def staged_output(final: str | Path, overwrite: bool = False) -> Iterator[Path]:
         tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.partial-{_owner_tag()}-"))
         handler = logging.FileHandler(tmp / "log.txt")
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        me = Path(final).resolve()
+        handler.addFilter(lambda record: (scope := _LOG_SCOPE.get()) is None or me in scope)
         root = logging.getLogger("gi")
         root.addHandler(handler)
         root.setLevel(logging.INFO)

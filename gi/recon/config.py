@@ -50,8 +50,9 @@ class ReconConfig:
     (gradient or forward) is below it; other captures are optimised from that image (0: always optimise).
     Default 1e-2: a clean capture inverts to ~1e-7 (fully connected) or 3e-6–8e-6 (the DLG LeNet, 95–112 dB on
     the cifar10-samples, README "Default job"); Gaussian noise of 1e-4 / 1e-3 of each gradient's std gives ~2e-3
-    (50–56 dB) / ~2e-2 (27–36 dB), so captures above 1e-2 are worse than ~40 dB and are optimised. ``analytic``: false leaves ``fcn_analytic.invert`` out of ``gi run`` / ``gi attack``
-    altogether (no inversion, the optimisation alone from ``init``: the ablation of the analytic stage).
+    (50–56 dB) / ~2e-2 (27–36 dB), so captures above 1e-2 are worse than ~40 dB and are optimised.
+    ``analytic``: false leaves ``fcn_analytic.invert`` out of ``gi run`` / ``gi attack`` altogether (no
+    inversion, the optimisation alone from ``init``: the ablation of the analytic stage).
     ``threads``: torch CPU threads while reconstructing (null: ``$GI_THREADS`` if set, else 1 for models under
     2M parameters on CPU, else torch's default; oversubscribed CPUs run small-op loops 10–20× slower with more
     threads). ``bn_stats``: where the ``bn`` regulariser's targets come from (``shared``: batch statistics in

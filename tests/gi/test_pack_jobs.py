@@ -37,6 +37,10 @@ def test_jobs_differing_in_labels_and_images_share_one_problem_and_get_what_they
                                                                    ["labels.method=idlg", "data.indices=[3]"])[k]]))
         assert (alone.reconstruction.images - packed[k].reconstruction.images).abs().mean() < 2e-3
     assert packed[1].metrics["labels"]["method"] == "idlg" and packed[0].metrics["labels"]["mode"] == "truth"
+    logs = {name: (tmp_path / name / "log.txt").read_text() for name in "abc"}  # each job's own lines + its pack's
+    assert "labels: idlg" in logs["b"] and "labels: idlg" not in logs["a"] and "labels: idlg" not in logs["c"]
+    assert all("packing 2 jobs into one problem" in logs[n] for n in "ab") and "packing" not in logs["c"]
+    assert logs["c"].count("captured lenet") == 1 and logs["a"].count("captured lenet") == 1
 
 
 def test_a_failing_job_writes_no_directory_of_its_pack(tmp_path):
