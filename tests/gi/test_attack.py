@@ -11,7 +11,7 @@ import torch
 import gi
 import labels
 from gi.core.errors import ConfigError
-from gi.experiments.attack import load_attack_config, run_attack
+from gi.experiments.attack import INIT_MAX_RESIDUAL, load_attack_config, run_attack
 from gi.experiments.pipeline import load_run_config, run
 from gi.recon.config import ReconConfig
 from gi.recon.presets import PRESETS, apply_preset
@@ -112,6 +112,17 @@ def test_the_optimisation_starts_from_the_inversion_above_the_tolerance_or_runs_
     assert alone.metrics["psnr_min"] < 40  # 30 iterations from a random start
     (row,) = list(csv.DictReader((tmp_path / "a" / "results.csv").open()))
     assert row["answered_by"] == "optimisation" and row["analytic_residual"] == ""
+
+
+def test_an_inversion_far_off_is_no_start(tmp_path):
+    """A ReLU LeNet: dead units leave the conv systems rank-deficient, the inversion is worse than a random image
+    (residual > INIT_MAX_RESIDUAL), so the optimisation starts from attack.init, not from it."""
+    result = run(load_run_config("configs/demo.yaml", FAST + ["model.activation=relu", f"out={tmp_path / 'r'}"]))
+    features, reconstruct = result.metrics["stages"][1:]
+    assert features["analytic_inversion"] and features["analytic_residual"] >= INIT_MAX_RESIDUAL
+    assert "init" not in reconstruct and reconstruct["init_not_analytic"].startswith("1 capture(s)")
+    (row,) = list(csv.DictReader((tmp_path / "r" / "results.csv").open()))
+    assert row["answered_by"] == "optimisation" and float(row["analytic_residual"]) >= INIT_MAX_RESIDUAL
 
 
 def test_images_are_separate_captures_with_per_image_rows(tmp_path):
