@@ -248,6 +248,11 @@ def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_result
               "alpha": attack.last_layer_weight, "analytic_inversion": inversions is not None and bool(inversions),
               "analytic_residual": residual, "seconds": time.perf_counter() - start,
               "cpu_seconds": time.process_time() - cpu}
+    if inversions:  # per layer (last first), per capture: how it was solved and how consistent it came out
+        record["analytic_layers"] = [{"name": layer.name, "route": layer.route,
+                                      "residual": [inv.layers[k].residual for inv in inversions],
+                                      "forward": [inv.layers[k].forward_error for inv in inversions]}
+                                     for k, layer in enumerate(inversions[0].layers)]
     if not attack.analytic:
         record["analytic_why_not"] = "attack.analytic=false"
     if not available:
@@ -591,6 +596,19 @@ def write_outputs(tmp: Path, name: str, config: dict[str, Any], captures: Sequen
         save_line_plot(tmp / "objective.png", recs[0].history["step"],
                        {f"restart {r}": [o[r] for o in recs[0].history["objective"]]
                         for r in range(len(recs[0].objective))}, "iteration", "attack objective", logy=True)
+    layers = next((st.get("analytic_layers") for st in outcome.stages if st.get("analytic_layers")), None)
+    if layers:  # the analytic inversion's residual per layer, from the last layer down to the input
+        series = {"gradient residual, largest": [max(la["residual"]) for la in layers],
+                  "gradient residual, median": [float(torch.tensor(la["residual"]).median()) for la in layers]}
+        if any(f is not None for la in layers for f in la["forward"]):
+            series["forward mismatch, largest"] = [max((f for f in la["forward"] if f is not None),
+                                                       default=float("nan")) for la in layers]  # fc: none
+        floor = 1e-12  # an exact layer (0) still shows on the log axis
+        save_line_plot(tmp / "analytic.png", list(range(len(layers))),
+                       {k: [max(v, floor) if v == v else v for v in vs] for k, vs in series.items()},
+                       "layer (0 = last: " + ", ".join(la["name"] for la in layers) + ")",
+                       "relative residual", title=f"{name}: analytic inversion over {len(captures)} capture(s)",
+                       logy=True)
     save_captures(tmp, captures, truths)
     return metrics
 

@@ -93,6 +93,10 @@ def test_default_job_records_stages_labels_features_reconstruct(tmp_path):
     assert result.metrics["psnr_min"] > 40
     (row,) = list(csv.DictReader((tmp_path / "r" / "results.csv").open()))
     assert row["answered_by"] == "analytic inversion" and float(row["analytic_residual"]) < 1e-2
+    assert [la["name"] for la in stages[1]["analytic_layers"]] == ["fc", "body.4", "body.2", "body.0"]
+    assert stages[1]["analytic_residual"] == max(max(la["residual"][0], la["forward"][0] or 0)
+                                                 for la in stages[1]["analytic_layers"])
+    assert (tmp_path / "r" / "analytic.png").stat().st_size > 1000 and not (tmp_path / "r" / "psnr.png").exists()
 
 
 def test_the_optimisation_starts_from_the_inversion_above_the_tolerance_or_runs_alone_without_it(tmp_path):
