@@ -127,6 +127,18 @@ def _lenet_dlg(in_shape, activation, **_):
     )
 
 
+def _cnn6(in_shape, activation, **_):
+    """R-GAP's CNN6 (Zhu & Blaschko 2021; breaching's ``cnn6``): six bias-free convs (12, 36, 36, 36, 64, 128
+    channels; strides 2, 2, 1, 1, 2, 1), leaky ReLU 0.2 by default; 3200-d for 32×32."""
+    c = in_shape[0]
+    spec = [(c, 12, 4, 2, 2), (12, 36, 3, 1, 2), (36, 36, 3, 1, 1), (36, 36, 3, 1, 1), (36, 64, 3, 1, 2),
+            (64, 128, 3, 1, 1)]
+    layers: list[nn.Module] = []
+    for cin, cout, k, pad, stride in spec:
+        layers += [nn.Conv2d(cin, cout, k, padding=pad, stride=stride, bias=False), _act(activation)]
+    return nn.Sequential(*layers, nn.Flatten())
+
+
 def _lenet5(in_shape, activation, hidden: Sequence[int] = (120, 84), **_):
     """LeNet-5: conv6-pool-conv16-pool-fc120-fc84 (the last-layer input is the 84-d feature)."""
     c = in_shape[0]
@@ -238,6 +250,7 @@ BODIES: dict[str, tuple[Callable[..., nn.Module], str]] = {
     # name: (body factory, default activation)
     "lenet": (_lenet_dlg, "sigmoid"),
     "lenet5": (_lenet5, "relu"),
+    "cnn6": (_cnn6, "leaky_relu"),
     "fcn4": (_fcn4, "relu"),
     "fcn3": (_fcn3, "relu"),
     "mlp": (lambda in_shape, activation, widths=(256,), bias=True, **k: _mlp(in_shape, activation, widths, bias),
