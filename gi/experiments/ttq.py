@@ -570,14 +570,20 @@ def save_plot(path: Path, cfg: TTQConfig, curves: list[Curve], title: str) -> No
     for i, (name, variant) in enumerate(groups):
         colour = f"C{i}"
         mine = [c for c in curves if (c.contender, c.variant) == (name, variant)]
-        for c in mine:
-            ax.plot(c.seconds(cfg.clock), c.psnr, color=colour, alpha=0.3, lw=0.8)
+        for c in mine:  # a one-point curve (an answer without iterations: the analytic inversion) is a dot
+            ax.plot(c.seconds(cfg.clock), c.psnr, color=colour, alpha=0.3, lw=0.8,
+                    marker="o" if len(c.psnr) == 1 else None, ms=3)
         ends = max(c.seconds(cfg.clock)[-1] for c in mine)
         starts = min(c.seconds(cfg.clock)[0] for c in mine)
         grid = np.geomspace(max(starts, 1e-2), ends, 200)
         values = [[psnr_at(c.seconds(cfg.clock), c.psnr, t) for c in mine] for t in grid]
         med = [statistics.median(v) if all(x is not None for x in v) else np.nan for v in values]
         label = f"{name} {variant}".strip()
+        if np.isfinite(med).sum() < 2:  # every curve a single answer: its median time and PSNR as one marker
+            ax.plot([statistics.median(c.seconds(cfg.clock)[-1] for c in mine)],
+                    [statistics.median(c.psnr[-1] for c in mine)], color=colour, marker="o", ms=8, ls="",
+                    label=f"{label} (median of {len(mine)})")
+            continue
         ax.plot(grid, med, color=colour, lw=2.4, label=f"{label} (median of {len(mine)})")
     for lvl in cfg.levels:
         ax.axhline(lvl, color="grey", ls=":", lw=0.8)
