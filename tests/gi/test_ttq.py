@@ -111,8 +111,10 @@ def test_our_curve_is_the_analytic_answer_when_the_inversion_is_consistent(tmp_p
     """The default job on the DLG LeNet: labels → features with the conv inversion, no optimisation; the curve is
     one point, the inversion's image at the stages' seconds."""
     over = ["contenders=[gi]", "select=[3]", "every=5", "budget=1000", f"out={tmp_path / 'a'}"]
-    (c,) = json.loads((run_ttq(load_ttq_config(LENET, over)) / "curves.json").read_text())
+    out = run_ttq(load_ttq_config(LENET, over))
+    (c,) = json.loads((out / "curves.json").read_text())
     assert c["iterations"] == [0] and c["psnr"][0] > 40 and 0 < c["cpu"][0] < 60
+    assert (out / "ttq.png").stat().st_size > 1000 and "gi to 30 dB" in format_ttq(out)
     stages = c["info"]["stages"]
     assert stages[1]["analytic_inversion"] and stages[2]["skipped"] and stages[2]["iterations"] == 0
 
