@@ -252,11 +252,11 @@ def _conv_step(capture: Capture, layer: AnalyticLayer, gw: Tensor, a_out: Tensor
     z, valid = ACTIVATION_INVERSES[type(act)](a_out, act)
     if conv.bias is not None:
         z = z - state[f"{layer.prefix}.bias"].detach().cpu().double().view(-1, 1, 1)
-    delta = _delta_from_derivative(layer, grad_a, a_out)
+    slope = ACTIVATION_DERIVATIVES[type(act)](a_out, act)  # σ'(z): δ's factor and the forward rows' weights
+    delta = grad_a * slope  # eq. 6 (every activation with an inverse has its derivative registered)
     o = w.shape[0]
-    slope = ACTIVATION_DERIVATIVES[type(act)](a_out, act).reshape(o, -1)  # σ'(z): the forward rows' weights
     solved = solve_conv(conv, layer.in_shape, w, z.reshape(o, -1), valid.reshape(o, -1), delta.reshape(o, -1),
-                        gw, slope)
+                        gw, slope.reshape(o, -1))
     forward = solved.forward_residual
     unread = f", {solved.unread} input entries no window reads" if solved.unread else ""
     report = LayerReport(layer.prefix, f"least-squares ({solved.solver}{unread})", solved.rows, solved.unknowns,
