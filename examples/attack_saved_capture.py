@@ -27,7 +27,9 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iterations", type=int, default=300, help="attack iterations (the default preset's L-BFGS)")
+    parser.add_argument("--iterations", type=int, default=300,
+                        help="attack iterations (the default preset's L-BFGS; only used where a capture is optimised: "
+                        "the DLG LeNet of configs/demo.yaml is answered by the analytic inversion)")
     parser.add_argument("--out", help="parent folder of the two output directories (default: a temporary one)")
     args = parser.parse_args(argv)
 
