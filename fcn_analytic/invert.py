@@ -273,12 +273,15 @@ LAYER_ROUTES: dict[type, Callable[..., tuple[Tensor, Tensor | None, LayerReport]
 
 
 def invert(capture: Capture, label_result: LabelResult | None = None, features: Tensor | None = None) -> FCNInversion:
-    """Reconstruct the input image of a fully-connected GIModel from one sample's gradient (§4.2, eq. 6–7).
+    """Reconstruct the input image of a GIModel whose body is :data:`PATTERN` from one sample's gradient, layer
+    by layer from the last one: a Linear layer by eq. 7 (§4.2), a convolution by
+    :func:`fcn_analytic.conv.solve_conv` (R-GAP); eq. 6 carries ∂L/∂a down.
 
     ``features`` (the last-layer input) default to :func:`last_layer_features` of ``label_result`` (e.g. the
-    ``soft-lambda`` result). Works with bias-free and biased layers (a bias gives δ directly), ReLU masks and
-    other activations through their derivative. Raises :class:`GIError` for a net that is not fully
-    connected or a layer whose gradient is all zero, :class:`CaptureError` for a capture that lacks a layer.
+    ``soft-lambda`` result). Works with bias-free and biased layers (a bias gives a Linear layer's δ directly),
+    ReLU masks and other activations through their derivative (and, after a convolution, their inverse). Raises
+    :class:`GIError` for a body outside the pattern or a layer whose gradient is all zero, :class:`CaptureError`
+    for a capture that lacks a layer.
     """
     start = time.perf_counter()
     capture.check()
@@ -315,9 +318,8 @@ def invert(capture: Capture, label_result: LabelResult | None = None, features: 
             raise CaptureError(f"shared {layer.prefix}.weight has shape {tuple(gw.shape)}, the model's layer is "
                                f"{tuple(layer.module.weight.shape)}: capture and model differ")
         step = LAYER_ROUTES[type(layer.module)]
-        shape = layer.out_shape if isinstance(layer.module, nn.Conv2d) else (-1,)
-        a_in, grad_a, report = step(capture, layer, gw, a_out.reshape(shape), grad_a.reshape(shape),
-                                    need_grad=i > 0)
+        a_in, grad_a, report = step(capture, layer, gw, a_out.reshape(layer.out_shape),
+                                    grad_a.reshape(layer.out_shape), need_grad=i > 0)
         reports.append(report)
         recovered[layer.prefix] = a_in
         a_out = a_in

@@ -238,9 +238,10 @@ def _prior(captures: list[Capture], label_results: list[LabelResult | None],
     given = list(given) if given is not None else [None] * len(captures)
     priors = [g if g is not None else analytic_prior(c, lr) for c, lr, g in zip(captures, label_results, given)]
     if any(p is None for p in priors) or captures[0].num_samples != 1:
-        raise ConfigError("attack.init=analytic needs one sample of a net fcn_analytic.invert covers (fully "
-                          "connected, or (Conv2d → invertible activation)* → Flatten → (Linear → activation)*); "
-                          "use attack.init=uniform")
+        from fcn_analytic.invert import PATTERN
+
+        raise ConfigError(f"attack.init=analytic needs one sample of a net fcn_analytic.invert covers (fully "
+                          f"connected, or {PATTERN}, invertible activations); use attack.init=uniform")
     return torch.stack(priors)
 
 
