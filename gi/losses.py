@@ -63,6 +63,19 @@ def binary_cross_entropy(logits: Tensor, targets: Tensor, temperature: float = 1
     return per.sum(1).mean()
 
 
+def output_error_loss(logits: Tensor, output_error: Tensor) -> Tensor:
+    """``(1/B) Σ_i ⟨z_i, δ_i⟩``: a loss whose gradient in z is the given output error ``δ_i/B``, frozen.
+
+    Its ∇θ is ``(1/B) Σ_i δ_iᵀ ∂z_i/∂θ``. With ``δ_i = B ∂L/∂z_i`` read at the client's point, this is the client's
+    ∇θL for any loss L (cross-entropy, focal, BCE, any temperature): the chain rule ∂L/∂θ = (∂L/∂z)ᵀ ∂z/∂θ. For one
+    sample with a last-layer bias, ``z = W f + b`` gives ``∂L/∂b = ∂L/∂z``, so δ is the shared bias gradient
+    (iDLG's observation, Zhao et al. 2020, read as a vector instead of a sign). Matching with δ frozen takes the
+    softmax out of the attack objective: for a ReLU net the dummy gradient is then piecewise affine in the image
+    (README, "ResNet-18: the captured output error").
+    """
+    return (logits * output_error).sum(1).mean()
+
+
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
 LOSSES: dict[str, Callable[..., LossFn]] = {

@@ -314,6 +314,9 @@ def reconstruct_stage(attack: ReconConfig, captures: Sequence[Capture], label_re
                 if residuals[i] is not None:
                     rec.history.update(answered_by="optimised from the analytic inversion" if init == "analytic"
                                        else "optimisation", analytic_residual=residuals[i])
+    used = sorted({r.history["output_error"] for r in recs if "output_error" in r.history})
+    if used:  # attack.output_error as resolved (auto: captured where the capture gives ∂L/∂z)
+        record["output_error"] = used[0] if len(used) == 1 else used
     record["seconds"] = time.perf_counter() - start
     record["cpu_seconds"] = time.process_time() - cpu  # this process's CPU time: on a loaded machine, the work
     log.info("reconstruct: %s, %d capture(s)%s in %.1f s", record["optimizer"], len(captures),

@@ -332,7 +332,8 @@ def results(module: GradientInversion, cfg: ReconConfig, seconds: float, threads
         best = int(torch.argmin(loss[i]))
         history = {"step": module.history["step"],
                    "objective": [o[i * r:(i + 1) * r] for o in module.history["objective"]],
-                   "threads": threads, "warnings": list(module.history.get("warnings", []))}
+                   "threads": threads, "warnings": list(module.history.get("warnings", [])),
+                   "output_error": "captured" if module.captured_error else "simulated"}
         out.append(Reconstruction(images=images[i, best], all_images=images[i], labels=labels[i, best],
                                   objective=loss[i], best_restart=best, history=history, seconds=seconds / n,
                                   iterations=cfg.iterations, all_labels=labels[i]))

@@ -11,6 +11,7 @@ LABEL_KINDS = ("fixed", "joint")
 BATCHINGS = ("auto", "vmap", "loop")
 SMALL_MODEL = 2_000_000  # parameters under which one CPU thread and vmap-batched restarts are the defaults
 BN_SOURCES = ("shared", "running")
+OUTPUT_ERRORS = ("simulated", "captured", "auto")
 
 
 @dataclass
@@ -74,6 +75,11 @@ class ReconConfig:
     took. Callbacks see every fit. A fit from ``init=analytic`` is not retried (it starts near its optimum).
     ``lbfgs_history``: L-BFGS curvature pairs (None: sized by the problem,
     :func:`gi.recon.optim.lbfgs_history`).
+    ``output_error``: the output error ∂L/∂z the dummy gradients are simulated with. ``simulated``: the
+    protocol's loss of the dummy logits and the slot labels (DLG and every paper). ``captured``: frozen at the one
+    the capture shares, ``δ = ∇b`` of the last layer for one FedSGD sample (:func:`gi.losses.output_error_loss`,
+    exact for any loss); the slot labels then only name the classes (report, features). ``auto``: ``captured``
+    where the capture gives it (one FedSGD sample, last-layer bias), else ``simulated``.
     """
 
     iterations: int = 1000
@@ -109,6 +115,7 @@ class ReconConfig:
     preset: str | None = None
     analytic: bool = True
     analytic_tol: float = 1.0e-2
+    output_error: str = "simulated"
 
     @classmethod
     def from_preset(cls, name: str, **keys: object) -> ReconConfig:
@@ -130,7 +137,7 @@ class ReconConfig:
         checks = (("objective", self.objective, OBJECTIVES), ("init", self.init, INITS),
                   ("schedule", self.schedule, SCHEDULES), ("optimizer", self.optimizer, OPTIMIZERS),
                   ("labels", self.labels, LABEL_KINDS), ("bn_stats", self.bn_stats, BN_SOURCES),
-                  ("batching", self.batching, BATCHINGS))
+                  ("batching", self.batching, BATCHINGS), ("output_error", self.output_error, OUTPUT_ERRORS))
         for key, value, allowed in checks:
             if value not in allowed:
                 raise ConfigError(f"attack.{key}={value!r} is not allowed; valid: {sorted(allowed)}")
@@ -140,6 +147,9 @@ class ReconConfig:
         for name in self.regularizers:
             if name not in REGULARIZERS:
                 raise ConfigError(f"attack.regularizers has unknown {name!r}; valid: {sorted(REGULARIZERS)}")
+        if self.output_error == "captured" and self.labels == "joint":
+            raise ConfigError("attack.output_error=captured reads ∂L/∂z from the capture, so joint labels have "
+                              "nothing to fit: use attack.labels=fixed, or attack.output_error=simulated (DLG)")
         if self.iterations < 1 or self.restarts < 1:
             raise ConfigError("attack.iterations and attack.restarts must be >= 1")
         if self.cull_after < 0:

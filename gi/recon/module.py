@@ -21,6 +21,7 @@ import torch
 from torch.func import vmap
 from torch.utils.data import DataLoader, Dataset
 
+from gi.losses import output_error_loss
 from gi.recon.config import ReconConfig
 from gi.recon.inits import INITS
 from gi.recon.objectives import FLAT_OBJECTIVES, OBJECTIVES
@@ -174,6 +175,9 @@ class GradientInversion(L.LightningModule):
             self.label_logits = torch.nn.Parameter(logits)
         else:
             self.register_buffer("soft", problem.soft.float().repeat_interleave(r, 0))
+        self.captured_error = problem.output_error is not None
+        if self.captured_error:  # the dummy gradients' ∂L/∂z, frozen at the capture's (ReconConfig.output_error)
+            self.register_buffer("output_error", problem.output_error.float().repeat_interleave(r, 0))
         self.register_buffer("best_loss", torch.full((n * r,), float("inf")))
         self.register_buffer("best_images", self.images.detach().clone())
         self.register_buffer("best_soft", self.current_soft().detach().clone())
@@ -183,12 +187,14 @@ class GradientInversion(L.LightningModule):
         gradients by plain autograd on the model's parameters, and for l2/cosine on small nets one concatenated
         √w-scaled vector per problem (a few dot products per step)."""
         problem, trained = self.problem, list(self.problem.targets)
+        loss = output_error_loss if problem.output_error is not None else None
         self.simulate = SIMULATORS[problem.kind](self.net, problem.protocol, self.names, num_samples=self.batch,
-                                                 history=problem.history, trained=trained, features=self.use_features)
+                                                 history=problem.history, trained=trained, features=self.use_features,
+                                                 loss=loss)
         self.simulate_one, self.flat = self.simulate, False
         if problem.kind == "gradient":
             self.simulate_one = SIMULATORS["gradient"](self.net, problem.protocol, self.names,
-                                                       features=self.use_features, autograd=True)
+                                                       features=self.use_features, autograd=True, loss=loss)
             numel = sum(getattr(self, f"target_{i}")[0].numel() for i in range(len(self.names)))
             if self.cfg.objective in FLAT_OBJECTIVES and self.names and numel <= FLAT_MAX:
                 self.flat = True
@@ -239,7 +245,8 @@ class GradientInversion(L.LightningModule):
         def pick(t: Tensor) -> Tensor:
             return t[rows] if rows is not None and t.shape[0] > 1 else t
 
-        ev = self.evaluation(images, pick(self.current_soft() if soft is None else soft), pick)
+        y = self.output_error if self.captured_error else (self.current_soft() if soft is None else soft)
+        ev = self.evaluation(images, pick(y), pick)
         parts = {name: weight * TERMS[name](images, ev) for name, weight in self.problem.terms.items()}
         return sum(parts.values()), parts
 

@@ -91,7 +91,7 @@ register_preset("ig", {"optimizer": "adam", "lr": 0.1, "signed": True, "schedule
 register_preset("resnet", {"optimizer": "adam", "lr": 0.025, "signed": True, "schedule": "multistep",
                            "objective": "cosine", "iterations": 1067, "restarts": 1, "cull_after": 0,
                            "regularizers": {"tv": 2.0e-3}, "init": "gaussian", "feature_weight": 0.0,
-                           "last_layer_weight": 1.0, "labels": "fixed"})
+                           "last_layer_weight": 1.0, "labels": "fixed", "output_error": "auto"})
 for _model in ("resnet18", "resnet32", "resnet50"):
     register_model_preset(_model, "resnet")
 

@@ -35,11 +35,12 @@ class Problem:
     a layer, see :func:`match_weights`); ``soft`` (N, B, C): the slot labels, fixed targets or the start of joint
     labels (None: joint labels from a random start); ``features`` (N, B, D): f* of eq. 8 (needed by the
     ``features`` term); ``prior`` (N, B, C, H, W): the image estimate of ``init=analytic``; ``bn_targets``
-    {module: (mean, var)} for the ``bn`` term; ``kind``: the simulator (``gradient`` or ``update``); ``terms``:
-    {term: weight} of the objective, summed in this order (:mod:`gi.recon.terms`); ``batching``: ``vmap`` (all
-    rows in one vectorised call) or ``loop`` (one row at a time); ``ids``: the positions of the N captures in the
-    list given to :func:`gi.recon.reconstruct_many` (a pack chunk or a retry holds some of them; callbacks follow
-    the captures across problems by them; empty: 0 … N−1).
+    {module: (mean, var)} for the ``bn`` term; ``output_error`` (N, B, C): the captured ∂L/∂z the dummy gradients
+    are simulated with (:func:`output_errors`; None: simulated from ``soft``); ``kind``: the simulator
+    (``gradient`` or ``update``); ``terms``: {term: weight} of the objective, summed in this order
+    (:mod:`gi.recon.terms`); ``batching``: ``vmap`` (all rows in one vectorised call) or ``loop`` (one row at a
+    time); ``ids``: the positions of the N captures in the list given to :func:`gi.recon.reconstruct_many` (a pack
+    chunk or a retry holds some of them; callbacks follow the captures across problems by them; empty: 0 … N−1).
     """
 
     model: torch.nn.Module
@@ -57,6 +58,7 @@ class Problem:
     prior: Tensor | None = None
     bn_targets: dict[str, tuple[Tensor, Tensor]] | None = None
     ids: tuple[int, ...] = ()
+    output_error: Tensor | None = None
 
     def __post_init__(self) -> None:
         if "features" in self.terms and self.features is None:
@@ -166,6 +168,35 @@ def analytic_prior(capture: Capture, label_result: LabelResult | None) -> Tensor
         return invert(capture, label_result).image
     except GIError:
         return None
+
+
+def captured_output_error(capture: Capture) -> Tensor | None:
+    """``δ = ∂L/∂z`` (1, C) of a one-sample FedSGD capture: its last-layer bias gradient (``z = W f + b`` gives
+    ``∂L/∂b = ∂L/∂z`` whatever the loss); None for a batch (∇b is the mean of B errors), an update or a
+    bias-free last layer."""
+    if capture.is_update or capture.num_samples != 1:
+        return None
+    _, gb = capture.last_layer(torch.float32)
+    return None if gb is None else gb.reshape(1, -1)
+
+
+def output_errors(captures: Sequence[Capture], mode: str, joint: bool = False) -> Tensor | None:
+    """The output errors (N, 1, C) ``attack.output_error`` asks for (:func:`captured_output_error` of every
+    capture): ``simulated`` and joint labels give None, ``auto`` None unless every capture gives one, ``captured``
+    a ConfigError naming what is missing."""
+    if mode == "simulated" or (joint and mode == "auto"):
+        return None
+    rows = [captured_output_error(c) for c in captures]
+    if all(r is not None for r in rows):
+        return torch.stack(rows)
+    if mode == "auto":
+        return None
+    c = captures[[r is None for r in rows].index(True)]
+    why = ("it shares an update, not a gradient" if c.is_update else
+           f"it has {c.num_samples} samples (∇b is the mean of their errors)" if c.num_samples != 1 else
+           f"its last layer {c.last_layer_name!r} has no bias gradient")
+    raise ConfigError(f"attack.output_error=captured needs one FedSGD sample with a last-layer bias, but {why}; "
+                      "use attack.output_error=auto (falls back to simulated) or simulated")
 
 
 def bn_targets(capture: Capture, model: torch.nn.Module, source: str) -> dict[str, tuple[Tensor, Tensor]]:
@@ -279,4 +310,5 @@ def build_problem(captures: Sequence[Capture], label_results: Sequence[LabelResu
         features=_feature_rows(captures, label_results, features, soft, classes) if cfg.feature_weight > 0 else None,
         prior=_prior(captures, label_results, priors) if cfg.init == "analytic" else None,
         bn_targets=bn_targets(first, model, cfg.bn_stats) if cfg.regularizers.get("bn") else None,
+        output_error=output_errors(captures, cfg.output_error, joint=cfg.labels == "joint"),
     )

@@ -21,7 +21,7 @@ from torch.func import functional_call, grad
 from gi.core.errors import ConfigError
 from gi.fl.local import local_train, slot_schedule
 from gi.fl.protocol import Protocol
-from gi.losses import loss_for
+from gi.losses import LossFn, loss_for
 from gi.models import features_and_logits, last_layer_of
 
 Tensor = torch.Tensor
@@ -54,16 +54,18 @@ def _caller(model: nn.Module) -> Callable[[State, Tensor], tuple[Tensor | None, 
 
 
 def gradient_simulator(model: nn.Module, protocol: Protocol, names: list[str], features: bool = False,
-                       autograd: bool = False, **_: Any) -> Simulator:
+                       autograd: bool = False, loss: LossFn | None = None, **_: Any) -> Simulator:
     """FedSGD: ``∇θ L(f_θ(x), y)`` of the mean loss over the batch (docs/architecture.md), only for ``names``;
-    ``features``: also return ``f_{N−1}(x)`` (free: the same forward pass).
+    ``features``: also return ``f_{N−1}(x)`` (free: the same forward pass). ``loss``: ``(logits, y) -> scalar``
+    instead of the protocol's (:func:`gi.losses.loss_for`), e.g. :func:`gi.losses.output_error_loss` with
+    ``y`` the captured output error.
 
     ``autograd=True``: one problem per call with ``torch.autograd.grad(create_graph=True)`` on the model's own
     parameters, which this sets to ``requires_grad`` (so callers must back-propagate with ``inputs=``); no
     ``functional_call``/``torch.func`` overhead, but it cannot be vmapped (the one-problem-at-a-time path).
     """
     # Parameters and buffers are looked up at call time: Lightning moves the module to its device after this.
-    call, loss_fn = _caller(model), loss_for(protocol)
+    call, loss_fn = _caller(model), loss or loss_for(protocol)
     if autograd:
         forward = FeaturesAndLogits(model)
         params = dict(model.named_parameters())
