@@ -105,13 +105,16 @@ def test_the_optimisation_starts_from_the_inversion_above_the_tolerance_or_runs_
     stages = polish.metrics["stages"]
     assert stages[2]["optimizer"] == PRESETS["default"]["optimizer"] and stages[2]["preset"] == "default"
     assert stages[2]["init"].startswith("analytic") and "analytic_captures" not in stages[2]
+    assert stages[2]["output_error"] == "simulated"  # the default preset: the labels' cross-entropy
     assert polish.reconstruction.history.get("retries") is None  # a fit from the inversion is not retried
     assert polish.metrics["psnr_min"] > 40
     (row,) = list(csv.DictReader((tmp_path / "p" / "results.csv").open()))
     assert row["answered_by"] == "optimised from the analytic inversion" and float(row["analytic_residual"]) > 0
-    alone = run(load_run_config("configs/demo.yaml", FAST + [f"out={tmp_path / 'a'}", "attack.analytic=false"]))
+    alone = run(load_run_config("configs/demo.yaml", FAST + [f"out={tmp_path / 'a'}", "attack.analytic=false",
+                                                             "attack.output_error=auto"]))
     stages = alone.metrics["stages"]
     assert not stages[1]["analytic_inversion"] and stages[1]["analytic_why_not"] == "attack.analytic=false"
+    assert stages[2]["output_error"] == "captured" and alone.reconstruction.history["output_error"] == "captured"
     assert stages[2]["optimizer"] == PRESETS["default"]["optimizer"] and "init" not in stages[2]
     assert alone.metrics["psnr_min"] < 40  # 30 iterations from a random start
     (row,) = list(csv.DictReader((tmp_path / "a" / "results.csv").open()))
