@@ -118,11 +118,11 @@ def solve_conv(conv: nn.Conv2d, in_shape: tuple[int, int, int], weight: Tensor, 
     rhs = rhs[:n]
     read = gram.diagonal() > 0  # an input pixel no kernel window reads (stride / no padding) is not determined
     if bool(read.all()):
-        x, solver = _solve_spd(gram.contiguous(), rhs)
+        x, solver = solve_normal_equations(gram.contiguous(), rhs)
     else:
         keep = read.nonzero()[:, 0]
         x = torch.zeros(n, dtype=torch.float64)
-        x[keep], solver = _solve_spd(gram[keep][:, keep].contiguous(), rhs[keep])
+        x[keep], solver = solve_normal_equations(gram[keep][:, keep].contiguous(), rhs[keep])
     xs = x.view(1, *in_shape)
     kw = dict(stride=conv.stride, padding=conv.padding, dilation=conv.dilation)
     fwd = F.conv2d(xs, weight.double(), **kw)[0].reshape(o, p)
@@ -134,15 +134,16 @@ def solve_conv(conv: nn.Conv2d, in_shape: tuple[int, int, int], weight: Tensor, 
     return ConvSolve(x.view(in_shape), g_res, f_res, rows, n, solver, int((~read).sum()))
 
 
-def _solve_spd(gram: Tensor, rhs: Tensor) -> tuple[Tensor, str]:
-    """Solve ``gram x = rhs`` for the symmetric normal matrix: LAPACK's Cholesky (scipy, in place; about 3× torch's
-    ``cholesky_ex``, which also copies a triangle, on one CPU thread for n = 3072), else a least-squares solve
-    (rank-deficient: e.g. dead ReLUs) that returns the minimum-norm answer."""
+def solve_normal_equations(gram: Tensor, rhs: Tensor) -> tuple[Tensor, str]:
+    """Solve ``gram x = rhs`` (float64) for a symmetric positive semi-definite normal matrix: LAPACK's Cholesky
+    (scipy, in place; about 3× torch's ``cholesky_ex``, which also copies a triangle, on one CPU thread for
+    n = 3072), else a least-squares solve (rank-deficient: e.g. dead ReLUs) that returns the minimum-norm answer.
+    Returns ``(x, "cholesky" | "lstsq")``. ``gram`` must be C-contiguous; it is overwritten (the factor)."""
     import numpy as np
     import scipy.linalg as sl
     from threadpoolctl import threadpool_limits
 
-    g = gram.numpy()
+    g, diagonal = gram.numpy(), gram.diagonal().clone()
     # LAPACK as many threads as torch has (``gi --threads 1`` timings stay one thread)
     with threadpool_limits(limits=torch.get_num_threads(), user_api="blas"):
         try:  # a symmetric C-ordered matrix is its own Fortran-ordered transpose: factor it without a copy
@@ -152,7 +153,11 @@ def _solve_spd(gram: Tensor, rhs: Tensor) -> tuple[Tensor, str]:
                 return torch.from_numpy(x), "cholesky"
         except (np.linalg.LinAlgError, ValueError):
             pass
-    return torch.linalg.lstsq(gram, rhs.unsqueeze(1), driver="gelsd").solution[:, 0], "lstsq"
+    # the factorisation overwrote the diagonal and one triangle in place: rebuild the matrix from the other one
+    lower = torch.tril(gram, -1)
+    gram = lower + lower.T + torch.diag(diagonal)
+    # gelsy (complete orthogonal factorisation): the same minimum-norm answer as gelsd's SVD in about half the time
+    return torch.linalg.lstsq(gram, rhs.unsqueeze(1), driver="gelsy").solution[:, 0], "lstsq"
 
 
 def fwd_shape(conv: nn.Conv2d, in_shape: tuple[int, int, int]) -> tuple[int, int]:

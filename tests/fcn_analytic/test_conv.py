@@ -13,7 +13,7 @@ from torch import nn
 
 import fcn_analytic
 import labels
-from fcn_analytic.conv import conv_input_gradient, fwd_shape, solve_conv, window_index
+from fcn_analytic.conv import conv_input_gradient, fwd_shape, solve_conv, solve_normal_equations, window_index
 from gi import data as gdata
 from gi.capture import Capture, capture_gradients
 from gi.core.errors import CaptureError, GIError
@@ -201,3 +201,20 @@ def test_bodies_outside_the_pattern_and_missing_layers_are_clear_errors():
     grouped = nn.Conv2d(4, 4, 3, groups=2)
     with pytest.raises(GIError, match="grouped convolution"):
         fcn_analytic.conv.check_conv(grouped, "body.0")
+
+
+def test_a_failed_cholesky_leaves_the_least_squares_fallback_the_original_matrix():
+    """The in-place Cholesky overwrites the diagonal and a triangle before it finds the matrix singular; the
+    fallback must still solve the original system: its minimum-norm solution, to rounding."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(40, 25, dtype=torch.float64, generator=g)
+    gram = a @ a.T  # rank 25 of 40: Cholesky fails late, after most columns are factored
+    rhs = gram @ torch.randn(40, dtype=torch.float64, generator=g)
+    expected = torch.linalg.pinv(gram) @ rhs
+    x, solver = solve_normal_equations(gram.clone(), rhs)
+    assert solver == "lstsq"
+    torch.testing.assert_close(x, expected, rtol=1e-6, atol=1e-8)
+    spd = gram + torch.eye(40, dtype=torch.float64)
+    x, solver = solve_normal_equations(spd.clone(), rhs)
+    assert solver == "cholesky"
+    torch.testing.assert_close(spd @ x, rhs, rtol=1e-9, atol=1e-9)
