@@ -71,7 +71,7 @@ def output_error_loss(logits: Tensor, output_error: Tensor) -> Tensor:
     sample with a last-layer bias, ``z = W f + b`` gives ``∂L/∂b = ∂L/∂z``, so δ is the shared bias gradient
     (iDLG's observation, Zhao et al. 2020, read as a vector instead of a sign). Matching with δ frozen takes the
     softmax out of the attack objective: for a ReLU net the dummy gradient is then piecewise affine in the image
-    (README, "ResNet-18: the captured output error").
+    (README, "ResNet-18, one image": "The captured output error").
     """
     return (logits * output_error).sum(1).mean()
 

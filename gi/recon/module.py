@@ -175,7 +175,6 @@ class GradientInversion(L.LightningModule):
             self.label_logits = torch.nn.Parameter(logits)
         else:
             self.register_buffer("soft", problem.soft.float().repeat_interleave(r, 0))
-        self.captured_error = problem.output_error is not None
         if self.captured_error:  # the dummy gradients' ∂L/∂z, frozen at the capture's (ReconConfig.output_error)
             self.register_buffer("output_error", problem.output_error.float().repeat_interleave(r, 0))
         self.register_buffer("best_loss", torch.full((n * r,), float("inf")))
@@ -187,7 +186,7 @@ class GradientInversion(L.LightningModule):
         gradients by plain autograd on the model's parameters, and for l2/cosine on small nets one concatenated
         √w-scaled vector per problem (a few dot products per step)."""
         problem, trained = self.problem, list(self.problem.targets)
-        loss = output_error_loss if problem.output_error is not None else None
+        loss = output_error_loss if self.captured_error else None
         self.simulate = SIMULATORS[problem.kind](self.net, problem.protocol, self.names, num_samples=self.batch,
                                                  history=problem.history, trained=trained, features=self.use_features,
                                                  loss=loss)
@@ -209,6 +208,12 @@ class GradientInversion(L.LightningModule):
         half of vmap's ``torch.func`` transforms there (DLG LeNet, one 32 px image, one thread: 5.9-7.2 ms
         against 9.5-14.3 ms per objective + backward; the same objective, rounding aside)."""
         return self.problem.batching == "vmap" and self.images.shape[0] > 1
+
+    @property
+    def captured_error(self) -> bool:
+        """Whether the dummy gradients use the captured output error (:attr:`Problem.output_error`), so the labels
+        do not enter the objective."""
+        return self.problem.output_error is not None
 
     def current_soft(self) -> Tensor:
         """Soft labels (P, B, C) the dummy data is trained with: fixed, or softmax of the joint logits."""

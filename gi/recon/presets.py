@@ -90,7 +90,7 @@ register_preset("ig", {"optimizer": "adam", "lr": 0.1, "signed": True, "schedule
 # 0.1, a grey start, the layer-wise cosine, the first decay at 300 instead of 400 (30.9 vs 33.1 dB at 300 s).
 # What did help: the captured output error (output_error auto: the dummy gradients use the capture's dL/dz = the
 # last-layer bias gradient, not softmax(dummy logits) - labels). Same start, same loop, 300 CPU-s, cifar10-samples
-# 0-3 (the working copy of scripts/probe_output_error.py): image 1 19.19 -> 26.20 dB; image 0 even at 150 s (24.02
+# 0-3 (scripts/probe_output_error.py): image 1 19.19 -> 26.20 dB; image 0 even at 150 s (24.02
 # vs 24.03 dB); images 2 and 3 ~27.2 and ~25.3 dB at 260 s against 24.3 and 24.6 dB for the simulated error.
 # In the bench over cifar10-samples 0-9 (same start per image): simulated 24.94 / 25.56 / 13.74 dB (mean / median /
 # min), captured 28.87 / 28.85 / 23.24 dB; the simulated error stalls at 14-19 dB on 3 images, the captured on
