@@ -130,9 +130,24 @@ def test_the_truth_monitor_draws_a_captures_first_fit_not_its_retry():
             monitor.on_train_batch_end(trainer, module, None, None, step)
 
     fit((0, 1), 0.1)  # a pack chunk of captures 0 and 1
-    assert monitor.steps == []  # capture 2 not scored yet
+    assert monitor.fitted == [0, 1] and monitor.psnr == pytest.approx([20.0, 20.0])  # capture 2 not scored yet
     fit((2,), 0.01)  # the chunk of capture 2
     fit((1,), 0.5)  # a retry of capture 1: not drawn
     assert monitor.steps == [0, 1]
     assert monitor.per_capture[0] == pytest.approx([20.0, 20.0, 40.0])  # PSNR of 0.1 and 0.01 against zeros
     assert monitor.part(2, 3).psnr == pytest.approx([40.0, 40.0])
+
+
+def test_a_run_with_analytically_answered_captures_still_draws_the_optimised_ones_psnr(tmp_path):
+    """A mixed run (some captures answered by the analytic inversion, never optimised) drew no psnr.png: the curve
+    now averages the optimised captures, and the legend says how many were answered."""
+    from gi.capture import Truth
+    from gi.experiments.attack import truth_monitor
+
+    truths = [Truth(images=torch.zeros(1, 3, 4, 4), labels=torch.tensor([0]), counts=torch.tensor([1]),
+                    targets=torch.tensor([[1.0]])) for _ in range(3)]
+    monitor = truth_monitor(truths, every=1)
+    monitor.curves.update({0: {0: 10.0, 5: 12.0}, 2: {0: 20.0, 5: 30.0, 7: 31.0}})  # capture 1: answered
+    assert monitor.fitted == [0, 2] and monitor.steps == [0, 5]
+    assert monitor.psnr == pytest.approx([15.0, 21.0])
+    assert truth_monitor(truths, every=1).steps == []  # nothing optimised: no curve
