@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from fcn_analytic.activations import ACTIVATION_DERIVATIVES, ACTIVATION_INVERSES
 from fcn_analytic.features import feature_source, last_layer_features, output_gradient
-from fcn_analytic.invert import AnalyticLayer, FCNInversion, LayerReport, analytic_layers, invert
+from fcn_analytic.invert import AnalyticLayer, FCNInversion, LayerReport, analytic_layers, invert, layer_error
 
 __all__ = [
     "ACTIVATION_DERIVATIVES",
@@ -21,6 +21,7 @@ __all__ = [
     "analytic_layers",
     "feature_source",
     "invert",
+    "layer_error",
     "last_layer_features",
     "output_gradient",
 ]

@@ -57,17 +57,25 @@ class LayerReport:
 @dataclass
 class FCNInversion:
     """``image`` (1, C, H, W) in [0, 1]; ``raw`` the un-clipped float64 pixels; ``features`` the recovered
-    input of every layer by parameter prefix; ``layers`` one :class:`LayerReport` per layer, last first."""
+    input of every layer by parameter prefix; ``layers`` one :class:`LayerReport` per layer, last first.
 
-    image: Tensor
-    raw: Tensor
+    An inversion stopped by ``invert(..., stop_above=)`` is incomplete: ``image`` and ``raw`` are None,
+    ``layers`` ends with the layer that broke the bound and ``info["stopped_at"]`` names it."""
+
+    image: Tensor | None
+    raw: Tensor | None
     features: dict[str, Tensor]
     layers: list[LayerReport]
     info: dict[str, Any] = field(default_factory=dict)
 
     @property
     def exact(self) -> bool:
-        return all(layer.exact for layer in self.layers)
+        return self.complete and all(layer.exact for layer in self.layers)
+
+    @property
+    def complete(self) -> bool:
+        """Whether every layer was solved down to the image (False: stopped by ``stop_above``)."""
+        return self.image is not None
 
 
 @dataclass
@@ -272,7 +280,13 @@ LAYER_ROUTES: dict[type, Callable[..., tuple[Tensor, Tensor | None, LayerReport]
 }
 
 
-def invert(capture: Capture, label_result: LabelResult | None = None, features: Tensor | None = None) -> FCNInversion:
+def layer_error(report: LayerReport) -> float:
+    """A layer's inconsistency: the larger of its gradient residual and its forward mismatch."""
+    return max(report.residual, report.forward_error or 0.0)
+
+
+def invert(capture: Capture, label_result: LabelResult | None = None, features: Tensor | None = None,
+           stop_above: float | None = None) -> FCNInversion:
     """Reconstruct the input image of a GIModel whose body is :data:`PATTERN` from one sample's gradient, layer
     by layer from the last one: a Linear layer by eq. 7 (§4.2), a convolution by
     :func:`fcn_analytic.conv.solve_conv` (R-GAP); eq. 6 carries ∂L/∂a down.
@@ -282,6 +296,11 @@ def invert(capture: Capture, label_result: LabelResult | None = None, features: 
     ReLU masks and other activations through their derivative (and, after a convolution, their inverse). Raises
     :class:`GIError` for a body outside the pattern or a layer whose gradient is all zero, :class:`CaptureError`
     for a capture that lacks a layer.
+
+    ``stop_above``: stop the walk at the first layer whose :func:`layer_error` reaches it, when a layer is left
+    below. An error there carries into every layer below it, so a caller that discards inversions worse than a
+    bound loses nothing and skips the solves below (a ReLU LeNet: the lowest, rank-deficient least-squares solve,
+    the most expensive). The result is then incomplete (:attr:`FCNInversion.complete`).
     """
     start = time.perf_counter()
     capture.check()
@@ -323,6 +342,10 @@ def invert(capture: Capture, label_result: LabelResult | None = None, features: 
         reports.append(report)
         recovered[layer.prefix] = a_in
         a_out = a_in
+        if stop_above is not None and i > 0 and layer_error(report) >= stop_above:
+            info = {"seconds": time.perf_counter() - start, "layers": len(reports), "stopped_at": layer.prefix,
+                    "stop_above": stop_above}
+            return FCNInversion(None, None, recovered, reports, info)
     shape = tuple(capture.model_spec["in_shape"])
     mean, std = _normalization(capture, shape[0])
     raw = (a_out.view(shape) * std + mean).unsqueeze(0)

@@ -236,8 +236,8 @@ def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_result
         if lr is None or c.num_samples != 1 or c.is_update or inversions is None:
             inversions = None
             break
-        try:
-            inversions.append(invert(c, lr))
+        try:  # an inversion that breaks the bound is neither answer nor start: the layers below are not solved
+            inversions.append(invert(c, lr, stop_above=max(INIT_MAX_RESIDUAL, attack.analytic_tol)))
         except GIError:
             inversions = None
     residual = None
@@ -249,10 +249,18 @@ def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_result
               "analytic_residual": residual, "seconds": time.perf_counter() - start,
               "cpu_seconds": time.process_time() - cpu}
     if inversions:  # per layer (last first), per capture: how it was solved and how consistent it came out
-        record["analytic_layers"] = [{"name": layer.name, "route": layer.route,
-                                      "residual": [inv.layers[k].residual for inv in inversions],
-                                      "forward": [inv.layers[k].forward_error for inv in inversions]}
-                                     for k, layer in enumerate(inversions[0].layers)]
+        deepest = max(inversions, key=lambda inv: len(inv.layers))  # a stopped inversion reports fewer layers
+        record["analytic_layers"] = [
+            {"name": layer.name, "route": layer.route,
+             "residual": [inv.layers[k].residual if k < len(inv.layers) else None for inv in inversions],
+             "forward": [inv.layers[k].forward_error if k < len(inv.layers) else None for inv in inversions]}
+            for k, layer in enumerate(deepest.layers)]
+        stopped = [inv.info["stopped_at"] for inv in inversions if not inv.complete]
+        if stopped:
+            record["analytic_stopped"] = (f"{len(stopped)} capture(s) stopped at layer(s) "
+                                          f"{', '.join(sorted(set(stopped)))}: residual >= "
+                                          f"{max(INIT_MAX_RESIDUAL, attack.analytic_tol):g}, neither answer nor "
+                                          "start, so the layers below were not solved")
     if not attack.analytic:
         record["analytic_why_not"] = "attack.analytic=false"
     if not available:
@@ -334,7 +342,9 @@ def inversion_residual(inversion: Any) -> float:
     """The largest relative residual of an ``fcn_analytic.invert`` result over its layers: each layer's gradient
     residual (rank-one for a Linear layer, the weight gradient's for a convolution) and its forward mismatch
     (0 up to rounding when the inversion is exact)."""
-    return max(max(r.residual, r.forward_error or 0.0) for r in inversion.layers)
+    from fcn_analytic import layer_error
+
+    return max(layer_error(r) for r in inversion.layers)
 
 
 def analytic_reconstruction(inversion: Any, label_result: LabelResult | None, capture: Capture) -> Reconstruction:
@@ -607,8 +617,9 @@ def write_outputs(tmp: Path, name: str, config: dict[str, Any], captures: Sequen
                         for r in range(len(recs[0].objective))}, "iteration", "attack objective", logy=True)
     layers = next((st.get("analytic_layers") for st in outcome.stages if st.get("analytic_layers")), None)
     if layers:  # the analytic inversion's residual per layer, from the last layer down to the input
-        series = {"gradient residual, largest": [max(la["residual"]) for la in layers],
-                  "gradient residual, median": [float(torch.tensor(la["residual"]).median()) for la in layers]}
+        solved = [[r for r in la["residual"] if r is not None] for la in layers]  # stopped inversions: fewer
+        series = {"gradient residual, largest": [max(rs) for rs in solved],
+                  "gradient residual, median": [float(torch.tensor(rs).median()) for rs in solved]}
         if any(f is not None for la in layers for f in la["forward"]):
             series["forward mismatch, largest"] = [max((f for f in la["forward"] if f is not None),
                                                        default=float("nan")) for la in layers]  # fc: none

@@ -218,3 +218,24 @@ def test_a_failed_cholesky_leaves_the_least_squares_fallback_the_original_matrix
     x, solver = solve_normal_equations(spd.clone(), rhs)
     assert solver == "cholesky"
     torch.testing.assert_close(spd @ x, rhs, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+def test_stop_above_ends_the_walk_at_the_first_layer_that_reaches_the_bound(activation):
+    """``invert(stop_above=b)`` solves the same layers as the full walk up to the first (non-input) layer whose error
+    reaches b, then stops with no image; below every error's reach it is the full walk. ReLU: rank-deficient."""
+    model = build("lenet", C, activation=activation, in_shape=(1, 16, 16), seed=2)
+    cap, _ = _capture(model, torch.rand(1, 1, 16, 16, generator=torch.Generator().manual_seed(5)))
+    result = labels.recover(cap, "soft-lambda")
+    full = fcn_analytic.invert(cap, result)
+    errors = [fcn_analytic.layer_error(layer) for layer in full.layers]
+    assert full.complete and len(errors) == 4
+    for bound in sorted({*errors[1:3], errors[3] * 2 + 1}):
+        stopped = fcn_analytic.invert(cap, result, stop_above=bound)
+        first = next((k for k in range(1, 3) if errors[k] >= bound), None)  # layers[3] is the input layer
+        if first is None:
+            assert stopped.complete and torch.equal(stopped.image, full.image)
+            continue
+        assert not stopped.complete and stopped.image is None and not stopped.exact
+        assert stopped.info["stopped_at"] == full.layers[first].name
+        assert [fcn_analytic.layer_error(layer) for layer in stopped.layers] == pytest.approx(errors[:first + 1])

@@ -127,9 +127,31 @@ def test_an_inversion_far_off_is_no_start(tmp_path):
     result = run(load_run_config("configs/demo.yaml", FAST + ["model.activation=relu", f"out={tmp_path / 'r'}"]))
     features, reconstruct = result.metrics["stages"][1:]
     assert features["analytic_inversion"] and features["analytic_residual"] >= INIT_MAX_RESIDUAL
+    # the walk stops at the layer that breaks the bound: the input layer's costly solve is skipped
+    assert features["analytic_stopped"].startswith("1 capture(s) stopped at layer(s) body.")
+    assert [la["name"] for la in features["analytic_layers"]] == ["fc", "body.4", "body.2"]  # body.0 not solved
+    assert (tmp_path / "r" / "analytic.png").is_file()
     assert "init" not in reconstruct and reconstruct["init_not_analytic"].startswith("1 capture(s)")
     (row,) = list(csv.DictReader((tmp_path / "r" / "results.csv").open()))
     assert row["answered_by"] == "optimisation" and float(row["analytic_residual"]) >= INIT_MAX_RESIDUAL
+
+
+def test_a_run_mixing_answered_stopped_and_optimised_captures_records_and_draws_all(tmp_path):
+    """ReLU LeNet, cifar10-samples 0 and 1: their worst layers (body.2) come out at 0.30 and 0.38, so with
+    attack.analytic_tol=0.35 image 0 is answered by the full inversion, image 1's walk stops at body.2 and is
+    optimised. The per-layer record pads the stopped capture with None; both plots are drawn."""
+    result = run(load_run_config("configs/demo.yaml", FAST + [
+        "model.activation=relu", "data.indices=null", "data.images=[0, 1]", "attack.analytic_tol=0.35",
+        f"out={tmp_path / 'r'}"]))
+    features, reconstruct = result.metrics["stages"][1:]
+    assert features["analytic_stopped"] == ("1 capture(s) stopped at layer(s) body.2: residual >= 0.35, neither "
+                                            "answer nor start, so the layers below were not solved")
+    layers = features["analytic_layers"]
+    assert [la["name"] for la in layers] == ["fc", "body.4", "body.2", "body.0"]
+    assert layers[-1]["residual"][0] is not None and layers[-1]["residual"][1] is None
+    assert reconstruct["analytic_captures"] == 1
+    assert [r.history["answered_by"] for r in result.reconstructions] == ["analytic inversion", "optimisation"]
+    assert (tmp_path / "r" / "analytic.png").is_file() and (tmp_path / "r" / "psnr.png").is_file()
 
 
 def test_images_are_separate_captures_with_per_image_rows(tmp_path):
