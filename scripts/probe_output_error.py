@@ -9,8 +9,8 @@ only.
 
     PYTHONPATH=$PWD python scripts/probe_output_error.py IMAGE MODE BUDGET SEED [OUT.json]
 
-``MODE`` is ``{ce|delta}-{cos|l2}-{adam|lbfgs|hyb}``; environment: ``TV``, ``LR``, ``SWITCH`` (400), ``OBJ2``
-(``l2``: the distance after the switch).
+``MODE`` is ``{ce|delta}-{cos|l2}-{adam|lbfgs|hyb}``; environment: ``TV``, ``LR``, ``MILESTONES`` (Adam's
+decays, ``400,667,933``), ``SWITCH`` (400), ``OBJ2`` (``l2``: the distance after the switch).
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ def main(image: int, mode: str, budget: float, seed: int, out: str | None) -> No
         opt: torch.optim.Optimizer = lbfgs()
     else:
         opt = torch.optim.Adam([x], lr=float(os.environ.get("LR", "0.025")))
-        sched = torch.optim.lr_scheduler.MultiStepLR(opt, [400, 667, 933], 0.1)
+        milestones = [int(m) for m in os.environ.get("MILESTONES", "400,667,933").split(",")]
+        sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones, 0.1)
     curve: list[tuple[int, float, float, float]] = []
     it, excluded = 0, 0.0
     while time.process_time() - start - excluded < budget:
