@@ -94,7 +94,8 @@ register_preset("ig", {"optimizer": "adam", "lr": 0.1, "signed": True, "schedule
 # vs 24.03 dB); images 2 and 3 ~27.2 and ~25.3 dB at 260 s against 24.3 and 24.6 dB for the simulated error.
 # In the bench over cifar10-samples 0-9 (same start per image): simulated 24.94 / 25.56 / 13.74 dB (mean / median /
 # min), captured 28.87 / 28.85 / 23.24 dB; the simulated error stalls at 14-19 dB on 3 images, the captured on
-# none. Against breaching: README, ResNet-18 paragraph.
+# none at seed 0 (at seed 1 it stalls on 2 of 10, near 18 dB). Against breaching: README, ResNet-18 paragraph.
+# The first decay at 533 instead of 400 under the captured error: not better (images 1 and 5, README).
 register_preset("resnet", {"optimizer": "adam", "lr": 0.025, "signed": True, "schedule": "multistep",
                            "objective": "cosine", "iterations": 1067, "restarts": 1, "cull_after": 0,
                            "regularizers": {"tv": 2.0e-3}, "init": "gaussian", "feature_weight": 0.0,
