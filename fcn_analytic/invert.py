@@ -298,9 +298,10 @@ def invert(capture: Capture, label_result: LabelResult | None = None, features: 
     for a capture that lacks a layer.
 
     ``stop_above``: stop the walk at the first layer whose :func:`layer_error` reaches it, when a layer is left
-    below. An error there carries into every layer below it, so a caller that discards inversions worse than a
-    bound loses nothing and skips the solves below (a ReLU LeNet: the lowest, rank-deficient least-squares solve,
-    the most expensive). The result is then incomplete (:attr:`FCNInversion.complete`).
+    below. The inversion's largest layer error is then at or above the bound whatever the layers below give, so
+    a caller that discards inversions worse than the bound loses nothing and skips the solves below (a ReLU
+    LeNet: the lowest, rank-deficient least-squares solve, the most expensive). The result is then incomplete
+    (:attr:`FCNInversion.complete`).
     """
     start = time.perf_counter()
     capture.check()

@@ -237,7 +237,7 @@ def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_result
             inversions = None
             break
         try:  # an inversion that breaks the bound is neither answer nor start: the layers below are not solved
-            inversions.append(invert(c, lr, stop_above=max(INIT_MAX_RESIDUAL, attack.analytic_tol)))
+            inversions.append(invert(c, lr, stop_above=unusable_above(attack)))
         except GIError:
             inversions = None
     residual = None
@@ -259,7 +259,7 @@ def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_result
         if stopped:
             record["analytic_stopped"] = (f"{len(stopped)} capture(s) stopped at layer(s) "
                                           f"{', '.join(sorted(set(stopped)))}: residual >= "
-                                          f"{max(INIT_MAX_RESIDUAL, attack.analytic_tol):g}, neither answer nor "
+                                          f"{unusable_above(attack):g}, neither answer nor "
                                           "start, so the layers below were not solved")
     if not attack.analytic:
         record["analytic_why_not"] = "attack.analytic=false"
@@ -336,6 +336,12 @@ def reconstruct_stage(attack: ReconConfig, captures: Sequence[Capture], label_re
 # layers (a ReLU LeNet's dead units) gave residuals of 0.46–40 and 4.7–5.5 dB images, below a random image's 8 dB,
 # where gradient noise of 1e-2 of each gradient's std gave 0.11–0.12 and 13–18 dB (scripts/analytic_noise.py)
 INIT_MAX_RESIDUAL = 0.3
+
+
+def unusable_above(attack: ReconConfig) -> float:
+    """The largest layer residual at or above which an inversion is neither the answer (``attack.analytic_tol``)
+    nor the start (:data:`INIT_MAX_RESIDUAL`) of :func:`reconstruct_stage`: the features stage stops its walk there."""
+    return max(INIT_MAX_RESIDUAL, attack.analytic_tol)
 
 
 def inversion_residual(inversion: Any) -> float:
