@@ -266,8 +266,9 @@ def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_result
     if not available:
         record["why_not"] = ("joint labels from a random start, an update, or a bias-free batch: no analytic "
                              "last-layer feature")
-    log.info("features: %s%s (%.2f s)", source or "not available",
-             f"; analytic inversion, residual {residual:.2e}" if residual is not None else "", record["seconds"])
+    log.info("features: %s%s%s (%.2f s)", source or "not available",
+             f"; analytic inversion, residual {residual:.2e}" if residual is not None else "",
+             f" ({record['analytic_stopped']})" if "analytic_stopped" in record else "", record["seconds"])
     return (features if available else [None] * len(captures)), (inversions or None), record
 
 

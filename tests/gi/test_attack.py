@@ -121,10 +121,13 @@ def test_the_optimisation_starts_from_the_inversion_above_the_tolerance_or_runs_
     assert row["answered_by"] == "optimisation" and row["analytic_residual"] == ""
 
 
-def test_an_inversion_far_off_is_no_start(tmp_path):
+def test_an_inversion_far_off_is_no_start(tmp_path, caplog):
     """A ReLU LeNet: dead units leave the conv systems rank-deficient, the inversion is worse than a random image
     (residual > INIT_MAX_RESIDUAL), so the optimisation starts from attack.init, not from it."""
-    result = run(load_run_config("configs/demo.yaml", FAST + ["model.activation=relu", f"out={tmp_path / 'r'}"]))
+    with caplog.at_level("INFO", logger="gi.attack"):
+        result = run(load_run_config("configs/demo.yaml", FAST + ["model.activation=relu",
+                                                                   f"out={tmp_path / 'r'}"]))
+    assert "(1 capture(s) stopped at layer(s) body.2" in caplog.text
     features, reconstruct = result.metrics["stages"][1:]
     assert features["analytic_inversion"] and features["analytic_residual"] >= INIT_MAX_RESIDUAL
     # the walk stops at the layer that breaks the bound: the input layer's costly solve is skipped
