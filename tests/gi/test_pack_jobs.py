@@ -138,9 +138,9 @@ def test_the_truth_monitor_draws_a_captures_first_fit_not_its_retry():
     assert monitor.part(2, 3).psnr == pytest.approx([40.0, 40.0])
 
 
-def test_a_run_with_analytically_answered_captures_still_draws_the_optimised_ones_psnr(tmp_path):
+def test_a_run_with_analytically_answered_captures_still_draws_the_optimised_ones_psnr():
     """A mixed run (some captures answered by the analytic inversion, never optimised) drew no psnr.png: the curve
-    now averages the optimised captures, and the legend says how many were answered."""
+    now averages the optimised captures (the drawn file: tests/gi/test_attack.py's mixed run)."""
     from gi.capture import Truth
     from gi.experiments.attack import truth_monitor
 
