@@ -17,7 +17,9 @@ separate folder and put it on PYTHONPATH, e.g.
     PYTHONPATH=$PWD:/tmp/br GI_THREADS=1 python scripts/compare_breaching.py --model lenet --iterations 200
 
 Ours runs through ``gi.reconstruct`` (Lightning loop included); R restarts are one batched problem for us and
-R sequential trials for breaching (its only mode).
+R sequential trials for breaching (its only mode). ``--layered`` adds a third contender in the same rounds: ours
+with the per-layer objective forced (``GradientInversion.flat`` off), which is what a GPU step of a large net ran
+before it matched one concatenated vector (the before / after of that change).
 """
 
 from __future__ import annotations
@@ -50,18 +52,27 @@ def breaching_seconds(capture, labels: torch.Tensor, iterations: int, restarts: 
     return (time.perf_counter() - start) / iterations
 
 
-def ours_seconds(capture, truth, iterations: int, restarts: int, device: str = "cpu") -> float:
+def ours_seconds(capture, truth, iterations: int, restarts: int, device: str = "cpu", layered: bool = False
+                 ) -> float:
+    """Wall seconds per iteration of ``gi.reconstruct``; ``layered``: the per-layer objective forced."""
     import labels as label_methods
     from gi.recon import ReconConfig, reconstruct
+    from gi.recon.module import GradientInversion
 
     cfg = ReconConfig(iterations=iterations, restarts=restarts, objective="cosine", optimizer="adam", lr=0.1,
                       signed=True, regularizers={"tv": 2e-3}, progress=False, log_every=10**9, threads=None,
                       device=device)
     result = label_methods.recover(capture, "idlg")
-    _sync(device)
-    start = time.perf_counter()
-    reconstruct(capture, result, config=cfg)
-    _sync(device)
+    flat = GradientInversion.flat
+    if layered:
+        GradientInversion.flat = lambda self: False
+    try:
+        _sync(device)
+        start = time.perf_counter()
+        reconstruct(capture, result, config=cfg)
+        _sync(device)
+    finally:
+        GradientInversion.flat = flat
     return (time.perf_counter() - start) / iterations
 
 
@@ -74,6 +85,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="JSON file for the results")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (both attacks run there; timings synchronise)")
     ap.add_argument("--tv", type=float, default=5e-4, help="breaching's TV scale (normalised space)")
+    ap.add_argument("--layered", action="store_true", help="also time ours with the per-layer objective forced")
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("GI_THREADS", "1")))
 
@@ -89,6 +101,9 @@ def main() -> None:
     for _ in range(args.rounds):
         for r in args.restarts:
             times.setdefault(f"ours R={r}", []).append(ours_seconds(capture, truth, args.iterations, r, args.device))
+            if args.layered:
+                times.setdefault(f"ours layered R={r}", []).append(
+                    ours_seconds(capture, truth, args.iterations, r, args.device, layered=True))
             times.setdefault(f"breaching R={r}", []).append(
                 breaching_seconds(capture, y, args.iterations, r, args.device, args.tv))
     rows = {k: statistics.median(v) for k, v in times.items()}

@@ -31,7 +31,12 @@ from gi.recon.simulate import SIMULATORS
 from gi.recon.terms import TERMS, Evaluation
 
 Tensor = torch.Tensor
-FLAT_MAX = 4_000_000  # shared entries per problem up to which the one-at-a-time path concatenates the layers
+# shared entries per problem up to which the one-at-a-time path concatenates the layers on a CPU. Off the CPU it
+# always does: a GPU step of one image is bound by kernel launches, and one concatenation and three dot products
+# replace some ten ops per layer. ResNet-18 (62 layers, 11M entries), one restart, aten ops per step counted with
+# torch.profiler (scripts/step_ops.py): 11 585 per layer, 4 882 concatenated, breaching 6 615; one CPU thread,
+# 418 ms per layer against 554 ms concatenated (the 44 MB copy costs more than the launches it saves).
+FLAT_MAX = 4_000_000
 # convolution multiply-adds per objective call up to which a CPU step uses PyTorch's native convolutions instead of
 # oneDNN (mkldnn), whose per-call overhead outweighs its kernels on tiny convolutions. Measured (README "Time to
 # quality vs breaching", scripts/lenet_step_time.py, one thread): the DLG LeNet (0.7M MACs per 32 px image) with 1
@@ -92,6 +97,11 @@ def native_convolutions(enabled: bool) -> Iterator[None]:
         yield
     finally:
         torch.backends.mkldnn.set_flags(_enabled=before, _fp32_precision=None)
+
+
+def stack_rows(rows: list[Tensor]) -> Tensor:
+    """``torch.stack(rows)``; one row as a view (a ResNet-18's gradients: 11M entries not copied every step)."""
+    return rows[0].unsqueeze(0) if len(rows) == 1 else torch.stack(rows)
 
 
 class StepDataset(Dataset):
@@ -190,16 +200,26 @@ class GradientInversion(L.LightningModule):
         self.simulate = SIMULATORS[problem.kind](self.net, problem.protocol, self.names, num_samples=self.batch,
                                                  history=problem.history, trained=trained, features=self.use_features,
                                                  loss=loss)
-        self.simulate_one, self.flat = self.simulate, False
+        self.simulate_one, self.flat_numel = self.simulate, None
         if problem.kind == "gradient":
             self.simulate_one = SIMULATORS["gradient"](self.net, problem.protocol, self.names,
                                                        features=self.use_features, autograd=True, loss=loss)
-            numel = sum(getattr(self, f"target_{i}")[0].numel() for i in range(len(self.names)))
-            if self.cfg.objective in FLAT_OBJECTIVES and self.names and numel <= FLAT_MAX:
-                self.flat = True
+            if self.cfg.objective in FLAT_OBJECTIVES and self.names:
+                self.flat_numel = sum(getattr(self, f"target_{i}")[0].numel() for i in range(len(self.names)))
                 self.sqrt_w = [math.sqrt(self.weights[k]) for k in self.names]
-                self.register_buffer("target_flat", torch.cat(
-                    [getattr(self, f"target_{i}").flatten(1) * w for i, w in enumerate(self.sqrt_w)], 1))
+
+    def flat(self) -> bool:
+        """Whether the one-at-a-time path matches one concatenated √w-scaled vector per problem instead of layer by
+        layer (l2 and cosine only; the same value): always off the CPU, on it up to :data:`FLAT_MAX` entries."""
+        return self.flat_numel is not None and (self.flat_numel <= FLAT_MAX or not self.images.is_cpu)
+
+    def flat_target(self) -> Tensor:
+        """The targets as one √w-scaled vector per problem, built on first use on the module's device (a buffer,
+        so that the cull selects its rows)."""
+        if not hasattr(self, "target_flat"):
+            self.register_buffer("target_flat", torch.cat(
+                [getattr(self, f"target_{i}").flatten(1) * w for i, w in enumerate(self.sqrt_w)], 1))
+        return self.target_flat
 
     # ----------------------------------------------------------------- the attack objective
     def vectorised(self) -> bool:
@@ -223,20 +243,23 @@ class GradientInversion(L.LightningModule):
         """Simulate the rows ``images`` with labels ``soft`` and pair what they share with the targets
         (``pick`` selects the targets' rows)."""
         vectorised = self.vectorised()
+        flat = not vectorised and self.flat()
         if vectorised:
             dummy, feats = vmap(self.simulate, out_dims=(0, 0 if self.use_features else None))(images, soft)
         else:
             outs = [self.simulate_one(images[p], soft[p if soft.shape[0] > 1 else 0])
                     for p in range(images.shape[0])]
-            dummy = {k: torch.stack([o[0][k] for o in outs]) for k in self.names}
-            feats = torch.stack([o[1] for o in outs]) if self.use_features else None
+            if flat:  # one √w-scaled vector per problem: same value
+                dummy = {"all": stack_rows([torch.cat([o[0][k].flatten() * w if w != 1.0 else o[0][k].flatten()
+                                                       for k, w in zip(self.names, self.sqrt_w)]) for o in outs])}
+            else:
+                dummy = {k: stack_rows([o[0][k] for o in outs]) for k in self.names}
+            feats = stack_rows([o[1] for o in outs]) if self.use_features else None
         ev = Evaluation(self.problem, OBJECTIVES[self.cfg.objective], features=feats,
                         feature_target=pick(self.feature_target) if self.use_features else None,
                         device_bn_targets=self.device_bn_targets())
-        if self.flat and not vectorised and self.names:  # one √w-scaled vector per problem: same value
-            ev.shared = {"all": torch.cat([dummy[k].flatten(1) * w if w != 1.0 else dummy[k].flatten(1)
-                                           for k, w in zip(self.names, self.sqrt_w)], 1)}
-            ev.shared_target, ev.shared_weights = {"all": pick(self.target_flat)}, {"all": 1.0}
+        if flat:
+            ev.shared, ev.shared_target, ev.shared_weights = dummy, {"all": pick(self.flat_target())}, {"all": 1.0}
         else:
             ev.shared, ev.shared_weights = dummy, self.weights
             ev.shared_target = {k: pick(getattr(self, f"target_{i}")) for i, k in enumerate(self.names)}

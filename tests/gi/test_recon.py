@@ -222,7 +222,7 @@ def test_loop_and_vmap_batching_give_the_same_objective_and_image_gradient(objec
                           **FAST)
         module = GradientInversion(build_problem([c], [_oracle(t)], cfg), cfg)
         assert module.vectorised() == (batching == "vmap")
-        assert module.flat == (objective in ("l2", "cosine"))
+        assert module.flat() == (objective in ("l2", "cosine"))
         xi = x.clone().requires_grad_(True)
         loss = module.objective(xi)[0]
         loss.sum().backward()
@@ -240,6 +240,29 @@ def test_loop_and_vmap_batching_give_the_same_objective_and_image_gradient(objec
     assert auto.vectorised()  # several problems of a small net on CPU: vmap
     one = GradientInversion(build_problem([c], [_oracle(t)], ReconConfig(**FAST)), ReconConfig(**FAST))
     assert not one.vectorised()  # one problem: plain autograd
+
+
+def test_the_concatenated_objective_is_used_off_the_cpu_and_on_it_up_to_flat_max(monkeypatch):
+    """A GPU step is launch-bound: off the CPU the one-at-a-time path always concatenates the layers; on the CPU
+    only up to FLAT_MAX entries. The concatenated value is the per-layer one (here both on the CPU)."""
+    import gi.recon.module as module_mod
+
+    c, t = capture_gradients(_cnn(), _images(2, 0), _labels(2, 0), Protocol(batch_size=2))
+    cfg = ReconConfig(objective="cosine", regularizers={}, last_layer_weight=0.4, **FAST)
+    x = torch.rand(1, 2, 3, 8, 8, generator=torch.Generator().manual_seed(2))
+    flat = GradientInversion(build_problem([c], [_oracle(t)], cfg), cfg)
+    assert flat.flat() and not flat.vectorised()
+    monkeypatch.setattr(module_mod, "FLAT_MAX", 0)
+    layered = GradientInversion(build_problem([c], [_oracle(t)], cfg), cfg)
+    assert not layered.flat() and not hasattr(layered, "target_flat")
+    torch.testing.assert_close(layered.objective(x)[0], flat.objective(x)[0], rtol=1e-5, atol=1e-7)
+    layered.images = torch.nn.Parameter(torch.empty_like(layered.images, device="meta"))
+    assert layered.flat()  # the same module off the CPU
+    for objective in ("cosine-layerwise", "l1"):  # no concatenated form: never flat
+        other = GradientInversion(build_problem([c], [_oracle(t)], dataclasses.replace(cfg, objective=objective)),
+                                  dataclasses.replace(cfg, objective=objective))
+        other.images = torch.nn.Parameter(torch.empty_like(other.images, device="meta"))
+        assert not other.flat()
 
 
 def test_reconstruct_many_matches_shapes_and_ranks_restarts_by_objective():
