@@ -31,11 +31,15 @@ from gi.recon.simulate import SIMULATORS
 from gi.recon.terms import TERMS, Evaluation
 
 Tensor = torch.Tensor
-# shared entries per problem up to which the one-at-a-time path concatenates the layers on a CPU. Off the CPU it
-# always does: a GPU step of one image is bound by kernel launches, and one concatenation and three dot products
-# replace some ten ops per layer. ResNet-18 (62 layers, 11M entries), one restart, aten ops per step counted with
-# torch.profiler (scripts/step_ops.py): 11 585 per layer, 4 882 concatenated, breaching 6 615; one CPU thread,
-# 418 ms per layer against 554 ms concatenated (the 44 MB copy costs more than the launches it saves).
+# shared entries per problem up to which the one-at-a-time path concatenates the layers on a CPU. Off the CPU the
+# objective always does, one row or many under vmap: a GPU step of one image is bound by kernel launches, and one
+# concatenation and three dot products replace some ten ops per layer. Aten ops per step counted with
+# torch.profiler (scripts/step_ops.py), one CPU thread: ResNet-18 (62 layers, 11M entries), one restart, 11 585
+# per layer against 4 882 concatenated (breaching 6 615), but 418 against 554 ms (the 44 MB copy costs more than
+# the launches it saves); on an H200, 55.8 against 34.2 ms (README "Throughput / GPU"). 20 packed DLG LeNet
+# captures under vmap: 2 052 against 1 122 ops, but on the CPU 33.2 against 31.0 ms (within noise) and the packed
+# iterates then drift from the one-at-a-time ones (signed Adam flips the sign of near-zero gradient entries: 0.09
+# mean absolute pixel difference after 30 steps, against < 1e-6 per layer), so a CPU keeps vmap per layer.
 FLAT_MAX = 4_000_000
 # convolution multiply-adds per objective call up to which a CPU step uses PyTorch's native convolutions instead of
 # oneDNN (mkldnn), whose per-call overhead outweighs its kernels on tiny convolutions. Measured (README "Time to
@@ -209,9 +213,12 @@ class GradientInversion(L.LightningModule):
                 self.sqrt_w = [math.sqrt(self.weights[k]) for k in self.names]
 
     def flat(self) -> bool:
-        """Whether the one-at-a-time path matches one concatenated √w-scaled vector per problem instead of layer by
-        layer (l2 and cosine only; the same value): always off the CPU, on it up to :data:`FLAT_MAX` entries."""
-        return self.flat_numel is not None and (self.flat_numel <= FLAT_MAX or not self.images.is_cpu)
+        """Whether the objective matches one concatenated √w-scaled vector per row instead of layer by layer (l2
+        and cosine only; the same value up to rounding): always off the CPU; on it one row at a time up to
+        :data:`FLAT_MAX` entries, never under vmap."""
+        if self.flat_numel is None:
+            return False
+        return not self.images.is_cpu or (not self.vectorised() and self.flat_numel <= FLAT_MAX)
 
     def flat_target(self) -> Tensor:
         """The targets as one √w-scaled vector per problem, built on first use on the module's device (a buffer,
@@ -243,13 +250,16 @@ class GradientInversion(L.LightningModule):
         """Simulate the rows ``images`` with labels ``soft`` and pair what they share with the targets
         (``pick`` selects the targets' rows)."""
         vectorised = self.vectorised()
-        flat = not vectorised and self.flat()
+        flat = self.flat()
         if vectorised:
             dummy, feats = vmap(self.simulate, out_dims=(0, 0 if self.use_features else None))(images, soft)
+            if flat:  # one √w-scaled vector per row: same value
+                dummy = {"all": torch.cat([dummy[k].flatten(1) * w if w != 1.0 else dummy[k].flatten(1)
+                                           for k, w in zip(self.names, self.sqrt_w)], 1)}
         else:
             outs = [self.simulate_one(images[p], soft[p if soft.shape[0] > 1 else 0])
                     for p in range(images.shape[0])]
-            if flat:  # one √w-scaled vector per problem: same value
+            if flat:
                 dummy = {"all": stack_rows([torch.cat([o[0][k].flatten() * w if w != 1.0 else o[0][k].flatten()
                                                        for k, w in zip(self.names, self.sqrt_w)]) for o in outs])}
             else:

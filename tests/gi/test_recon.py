@@ -222,7 +222,7 @@ def test_loop_and_vmap_batching_give_the_same_objective_and_image_gradient(objec
                           **FAST)
         module = GradientInversion(build_problem([c], [_oracle(t)], cfg), cfg)
         assert module.vectorised() == (batching == "vmap")
-        assert module.flat() == (objective in ("l2", "cosine"))
+        assert module.flat() == (objective in ("l2", "cosine") and batching == "loop")
         xi = x.clone().requires_grad_(True)
         loss = module.objective(xi)[0]
         loss.sum().backward()
@@ -242,25 +242,46 @@ def test_loop_and_vmap_batching_give_the_same_objective_and_image_gradient(objec
     assert not one.vectorised()  # one problem: plain autograd
 
 
-def test_the_concatenated_objective_is_used_off_the_cpu_and_on_it_up_to_flat_max(monkeypatch):
-    """A GPU step is launch-bound: off the CPU the one-at-a-time path always concatenates the layers; on the CPU
-    only up to FLAT_MAX entries. The concatenated value is the per-layer one (here both on the CPU)."""
+@pytest.mark.parametrize("batching,restarts", [("loop", 1), ("vmap", 3)])
+def test_the_concatenated_objective_equals_the_per_layer_one(monkeypatch, batching, restarts):
+    """One concatenated √w-scaled vector per row (one row at a time, or all rows under vmap) gives the per-layer
+    objective and image gradient, with layer weights."""
+    c, t = capture_gradients(_cnn(), _images(2, 0), _labels(2, 0), Protocol(batch_size=2))
+    cfg = ReconConfig(objective="cosine", regularizers={}, last_layer_weight=0.4, restarts=restarts,
+                      batching=batching, **FAST)
+    x = torch.rand(restarts, 2, 3, 8, 8, generator=torch.Generator().manual_seed(2))
+    out = {}
+    for flat in (True, False):
+        monkeypatch.setattr(GradientInversion, "flat", lambda self, flat=flat: flat)
+        module = GradientInversion(build_problem([c], [_oracle(t)], cfg), cfg)
+        assert module.vectorised() == (batching == "vmap")
+        xi = x.clone().requires_grad_(True)
+        loss = module.objective(xi)[0]
+        loss.sum().backward()
+        out[flat] = (loss.detach(), xi.grad)
+        assert hasattr(module, "target_flat") == flat  # built on first use only
+    torch.testing.assert_close(out[False][0], out[True][0], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(out[False][1], out[True][1], rtol=1e-4, atol=1e-7)
+
+
+def test_the_concatenated_objective_is_used_off_the_cpu_and_on_it_one_row_up_to_flat_max(monkeypatch):
+    """A GPU step is launch-bound: off the CPU the objective always concatenates the layers; on the CPU only one
+    row at a time, up to FLAT_MAX entries (under vmap the packed iterates would drift from the lone ones)."""
     import gi.recon.module as module_mod
 
     c, t = capture_gradients(_cnn(), _images(2, 0), _labels(2, 0), Protocol(batch_size=2))
-    cfg = ReconConfig(objective="cosine", regularizers={}, last_layer_weight=0.4, **FAST)
-    x = torch.rand(1, 2, 3, 8, 8, generator=torch.Generator().manual_seed(2))
-    flat = GradientInversion(build_problem([c], [_oracle(t)], cfg), cfg)
-    assert flat.flat() and not flat.vectorised()
-    monkeypatch.setattr(module_mod, "FLAT_MAX", 0)
-    layered = GradientInversion(build_problem([c], [_oracle(t)], cfg), cfg)
-    assert not layered.flat() and not hasattr(layered, "target_flat")
-    torch.testing.assert_close(layered.objective(x)[0], flat.objective(x)[0], rtol=1e-5, atol=1e-7)
-    layered.images = torch.nn.Parameter(torch.empty_like(layered.images, device="meta"))
-    assert layered.flat()  # the same module off the CPU
+    for batching, restarts in (("loop", 1), ("vmap", 3)):
+        cfg = ReconConfig(objective="cosine", restarts=restarts, batching=batching, **FAST)
+        module = GradientInversion(build_problem([c], [_oracle(t)], cfg), cfg)
+        monkeypatch.setattr(module_mod, "FLAT_MAX", module.flat_numel)
+        assert module.flat() == (batching == "loop")
+        monkeypatch.setattr(module_mod, "FLAT_MAX", module.flat_numel - 1)
+        assert not module.flat()
+        module.images = torch.nn.Parameter(torch.empty_like(module.images, device="meta"))
+        assert module.flat()  # the same module off the CPU
     for objective in ("cosine-layerwise", "l1"):  # no concatenated form: never flat
-        other = GradientInversion(build_problem([c], [_oracle(t)], dataclasses.replace(cfg, objective=objective)),
-                                  dataclasses.replace(cfg, objective=objective))
+        other_cfg = ReconConfig(objective=objective, **FAST)
+        other = GradientInversion(build_problem([c], [_oracle(t)], other_cfg), other_cfg)
         other.images = torch.nn.Parameter(torch.empty_like(other.images, device="meta"))
         assert not other.flat()
 
