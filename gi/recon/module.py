@@ -34,8 +34,8 @@ Tensor = torch.Tensor
 # shared entries per problem up to which the one-at-a-time path concatenates the layers on a CPU. Off the CPU the
 # objective always does, one row or many under vmap: a GPU step of one image is bound by kernel launches, and one
 # concatenation and three dot products replace some ten ops per layer. Aten ops per step counted with
-# torch.profiler (scripts/step_ops.py), one CPU thread: ResNet-18 (62 layers, 11M entries), one restart, 11 585
-# per layer against 4 882 concatenated (breaching 6 615), but 418 against 554 ms (the 44 MB copy costs more than
+# torch.profiler (scripts/step_ops.py), one CPU thread: ResNet-18 (62 layers, 11M entries), one restart, 11 523
+# per layer against 4 576 concatenated (breaching 6 616), but 418 against 554 ms (the 44 MB copy costs more than
 # the launches it saves); on an H200, 55.8 against 34.2 ms (README "Throughput / GPU"). 20 packed DLG LeNet
 # captures under vmap: 2 052 against 1 122 ops, but on the CPU 33.2 against 31.0 ms (within noise) and the packed
 # iterates then drift from the one-at-a-time ones (signed Adam flips the sign of near-zero gradient entries: 0.09
@@ -220,12 +220,19 @@ class GradientInversion(L.LightningModule):
             return False
         return not self.images.is_cpu or (not self.vectorised() and self.flat_numel <= FLAT_MAX)
 
+    def concatenated(self, grads: dict[str, Tensor] | list[Tensor], start: int) -> Tensor:
+        """The matched layers of ``grads`` (by name, or in :attr:`names` order) as one √w-scaled vector, each
+        flattened from dimension ``start`` (1: rows first, 0: one row)."""
+        layers = [grads[k] for k in self.names] if isinstance(grads, dict) else grads
+        return torch.cat([g.flatten(start) * w if w != 1.0 else g.flatten(start)
+                          for g, w in zip(layers, self.sqrt_w)], start)
+
     def flat_target(self) -> Tensor:
         """The targets as one √w-scaled vector per problem, built on first use on the module's device (a buffer,
         so that the cull selects its rows)."""
         if not hasattr(self, "target_flat"):
-            self.register_buffer("target_flat", torch.cat(
-                [getattr(self, f"target_{i}").flatten(1) * w for i, w in enumerate(self.sqrt_w)], 1))
+            self.register_buffer("target_flat", self.concatenated(
+                [getattr(self, f"target_{i}") for i in range(len(self.names))], 1))
         return self.target_flat
 
     # ----------------------------------------------------------------- the attack objective
@@ -254,14 +261,12 @@ class GradientInversion(L.LightningModule):
         if vectorised:
             dummy, feats = vmap(self.simulate, out_dims=(0, 0 if self.use_features else None))(images, soft)
             if flat:  # one √w-scaled vector per row: same value
-                dummy = {"all": torch.cat([dummy[k].flatten(1) * w if w != 1.0 else dummy[k].flatten(1)
-                                           for k, w in zip(self.names, self.sqrt_w)], 1)}
+                dummy = {"all": self.concatenated(dummy, 1)}
         else:
             outs = [self.simulate_one(images[p], soft[p if soft.shape[0] > 1 else 0])
                     for p in range(images.shape[0])]
             if flat:
-                dummy = {"all": stack_rows([torch.cat([o[0][k].flatten() * w if w != 1.0 else o[0][k].flatten()
-                                                       for k, w in zip(self.names, self.sqrt_w)]) for o in outs])}
+                dummy = {"all": stack_rows([self.concatenated(o[0], 0) for o in outs])}
             else:
                 dummy = {k: stack_rows([o[0][k] for o in outs]) for k in self.names}
             feats = stack_rows([o[1] for o in outs]) if self.use_features else None
