@@ -52,9 +52,10 @@ def breaching_seconds(capture, labels: torch.Tensor, iterations: int, restarts: 
     return (time.perf_counter() - start) / iterations
 
 
-def ours_seconds(capture, truth, iterations: int, restarts: int, device: str = "cpu", layered: bool = False
+def ours_seconds(capture, truth, iterations: int, restarts: int, device: str = "cpu", flat: bool | None = None
                  ) -> float:
-    """Wall seconds per iteration of ``gi.reconstruct``; ``layered``: the per-layer objective forced."""
+    """Wall seconds per iteration of ``gi.reconstruct``; ``flat``: force the concatenated (True) or the per-layer
+    (False) objective, ``GradientInversion.flat``; None: its own rule for the device."""
     import labels as label_methods
     from gi.recon import ReconConfig, reconstruct
     from gi.recon.module import GradientInversion
@@ -63,16 +64,16 @@ def ours_seconds(capture, truth, iterations: int, restarts: int, device: str = "
                       signed=True, regularizers={"tv": 2e-3}, progress=False, log_every=10**9, threads=None,
                       device=device)
     result = label_methods.recover(capture, "idlg")
-    flat = GradientInversion.flat
-    if layered:
-        GradientInversion.flat = lambda self: False
+    rule = GradientInversion.flat
+    if flat is not None:
+        GradientInversion.flat = lambda self: flat
     try:
         _sync(device)
         start = time.perf_counter()
         reconstruct(capture, result, config=cfg)
         _sync(device)
     finally:
-        GradientInversion.flat = flat
+        GradientInversion.flat = rule
     return (time.perf_counter() - start) / iterations
 
 
@@ -103,7 +104,7 @@ def main() -> None:
             times.setdefault(f"ours R={r}", []).append(ours_seconds(capture, truth, args.iterations, r, args.device))
             if args.layered:
                 times.setdefault(f"ours layered R={r}", []).append(
-                    ours_seconds(capture, truth, args.iterations, r, args.device, layered=True))
+                    ours_seconds(capture, truth, args.iterations, r, args.device, flat=False))
             times.setdefault(f"breaching R={r}", []).append(
                 breaching_seconds(capture, y, args.iterations, r, args.device, args.tv))
     rows = {k: statistics.median(v) for k, v in times.items()}

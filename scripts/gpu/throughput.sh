@@ -12,9 +12,9 @@
 #    joint labels with the BN prior, and recovered counts without it (configs/ablate/resnet18-bn.yaml on the GPU,
 #    RESNET_ITS iterations, TRIALS batches; NOBN=0 skips the BN-off run); acceptance (CPU line, measured here for
 #    want of CPU time): recovered within 0.5 dB of the oracle and >= 3 dB above joint.
-# STEPS picks the steps (default 123, plus 4 with RESNET=1; e.g. STEPS=4 for the ResNet ablation alone, a second call
-# on the warm machine). Every step runs even when an earlier one fails; the exit code counts failures. Record the card's name (printed
-# first) with the numbers in README.md "Throughput / GPU".
+# STEPS picks the steps (default 123, plus 4 with RESNET=1; e.g. STEPS=4 for the ResNet ablation alone, a second
+# call on the warm machine). Every step runs even when an earlier one fails; the exit code counts failures. Record
+# the card's name (printed first) with the numbers in README.md "Throughput / GPU".
 set -u
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/gi-gpu}; mkdir -p "$out"; failed=0
