@@ -108,6 +108,12 @@ def stack_rows(rows: list[Tensor]) -> Tensor:
     return rows[0].unsqueeze(0) if len(rows) == 1 else torch.stack(rows)
 
 
+def records_history(cfg: ReconConfig, step: int) -> bool:
+    """Whether training step ``step`` copies the objective to the host (the history, ``GradientInversion.history``):
+    every ``cfg.log_every`` steps and the last. The only steps with a host synchronisation by design."""
+    return step % cfg.log_every == 0 or step == cfg.iterations - 1
+
+
 class StepDataset(Dataset):
     """N empty items: one per optimisation step."""
 
@@ -385,7 +391,7 @@ class GradientInversion(L.LightningModule):
         if self.cfg.boxed:
             with torch.no_grad():
                 self.images.clamp_(0, 1)
-        if batch_idx % self.cfg.log_every == 0 or batch_idx == self.cfg.iterations - 1:
+        if records_history(self.cfg, batch_idx):
             self.history["step"].append(batch_idx)
             self.history["objective"].append(self.all_rows(per_problem.detach().cpu()).tolist())
         if self.cfg.progress and batch_idx % 10 == 0:  # self.log costs ~0.5 ms: a small net's whole step is ~7 ms

@@ -1,12 +1,12 @@
 """Count host synchronisations inside the training step of a packed GPU reconstruction (issue 15).
 
-``torch.cuda.set_sync_debug_mode("warn")`` warns on every synchronising CUDA call; a Lightning callback turns
-it on at the start of every training batch and off at its end, so set-up and the final scoring are not counted.
-The history's steps (the first and the last here: ``log_every`` is set past the run) copy the objective to the
-host by design; they are counted apart. Prints the count, the steps and the distinct call sites (the innermost
-frame of this project and the innermost frame of all); exit 1 when a synchronisation happened inside a step
-that records no history. On an H200 (2026-11-27) the first version of this script counted 3 in 50 steps: two at
-the history's append (steps 0 and 49) and one inside ``trainer.fit`` (step not recorded then).
+``torch.cuda.set_sync_debug_mode("warn")`` warns on every synchronising CUDA call; a Lightning callback turns it on
+at the start of every training batch and off at its end, so set-up and the final scoring are not counted. The
+history's steps (``gi.recon.module.records_history``; the first and the last here: ``log_every`` is set past the
+run) copy the objective to the host by design; they are counted apart. Prints the count, the steps and the distinct
+call sites (the innermost frame of this project and the innermost frame of all); exit 1 when a synchronisation
+happened inside a step that records no history. On an H200 (2026-11-27) the first version of this script counted 3
+in 50 steps: two at the history's append (steps 0 and 49) and one inside ``trainer.fit`` (step not recorded then).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from gi.fl.protocol import Protocol
 from gi.label_result import LabelResult
 from gi.models import build
 from gi.recon import ReconConfig, reconstruct_many
+from gi.recon.module import records_history
 
 
 class SyncWatch(L.Callback):
@@ -49,7 +50,7 @@ def main() -> int:
     cfg = ReconConfig(iterations=50, lr=0.01, regularizers={"tv": 2e-3}, device="gpu", progress=False,
                       log_every=10**6)
     sites: collections.Counter[tuple] = collections.Counter()
-    history = {0, cfg.iterations - 1}  # log_every past the run: the first and the last step record the objective
+    history = {s for s in range(cfg.iterations) if records_history(cfg, s)}  # log_every past the run: 0 and last
 
     def show(message, category, filename, lineno, file=None, line=None) -> None:  # the innermost gi frame
         if "synchroniz" in str(message).lower():

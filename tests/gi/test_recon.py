@@ -17,7 +17,7 @@ from gi.fl.victim import simulate_client
 from gi.models import build
 from gi.recon import INITS, OBJECTIVES, REGULARIZERS, SIMULATORS, ReconConfig, reconstruct, reconstruct_many
 from gi.recon.api import cpu_threads
-from gi.recon.module import GradientInversion
+from gi.recon.module import GradientInversion, records_history
 from gi.recon.problem import Problem, bn_targets, build_problem, feature_targets, labels_for_slots, match_weights
 from gi.recon.terms import Evaluation
 from labels import LabelResult
@@ -311,6 +311,17 @@ def test_the_attack_api_has_no_route_for_ground_truth():
 
 
 # ------------------------------------------------------------------------------------------ labels
+@pytest.mark.parametrize("iterations,log_every,steps", [(7, 3, [0, 3, 6]), (8, 3, [0, 3, 6, 7]), (5, 100, [0, 4])])
+def test_the_history_records_the_steps_records_history_names(iterations, log_every, steps):
+    """The steps that copy the objective to the host (scripts/gpu/sync_check.py counts them apart) are exactly the
+    ones ``records_history`` names: every ``log_every`` and the last."""
+    cap, truth = capture_gradients(_cnn(), _images(1), _labels(1), Protocol())
+    cfg = ReconConfig(**{**FAST, "iterations": iterations, "log_every": log_every})
+    rec = reconstruct(cap, _oracle(truth), config=cfg)
+    assert rec.history["step"] == steps == [s for s in range(iterations) if records_history(cfg, s)]
+    assert len(rec.history["objective"]) == len(steps)
+
+
 def test_labels_for_slots_counts_soft_and_errors():
     counts = torch.tensor([2, 0, 1, 0])
     slots = labels_for_slots(LabelResult.from_counts("m", counts), 3, C)
