@@ -14,7 +14,9 @@ each, FedSGD, oracle labels) reconstructed as one problem (:func:`gi.recon.recon
 (Trainer set-up included: it is part of what a user waits for), the images per second, the speed-up,
 reconstructions per CPU-core-hour (``threads`` cores) or per GPU-hour, and the PSNR of every image both ways
 (a capture packed with others starts from the same image as alone, so the PSNRs agree up to float rounding).
-``packed.compile``: also time the packed problem with ``attack.compile=true`` (see :mod:`gi.recon.module`).
+``packed.compile``: also time the packed problem with ``attack.compile`` set to it (``true`` or a torch.compile
+mode, :data:`gi.recon.config.COMPILE_MODES`; ``reduce-overhead`` replays CUDA graphs on a GPU); the row's
+``compiled_speedup_over_packed`` is packed eager over packed compiled, the compilation inside the first round.
 
 A bench config's ``kind`` names an entry of :data:`BENCH_KINDS` (default ``throughput``, the entries above):
 ``time-to-quality`` is :mod:`gi.experiments.ttq` (PSNR against seconds, ours vs breaching).
@@ -39,7 +41,7 @@ from gi.core.config import apply_overrides, from_dict, load_yaml, require, to_di
 from gi.core.errors import ConfigError
 from gi.core.registry import registrar
 from gi.experiments.report import check_output_file, check_run_name, publish_file
-from gi.recon.config import ReconConfig
+from gi.recon.config import COMPILE_MODES, ReconConfig
 
 SCHEMA = 1
 
@@ -47,17 +49,21 @@ SCHEMA = 1
 @dataclass
 class PackedConfig:
     """The packed-throughput entry: ``captures`` (0: off) one-image captures of ``model`` on ``dataset`` images
-    0..captures-1, ``iterations`` per reconstruction, ``rounds`` alternations of packed and one-by-one."""
+    0..captures-1, ``iterations`` per reconstruction, ``rounds`` alternations of packed and one-by-one;
+    ``compile``: also time the packed problem compiled (``attack.compile``'s values; false: not timed)."""
 
     captures: int = 0
     model: str = "lenet"
     iterations: int = 1000
     rounds: int = 2
+    compile: bool | str = False
 
     def __post_init__(self) -> None:
         require(self.captures >= 0, "packed.captures", self.captures, ">= 0 (0: off)")
         require(self.iterations >= 4, "packed.iterations", self.iterations, ">= 4")
         require(self.rounds >= 1, "packed.rounds", self.rounds, ">= 1")
+        require(not isinstance(self.compile, str) or self.compile in COMPILE_MODES, "packed.compile", self.compile,
+                f"true, false or a torch.compile mode {list(COMPILE_MODES)}")
 
 
 @dataclass
@@ -289,7 +295,7 @@ def measure_packed(entry: dict[str, Any]) -> list[dict[str, Any]]:
     ways = {"packed": lambda: reconstruct_many(captures, labels, config=attack),
             "single": lambda: [reconstruct(c, lr, config=attack) for c, lr in zip(captures, labels)]}
     if entry.get("compile"):
-        compiled = dataclasses.replace(attack, compile=True)
+        compiled = dataclasses.replace(attack, compile=entry["compile"])
         ways["packed_compiled"] = lambda: reconstruct_many(captures, labels, config=compiled)
     seconds: dict[str, list[float]] = {k: [] for k in ways}
     scores: dict[str, list[float]] = {}
@@ -316,6 +322,7 @@ def measure_packed(entry: dict[str, Any]) -> list[dict[str, Any]]:
     row["psnr_max_abs_diff"] = max(abs(a - b) for a, b in zip(scores["packed"], scores["single"]))
     if "packed_compiled" in med:
         row["compiled_speedup_over_packed"] = med["packed"] / med["packed_compiled"]
+        row["compile"] = entry["compile"]
     row["psnr"] = row["packed_psnr_mean"]
     if cuda:
         row["gpu"] = torch.cuda.get_device_name()
@@ -366,7 +373,7 @@ def entries(cfg: BenchConfig) -> list[dict[str, Any]]:
             p = cfg.packed
             out.append(dict(kind="packed", model=p.model, captures=p.captures, rounds=p.rounds, device=device,
                             iterations=p.iterations, threads=cfg.threads, seed=cfg.seed, dataset=cfg.dataset,
-                            attack=attack, compile=False))
+                            attack=attack, compile=p.compile))
     return out
 
 

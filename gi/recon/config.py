@@ -12,6 +12,8 @@ BATCHINGS = ("auto", "vmap", "loop")
 SMALL_MODEL = 2_000_000  # parameters under which one CPU thread and vmap-batched restarts are the defaults
 BN_SOURCES = ("shared", "running")
 OUTPUT_ERRORS = ("simulated", "captured", "auto")
+# torch.compile's modes (attack.compile: true = "default"); "reduce-overhead" records CUDA graphs on a GPU
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 @dataclass
@@ -61,7 +63,9 @@ class ReconConfig:
     ``capture.history`` when the threat model grants them, ``running``: the model's running statistics,
     DeepInversion's choice). ``compile``: ``torch.compile`` the vectorised (``vmap``) objective: 1.6× faster
     steps for 20 packed LeNet captures on a CPU, after a first call that compiles for minutes (README,
-    "Throughput"); off by default. ``pack``: captures per packed problem in :func:`gi.recon.reconstruct_many`
+    "Throughput"); off by default. ``true`` is torch's ``default`` mode; a string names the mode
+    (:data:`COMPILE_MODES`: ``reduce-overhead`` replays CUDA graphs of the step on a GPU).
+    ``pack``: captures per packed problem in :func:`gi.recon.reconstruct_many`
     (0: all of them in one problem; N > 0: problems of at most N captures, run one after another, which bounds
     the memory of a long ``data.images`` list on a GPU; ``auto``: as many as fit ``memory_budget`` GiB by the
     memory model of :mod:`gi.recon.memory`, null budget: half the device's free memory; on a CUDA out-of-memory
@@ -106,7 +110,7 @@ class ReconConfig:
     batching: str = "auto"
     progress: bool = True
     log_every: int = 50
-    compile: bool = False
+    compile: bool | str = False
     pack: int | str = 0
     memory_budget: float | None = None
     retries: int = 0
@@ -150,6 +154,9 @@ class ReconConfig:
         if self.output_error == "captured" and self.labels == "joint":
             raise ConfigError("attack.output_error=captured reads ∂L/∂z from the capture, so joint labels have "
                               "nothing to fit: use attack.labels=fixed, or attack.output_error=simulated (DLG)")
+        if isinstance(self.compile, str) and self.compile not in COMPILE_MODES:
+            raise ConfigError(f"attack.compile={self.compile!r} is not a torch.compile mode; use true, false or one "
+                              f"of {list(COMPILE_MODES)}")
         if self.iterations < 1 or self.restarts < 1:
             raise ConfigError("attack.iterations and attack.restarts must be >= 1")
         if self.cull_after < 0:

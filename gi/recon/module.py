@@ -151,7 +151,7 @@ class GradientInversion(L.LightningModule):
         self._build_simulators()
         self.step_objective = self.objective
         if cfg.compile and self.vectorised():  # the vmap path: one graph (the loop path's autograd.grad is not)
-            self.step_objective = torch.compile(self.objective)
+            self.step_objective = torch.compile(self.objective, mode="default" if cfg.compile is True else cfg.compile)
         self.history: dict[str, list] = {"step": [], "objective": []}
         self.macs_per_image: int | None | bool = False  # conv_macs of one image, measured at the first CPU step
 

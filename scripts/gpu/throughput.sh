@@ -7,6 +7,8 @@
 #    contender (scripts/compare_breaching.py --device cuda --layered); acceptance: ours <= breaching's.
 # 2. 20 LeNet captures packed into one problem vs one at a time, alternated in one process
 #    (gi bench configs/bench/packed.yaml on the GPU); acceptance: >= 10x the images per second, same PSNR.
+#    COMPILE=MODE also times the packed problem under torch.compile (attack.compile: true, or a mode such as
+#    reduce-overhead = CUDA graphs), in the same rounds: the row's compiled_speedup_over_packed.
 # 3. the packed step under torch.cuda.set_sync_debug_mode: counts host synchronisations inside training steps.
 # 4. (RESNET=1, ~4 more minutes) the trained ResNet-18 with BatchNorm, batches of 8: recovered counts vs oracle vs
 #    joint labels with the BN prior, and recovered counts without it (configs/ablate/resnet18-bn.yaml on the GPU,
@@ -31,9 +33,9 @@ PYTHONPATH=/tmp/br bash scripts/gpu/run.sh python3 scripts/compare_breaching.py 
   | grep -v Warning; [ "${PIPESTATUS[0]}" = 0 ] || { echo "== 1 FAILED"; failed=$((failed + 1)); }
 fi
 if want 2; then
-echo "== 2. 20 packed LeNet captures vs one at a time ($PACKED_ITS iterations, 2 rounds)"
+echo "== 2. 20 packed LeNet captures vs one at a time ($PACKED_ITS iterations, 2 rounds${COMPILE:+, compiled: $COMPILE})"
 bash scripts/gpu/run.sh gi bench configs/bench/packed.yaml "devices=[gpu]" packed.iterations="$PACKED_ITS" \
-  out="$out/packed-gpu.json" 2>&1 | tee "$out/packed.log" | grep -v Warning \
+  ${COMPILE:+packed.compile="$COMPILE"} out="$out/packed-gpu.json" 2>&1 | tee "$out/packed.log" | grep -v Warning \
   ; [ "${PIPESTATUS[0]}" = 0 ] || { echo "== 2 FAILED"; failed=$((failed + 1)); }
 fi
 if want 3; then

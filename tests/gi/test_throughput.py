@@ -51,6 +51,31 @@ def test_the_step_uses_raw_torch_optimisers_and_compiles_only_the_vmap_path(lene
     assert rec.iterations == 3 and len(rec.history["step"]) == 2  # step 0 and the last step
 
 
+@pytest.mark.parametrize("value, mode", [(True, "default"), ("reduce-overhead", "reduce-overhead"),
+                                         ("max-autotune-no-cudagraphs", "max-autotune-no-cudagraphs")])
+def test_attack_compile_names_the_torch_compile_mode_of_the_vmap_objective(lenet_captures, monkeypatch, value, mode):
+    modes = []
+
+    def record(fn, mode=None):
+        modes.append(mode)
+        return fn
+
+    monkeypatch.setattr(torch, "compile", record)
+    caps = lenet_captures(2)
+    cfg = ReconConfig(compile=value, batching="vmap")
+    GradientInversion(build_problem([c for c, _, _ in caps], [lr for _, lr, _ in caps], cfg), cfg)
+    assert modes == [mode]
+
+
+def test_the_packed_entry_carries_its_compile_mode():
+    cfg = load_bench_config("configs/bench/packed.yaml", ["packed.compile=reduce-overhead", "devices=[cpu]"])
+    (entry,) = [e for e in entries(cfg) if e.get("kind") == "packed"]
+    assert entry["compile"] == "reduce-overhead"
+    (plain,) = [e for e in entries(load_bench_config("configs/bench/packed.yaml", ["devices=[cpu]"]))
+                if e.get("kind") == "packed"]
+    assert plain["compile"] is False
+
+
 def test_packed_bench_entry_reports_throughput_and_psnr_both_ways(tmp_path):
     cfg = load_bench_config("configs/bench/packed.yaml", ["packed.captures=2", "packed.iterations=4",
                                                           "packed.rounds=1"])
@@ -67,6 +92,7 @@ def test_packed_bench_entry_reports_throughput_and_psnr_both_ways(tmp_path):
 @pytest.mark.parametrize("over, match", [
     (["packed.captures=-1"], "packed.captures"), (["packed.iterations=2"], "packed.iterations"),
     (["packed.rounds=0"], "packed.rounds"), (["packed.captures=2", "packed.model=nonet"], "nonet"),
+    (["packed.compile=fastest"], "packed.compile.*reduce-overhead"), (["packed.compile=3"], "packed.compile"),
 ])
 def test_bad_packed_configs_raise(over, match):
     with pytest.raises(ConfigError, match=match):
