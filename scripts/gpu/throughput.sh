@@ -13,7 +13,9 @@
 # 4. (RESNET=1, ~4 more minutes) the trained ResNet-18 with BatchNorm, batches of 8: recovered counts vs oracle vs
 #    joint labels with the BN prior, and recovered counts without it (configs/ablate/resnet18-bn.yaml on the GPU,
 #    RESNET_ITS iterations, TRIALS batches; NOBN=0 skips the BN-off run); acceptance (CPU line, measured here for
-#    want of CPU time): recovered within 0.5 dB of the oracle and >= 3 dB above joint.
+#    want of CPU time): recovered within 0.5 dB of the oracle and >= 3 dB above joint. RESNET_OVERRIDES adds
+#    `gi ablate` overrides to both runs, e.g. RESNET_OVERRIDES="attack.lr=0.025 attack.regularizers.tv=4e-3"
+#    (space-separated, none with spaces): the recipe is the open question there (README, "Realistic networks").
 # STEPS picks the steps (default 123, plus 4 with RESNET=1; e.g. STEPS=4 for the ResNet ablation alone, a second
 # call on the warm machine). Every step runs even when an earlier one fails; the exit code counts failures. Record
 # the card's name (printed first) with the numbers in README.md "Throughput / GPU".
@@ -45,8 +47,9 @@ bash scripts/gpu/run.sh python3 scripts/gpu/sync_check.py 2>&1 | tee "$out/sync.
 fi
 resnet() {  # resnet NAME OVERRIDES...: one gi ablate of configs/ablate/resnet18-bn.yaml on the GPU
   local name=$1; shift
+  local extra; read -ra extra <<< "${RESNET_OVERRIDES:-}"
   GI_CACHE_DIR=/tmp/gi-cache bash scripts/gpu/run.sh gi ablate configs/ablate/resnet18-bn.yaml attack.device=gpu \
-    attack.threads=null attack.iterations="$RESNET_ITS" name="$name" out="/tmp/gi-gpu-runs/$name" "$@" 2>&1 \
+    attack.threads=null attack.iterations="$RESNET_ITS" name="$name" out="/tmp/gi-gpu-runs/$name" "$@" "${extra[@]}" 2>&1 \
     | grep -v Warning | tail -12; [ "${PIPESTATUS[0]}" = 0 ] || { echo "== 4 ($name) FAILED"; failed=$((failed + 1)); }
   cp "/tmp/gi-gpu-runs/$name/table.md" "$out/$name-table.md" 2>/dev/null || true
 }
