@@ -41,7 +41,7 @@ from gi.core.config import apply_overrides, from_dict, load_yaml, require, to_di
 from gi.core.errors import ConfigError
 from gi.core.registry import registrar
 from gi.experiments.report import check_output_file, check_run_name, publish_file
-from gi.recon.config import COMPILE_MODES, ReconConfig
+from gi.recon.config import ReconConfig, compile_mode
 
 SCHEMA = 1
 
@@ -62,8 +62,7 @@ class PackedConfig:
         require(self.captures >= 0, "packed.captures", self.captures, ">= 0 (0: off)")
         require(self.iterations >= 4, "packed.iterations", self.iterations, ">= 4")
         require(self.rounds >= 1, "packed.rounds", self.rounds, ">= 1")
-        require(not isinstance(self.compile, str) or self.compile in COMPILE_MODES, "packed.compile", self.compile,
-                f"true, false or a torch.compile mode {list(COMPILE_MODES)}")
+        compile_mode(self.compile, "packed.compile")
 
 
 @dataclass

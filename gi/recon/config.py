@@ -16,6 +16,15 @@ OUTPUT_ERRORS = ("simulated", "captured", "auto")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
+def compile_mode(value: bool | str, key: str = "attack.compile") -> str | None:
+    """The torch.compile mode that a ``compile`` setting names: None for false, ``default`` for true, else the mode
+    itself; a string that is not one of :data:`COMPILE_MODES` is a ConfigError naming ``key``."""
+    if isinstance(value, str) and value not in COMPILE_MODES:
+        raise ConfigError(f"{key}={value!r} is not a torch.compile mode; use true, false or one of "
+                          f"{list(COMPILE_MODES)}")
+    return ("default" if value is True else value) if value else None
+
+
 @dataclass
 class ReconConfig:
     """Inverting-Gradients defaults (frameworks.md §4) expressed in pixel space [0, 1].
@@ -154,9 +163,7 @@ class ReconConfig:
         if self.output_error == "captured" and self.labels == "joint":
             raise ConfigError("attack.output_error=captured reads ∂L/∂z from the capture, so joint labels have "
                               "nothing to fit: use attack.labels=fixed, or attack.output_error=simulated (DLG)")
-        if isinstance(self.compile, str) and self.compile not in COMPILE_MODES:
-            raise ConfigError(f"attack.compile={self.compile!r} is not a torch.compile mode; use true, false or one "
-                              f"of {list(COMPILE_MODES)}")
+        compile_mode(self.compile)
         if self.iterations < 1 or self.restarts < 1:
             raise ConfigError("attack.iterations and attack.restarts must be >= 1")
         if self.cull_after < 0:

@@ -22,7 +22,7 @@ from torch.func import vmap
 from torch.utils.data import DataLoader, Dataset
 
 from gi.losses import output_error_loss
-from gi.recon.config import ReconConfig
+from gi.recon.config import ReconConfig, compile_mode
 from gi.recon.inits import INITS
 from gi.recon.objectives import FLAT_OBJECTIVES, OBJECTIVES
 from gi.recon.optim import OPTIMIZERS, select_rows
@@ -151,7 +151,7 @@ class GradientInversion(L.LightningModule):
         self._build_simulators()
         self.step_objective = self.objective
         if cfg.compile and self.vectorised():  # the vmap path: one graph (the loop path's autograd.grad is not)
-            self.step_objective = torch.compile(self.objective, mode="default" if cfg.compile is True else cfg.compile)
+            self.step_objective = torch.compile(self.objective, mode=compile_mode(cfg.compile))
         self.history: dict[str, list] = {"step": [], "objective": []}
         self.macs_per_image: int | None | bool = False  # conv_macs of one image, measured at the first CPU step
 

@@ -310,7 +310,6 @@ def test_the_attack_api_has_no_route_for_ground_truth():
     assert "truth" not in inspect.signature(build_problem).parameters
 
 
-# ------------------------------------------------------------------------------------------ labels
 @pytest.mark.parametrize("iterations,log_every,steps", [(7, 3, [0, 3, 6]), (8, 3, [0, 3, 6, 7]), (5, 100, [0, 4])])
 def test_the_history_records_the_steps_records_history_names(iterations, log_every, steps):
     """The steps that copy the objective to the host (scripts/gpu/sync_check.py counts them apart) are exactly the
@@ -322,6 +321,7 @@ def test_the_history_records_the_steps_records_history_names(iterations, log_eve
     assert len(rec.history["objective"]) == len(steps)
 
 
+# ------------------------------------------------------------------------------------------ labels
 def test_labels_for_slots_counts_soft_and_errors():
     counts = torch.tensor([2, 0, 1, 0])
     slots = labels_for_slots(LabelResult.from_counts("m", counts), 3, C)

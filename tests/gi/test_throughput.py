@@ -12,6 +12,7 @@ from gi.core.errors import ConfigError
 from gi.experiments.bench import BenchConfig, entries, load_bench_config, measure_packed
 from gi.metrics import psnr
 from gi.recon import ReconConfig, reconstruct, reconstruct_many
+from gi.recon.config import compile_mode
 from gi.recon.module import GradientInversion
 from gi.recon.problem import build_problem
 from gi.train import train_model, training_key
@@ -65,6 +66,13 @@ def test_attack_compile_names_the_torch_compile_mode_of_the_vmap_objective(lenet
     cfg = ReconConfig(compile=value, batching="vmap")
     GradientInversion(build_problem([c for c, _, _ in caps], [lr for _, lr, _ in caps], cfg), cfg)
     assert modes == [mode]
+
+
+def test_compile_mode_maps_a_setting_to_the_torch_compile_mode():
+    assert compile_mode(False) is None and compile_mode(True) == "default"
+    assert compile_mode("max-autotune") == "max-autotune"
+    with pytest.raises(ConfigError, match="packed.compile='fast' is not a torch.compile mode"):
+        compile_mode("fast", "packed.compile")
 
 
 def test_the_packed_entry_carries_its_compile_mode():
