@@ -110,7 +110,8 @@ def stack_rows(rows: list[Tensor]) -> Tensor:
 
 def records_history(cfg: ReconConfig, step: int) -> bool:
     """Whether training step ``step`` copies the objective to the host (the history, ``GradientInversion.history``):
-    every ``cfg.log_every`` steps and the last. The only steps with a host synchronisation by design."""
+    every ``cfg.log_every`` steps and the last. With the progress bar's every 10th step, the only steps with a host
+    synchronisation by design."""
     return step % cfg.log_every == 0 or step == cfg.iterations - 1
 
 
