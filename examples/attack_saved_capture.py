@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     from gi.experiments.attack import load_attack_config, run_attack
-    from gi.experiments.pipeline import load_run_config, run
+    from gi.experiments.run import load_run_config, run
 
     work = Path(args.out or tempfile.mkdtemp(prefix="gi-attack-example-"))
     keys = [f"attack.iterations={args.iterations}", "attack.progress=false", "metrics.lpips_vgg=false"]

@@ -1,7 +1,8 @@
 """A small Flower federation on Fashion-MNIST, recorded by gi, then RLU on the recorded client updates.
 
 Flower 1.42 (``pip install 'gi[flower]'``) runs its own server loop and FedAvg aggregation in this process
-(:func:`gi.fl.flower.run_in_process`: no Ray, no network). The strategy is :class:`gi.fl.flower.CapturingFedAvg`,
+(:func:`gi.world.fl.flower.run_in_process`: no Ray, no network). The strategy is
+:class:`gi.world.fl.flower.CapturingFedAvg`,
 which keeps every client's update as a :class:`gi.Capture` with the protocol filled from the fit config (``lr``,
 ``batch_size``, ``local_steps``). The clients are ordinary Flower ``NumPyClient`` s training a user CNN (head
 ``classifier``) with ``torch.optim.SGD``. The attacker then runs RLU (``labels.recover(capture, "rlu", aux)``,
@@ -52,7 +53,7 @@ class FmnistClient(NumPyClient):
     the attack only: the server never sees it)."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, seed: int) -> None:
-        from gi.models import from_factory
+        from gi.world.models import from_factory
 
         self.model = from_factory("examples.flower_fmnist:make_net")
         self.images, self.labels = images, labels
@@ -60,12 +61,12 @@ class FmnistClient(NumPyClient):
         self.seen: dict[int, list[int]] = {}
 
     def get_parameters(self, config):
-        from gi.fl.flower import state_to_ndarrays
+        from gi.world.fl.flower import state_to_ndarrays
 
         return state_to_ndarrays(self.model)
 
     def fit(self, parameters, config):
-        from gi.fl.flower import ndarrays_to_state, state_to_ndarrays
+        from gi.world.fl.flower import ndarrays_to_state, state_to_ndarrays
 
         self.model.load_state_dict(ndarrays_to_state(self.model, parameters))
         self.model.eval()  # no dropout / BatchNorm here; eval is the protocol's default mode
@@ -88,10 +89,10 @@ class FmnistClient(NumPyClient):
 
 def federate(steps: int, args: argparse.Namespace) -> dict:
     import labels
-    from gi.data import load
-    from gi.fl.flower import CapturingFedAvg, ndarrays_to_state, run_in_process
-    from gi.fl.partition import dirichlet_partition
-    from gi.models import from_factory
+    from gi.world.data import load
+    from gi.world.fl.flower import CapturingFedAvg, ndarrays_to_state, run_in_process
+    from gi.world.fl.partition import dirichlet_partition
+    from gi.world.models import from_factory
 
     train, test = load("fashion-mnist", "train"), load("fashion-mnist", "test")
     gen = torch.Generator().manual_seed(args.seed)

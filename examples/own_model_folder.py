@@ -68,7 +68,7 @@ def write_pngs(folder: Path, count: int) -> Path:
     """``count`` CIFAR-10 sample images as PNG files in ImageFolder layout (``folder/<class>/<i>.png``)."""
     from PIL import Image
 
-    from gi.data import load
+    from gi.world.data import load
 
     data = load("cifar10-samples")
     for i in range(count):
@@ -92,10 +92,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     import gi
     import labels
-    from gi.data import load
-    from gi.metrics import psnr
-    from gi.models import from_factory
-    from gi.recon import ReconConfig, reconstruct_many
+    from gi.analysis.metrics import psnr
+    from gi.attack.recon import ReconConfig, reconstruct_many
+    from gi.world.data import load
+    from gi.world.models import from_factory
 
     work = Path(args.out or tempfile.mkdtemp(prefix="gi-own-model-"))
     root = Path(args.root) if args.root else write_pngs(work / "images", args.images)

@@ -127,7 +127,7 @@ def analytic_layers(model: nn.Module) -> list[AnalyticLayer]:
     """
     body = getattr(model, "body", None)
     if body is None or not hasattr(model, "normalize") or not hasattr(model, "fc"):
-        raise GIError("fcn_analytic needs a gi.models GIModel (normalize → body → fc)")
+        raise GIError("fcn_analytic needs a gi.world.models GIModel (normalize → body → fc)")
     if isinstance(body, nn.Flatten):
         return []
     name = getattr(model, "spec", {}).get("name")
@@ -206,7 +206,7 @@ def _invert_layer(gw: Tensor, delta: Tensor, name: str) -> tuple[Tensor, Tensor,
 
 def _normalization(capture: Capture, channels: int) -> tuple[Tensor, Tensor]:
     """The model's Normalize buffers (from the state, else from the spec's named normalisation)."""
-    from gi.models import NORMALIZATIONS
+    from gi.world.models import NORMALIZATIONS
 
     state = capture.model_state
     if "normalize.mean" in state and "normalize.std" in state:
@@ -309,7 +309,7 @@ def invert(capture: Capture, label_result: LabelResult | None = None, features: 
     if n != 1:
         raise GIError(f"analytic inversion reads one sample's gradient; this capture holds {n}")
     with torch.device("meta"):  # structure only: no 55M-parameter allocation or initialisation
-        from gi.models import from_spec
+        from gi.world.models import from_spec
 
         model = from_spec(capture.model_spec)
     layers = analytic_layers(model)

@@ -10,12 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 from gi.core.devices import env_threads
 from gi.core.errors import AssetError, CaptureError, ConfigError, GIError
-from gi.fl.protocol import Protocol
+from gi.world.fl.protocol import Protocol
 
 if TYPE_CHECKING:
-    from gi.capture import Capture, Truth, capture_gradients
-    from gi.fl.victim import simulate_client
-    from gi.recon import reconstruct
+    from gi.analysis import metrics
+    from gi.attack.recon import reconstruct
+    from gi.capture import Capture, Truth
+    from gi.world import data, models
+    from gi.world.fl.victim import capture_gradients, simulate_client
 
 __all__ = [
     "AssetError",
@@ -26,15 +28,21 @@ __all__ = [
     "Protocol",
     "Truth",
     "capture_gradients",
+    "data",
     "env_threads",
+    "metrics",
+    "models",
     "reconstruct",
     "simulate_client",
 ]
 
 
 _LAZY = {"Capture": ("gi.capture", "Capture"), "Truth": ("gi.capture", "Truth"),
-         "capture_gradients": ("gi.capture", "capture_gradients"), "reconstruct": ("gi.recon", "reconstruct"),
-         "simulate_client": ("gi.fl.victim", "simulate_client")}
+         "capture_gradients": ("gi.world.fl.victim", "capture_gradients"),
+         "reconstruct": ("gi.attack.recon", "reconstruct"),
+         "simulate_client": ("gi.world.fl.victim", "simulate_client")}
+# the modules of the public contract (docs/architecture.md "Public contract"), by their short names
+_MODULES = {"data": "gi.world.data", "models": "gi.world.models", "metrics": "gi.analysis.metrics"}
 
 
 def __getattr__(name: str) -> Any:
@@ -43,4 +51,8 @@ def __getattr__(name: str) -> Any:
 
         module, attr = _LAZY[name]
         return getattr(importlib.import_module(module), attr)
+    if name in _MODULES:
+        import importlib
+
+        return importlib.import_module(_MODULES[name])
     raise AttributeError(f"module 'gi' has no attribute {name!r}")

@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gi.core.errors import CaptureError, ConfigError
-from gi.fl.protocol import Protocol
+from gi.world.fl.protocol import Protocol
 
 Tensor = torch.Tensor
 _KINDS = ("state", "gradients", "update", "history", "bn_stats")
@@ -108,7 +108,7 @@ def _positive(n: Any) -> int:
     return n
 
 
-def _state_of(model: torch.nn.Module) -> dict[str, Tensor]:
+def state_of(model: torch.nn.Module) -> dict[str, Tensor]:
     return {k: v.detach().clone().cpu() for k, v in model.state_dict().items()}
 
 
@@ -141,11 +141,11 @@ def _checked_message(model: torch.nn.Module, message: Any, what: str) -> dict[st
 
 def describe_model(model: torch.nn.Module, last_layer: str | None = None, in_shape: Any = None,
                    example: Tensor | None = None) -> tuple[dict[str, Any], str]:
-    """``(model_spec, last layer name)`` of any classifier module: its provenance (:func:`gi.models.spec_of`)
+    """``(model_spec, last layer name)`` of any classifier module: its provenance (:func:`gi.world.models.spec_of`)
     with ``num_classes`` (the last layer's outputs) and ``in_shape`` (from ``in_shape`` or the ``example``
-    batch) filled in. The last layer is named or found (:func:`gi.models.find_last_layer`; ``example`` or
+    batch) filled in. The last layer is named or found (:func:`gi.world.models.find_last_layer`; ``example`` or
     ``in_shape`` let it probe by one forward pass)."""
-    from gi.models import find_last_layer, spec_of
+    from gi.world.models import find_last_layer, spec_of
 
     if not isinstance(model, torch.nn.Module):
         raise CaptureError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -170,13 +170,13 @@ def describe_model(model: torch.nn.Module, last_layer: str | None = None, in_sha
 class Capture:
     """The shared message of one client (plus everything the server legitimately knows).
 
-    ``model_spec`` rebuilds the architecture (:func:`gi.models.from_spec`); ``model_state`` is the
+    ``model_spec`` rebuilds the architecture (:func:`gi.world.models.from_spec`); ``model_state`` is the
     global model θᵗ the client started from (parameters and buffers). Exactly one of ``gradients``
     (FedSGD) and ``update`` (FedAvg-style schemes) is set. ``history`` holds scheme terms such as
     Scaffold's control variates or FedDyn's state; ``meta`` is free-form JSON (round, client id…).
     ``bn_stats`` maps a BatchNorm module to the client's per-channel batch ``(mean, biased var)`` at its input,
     present only when the threat model grants them (``protocol.share_bn_stats``; the ``bn`` prior reads them).
-    ``last_layer_name`` names the model's last ``nn.Linear`` (the logits; :func:`gi.models.find_last_layer`),
+    ``last_layer_name`` names the model's last ``nn.Linear`` (the logits; :func:`gi.world.models.find_last_layer`),
     whose shared ``<name>.weight`` / ``<name>.bias`` every label method reads (``fc`` for zoo models and for
     files saved before the name was recorded).
     """
@@ -222,14 +222,14 @@ class Capture:
         if n is None:
             if self.is_update:
                 raise CaptureError("this update capture records no num_samples (the client's N_k, needed for its "
-                                   "local schedule); captures from gi.fl.victim set it")
+                                   "local schedule); captures from gi.world.fl.victim set it")
             n = self.protocol.batch_size
         return int(n)
 
     def model(self, device: str | torch.device = "cpu") -> torch.nn.Module:
-        """The global model θᵗ, rebuilt from spec (its provider, :data:`gi.models.PROVIDERS`) and state, in the
+        """The global model θᵗ, rebuilt from spec (its provider, :data:`gi.world.models.PROVIDERS`) and state, in the
         protocol's mode (eval/train), with its last layer's name recorded (``gi_last_layer``)."""
-        from gi.models import from_spec
+        from gi.world.models import from_spec
 
         try:
             model = from_spec(self.model_spec)
@@ -386,7 +386,7 @@ class Capture:
         """A FedSGD capture from what a real client shared: ``gradients`` {parameter name: ∇θ of the mean loss}
         (docs/architecture.md sign convention) of ``model`` at θᵗ (its current weights and buffers) over
         ``num_samples`` samples. ``last_layer`` names the last ``nn.Linear`` (found when omitted,
-        :func:`gi.models.find_last_layer`; ``in_shape`` (C, H, W) lets it probe by a forward pass and is what a
+        :func:`gi.world.models.find_last_layer`; ``in_shape`` (C, H, W) lets it probe by a forward pass and is what a
         reconstruction needs). Names and shapes are checked against the model: :class:`CaptureError`."""
         if protocol.is_update:
             raise CaptureError(f"from_gradients builds FedSGD captures; protocol.scheme={protocol.scheme!r} shares "
@@ -394,7 +394,7 @@ class Capture:
         shared = _checked_message(model, gradients, "gradients")
         spec, name = describe_model(model, last_layer, in_shape)
         n = _positive(num_samples)
-        return cls(model_spec=spec, model_state=_state_of(model), protocol=protocol, gradients=shared,
+        return cls(model_spec=spec, model_state=state_of(model), protocol=protocol, gradients=shared,
                    meta={"num_samples": n}, last_layer_name=name).check()
 
     @classmethod
@@ -416,7 +416,7 @@ class Capture:
         before = _state_dict(model_before, "model_before")
         after = _state_dict(model_after, "model_after")
         params = [k for k, p in arch.named_parameters() if p.requires_grad]
-        state = _state_of(arch)
+        state = state_of(arch)
         for side, sd in (("model_before", before), ("model_after", after)):
             missing = [k for k in params if k not in sd]
             if missing:
@@ -473,71 +473,3 @@ class Truth:
         extra = {k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith("extra/")}
         return cls(tensors["images"], tensors["labels"], tensors["targets"], tensors["counts"], extra,
                    meta.get("meta", {}))
-
-
-def capture_gradients(
-    model: torch.nn.Module,
-    images: Tensor,
-    targets: Tensor,
-    protocol: Protocol,
-    generator: torch.Generator | None = None,
-    last_layer: str | None = None,
-    device: str | torch.device | None = None,
-) -> tuple[Capture, Truth]:
-    """FedSGD: the client's gradient of the mean loss over one batch (docs/architecture.md, "Public contract").
-
-    ``model`` is any classifier ``nn.Module`` (a zoo model or the user's own: its last ``nn.Linear`` is found, or
-    named by ``last_layer``; its provenance is :func:`gi.models.spec_of`). ``targets`` are class ids ``(B,)`` or
-    soft labels ``(B, C)``. The model is used in the protocol's mode (``eval`` by default, as Inverting Gradients
-    assumes; ``protocol.model_mode="train"`` for batch statistics). ``device`` (``cpu``, ``gpu``, ``cuda:N``, ``auto``)
-    runs the client's forward/backward there on a copy of the model (the capture is kept on the CPU).
-    Returns ``(Capture, Truth)``.
-    """
-    import copy
-
-    from gi.core.devices import torch_device
-    from gi.losses import as_soft_targets, loss_for
-
-    if protocol.is_update:
-        raise CaptureError(f"capture_gradients is FedSGD; protocol.scheme={protocol.scheme!r} needs "
-                           "gi.simulate_client")
-    target_device = torch_device(device) if device is not None else None
-    if images.ndim != 4:
-        raise CaptureError(f"images must be (B, C, H, W), got shape {tuple(images.shape)}")
-    if images.shape[0] != targets.shape[0]:
-        raise CaptureError(f"{images.shape[0]} images but {targets.shape[0]} targets")
-    if images.min() < 0 or images.max() > 1:
-        raise CaptureError("images must be pixels in [0, 1]; normalisation is the model's first layer")
-    spec, name = describe_model(model, last_layer, example=images[:1].to(next(iter(model.parameters())).device))
-    if target_device is not None and torch.device(target_device) != next(iter(model.parameters())).device:
-        model = copy.deepcopy(model).to(target_device)
-    run_device = next(iter(model.parameters())).device
-    from torch.func import functional_call
-
-    from gi.fl import defences
-
-    soft = as_soft_targets(targets, spec["num_classes"])
-    model.train(protocol.model_mode == "train")
-    state = _state_of(model)  # before BN updates
-    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    ctx = defences.Context(protocol, generator)  # the protocol's defences (gi.fl.defences), in their stages
-    keep = defences.data_indices(soft.argmax(1), ctx)
-    x, y = (images, soft) if keep is None else (images[keep], soft[keep])
-    x, y = x.to(run_device), y.to(device=run_device, dtype=images.dtype)
-    ctx.batch_size = int(x.shape[0])
-    with defences.model_defences(model, ctx):
-        loss, _, grads = defences.defended_gradient(lambda p, z: functional_call(model, p, (z,)), params, x, y,
-                                                    loss_for(protocol), ctx)
-    shared = defences.apply("shared", {n: g.detach().cpu() for n, g in grads.items()}, ctx)
-    if not math.isfinite(float(loss)):
-        raise CaptureError("client loss is not finite; check the model's initialisation and the inputs")
-    meta: dict[str, Any] = {"num_samples": int(x.shape[0])}
-    if defences.specs(protocol):
-        n = protocol.num_samples or int(x.shape[0])
-        meta["defences"] = defences.record(protocol, 1, int(x.shape[0]) / max(int(n), int(x.shape[0])))
-    capture = Capture(model_spec=dict(spec), model_state=state, protocol=protocol, gradients=shared, meta=meta,
-                      last_layer_name=name)
-    counts = torch.bincount(soft.argmax(1), minlength=spec["num_classes"])
-    truth = Truth(images=images.detach().clone().cpu(), labels=soft.argmax(1), targets=soft.detach().clone(),
-                  counts=counts)
-    return capture, truth

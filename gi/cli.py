@@ -34,7 +34,7 @@ Overrides use dotted keys (attack.iterations=500); unknown keys are errors that 
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from gi.experiments.pipeline import load_run_config, run
+    from gi.experiments.run import load_run_config, run
 
     cfg = load_run_config(args.config, args.overrides)
     _apply_threads()
@@ -71,7 +71,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
 
 
 def _cmd_labels(args: argparse.Namespace) -> int:
-    from gi.experiments.labelbench import load_label_bench_config, run_bench
+    from gi.experiments.labels import load_label_bench_config, run_bench
 
     cfg = load_label_bench_config(args.config, args.overrides)
     _apply_threads()

@@ -1,7 +1,7 @@
 """The label stage's result, :class:`LabelResult`: the contract between label recovery and every later stage.
 
 It sits beside :class:`gi.Capture` at the bottom of the import graph, so the feature stage (:mod:`fcn_analytic`),
-the reconstruction (:mod:`gi.recon`) and the reports read it as a typed value; the methods that produce it live
+the reconstruction (:mod:`gi.attack.recon`) and the reports read it as a typed value; the methods that produce it live
 in :mod:`labels`.
 """
 

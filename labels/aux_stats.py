@@ -20,9 +20,9 @@ import torch
 
 from gi.capture import Capture
 from gi.core.errors import CaptureError, ConfigError
-from gi.fl.protocol import Protocol
-from gi.losses import loss_for, posterior
-from gi.models import features_and_logits
+from gi.world.fl.protocol import Protocol
+from gi.world.losses import loss_for, posterior
+from gi.world.models import features_and_logits
 
 Tensor = torch.Tensor
 
@@ -96,7 +96,7 @@ def embedded_targets(labels: Tensor, num_classes: int, embedding: tuple[float, f
 def logit_gradients(logits: Tensor, targets: Tensor, protocol: Protocol) -> Tensor:
     """Per-sample gradients ``∂L_n/∂z_n`` ``(N, C)`` of the protocol's loss (focal/CE/BCE, τ), float64.
 
-    Computed by autograd on the loss of :func:`gi.losses.loss_for` (mean-reduced, hence the factor N),
+    Computed by autograd on the loss of :func:`gi.world.losses.loss_for` (mean-reduced, hence the factor N),
     so every loss variant of Table 1 (and focal loss with soft targets, which Table 1 leaves out) is exact.
     """
     z = logits.detach().double().clone().requires_grad_(True)
@@ -147,7 +147,7 @@ class AuxStats:
 
 def aux_arrays(aux: Any, method: str) -> tuple[Tensor, Tensor]:
     if aux is None:
-        raise ConfigError(f"label method {method!r} needs auxiliary data: pass aux=gi.data.ImageDataset(images, "
+        raise ConfigError(f"label method {method!r} needs auxiliary data: pass aux=gi.world.data.ImageDataset(images, "
                           "labels, num_classes) (a few labelled samples per class, disjoint from the victim's)")
     images, labels = getattr(aux, "images", None), getattr(aux, "labels", None)
     if not isinstance(images, Tensor) or not isinstance(labels, Tensor):
@@ -205,7 +205,7 @@ def aux_forward(capture: Capture, aux: Any, dtype: torch.dtype | str = torch.flo
 
     ``dtype`` is the precision of the model body (``"float32"`` is 3–4× faster for VGG/ResNet on CPU); the
     last layer and every statistic are float64.
-    ``aux`` is a :class:`gi.data.ImageDataset` (or any object with ``.images`` in [0, 1] and ``.labels``).
+    ``aux`` is a :class:`gi.world.data.ImageDataset` (or any object with ``.images`` in [0, 1] and ``.labels``).
     The model runs in the protocol's mode (eval by default; in train mode BatchNorm uses the statistics of
     each ``chunk``, which only approximates the victim's batch statistics).
     """
@@ -247,7 +247,7 @@ def dummy_forward(capture: Capture, count: int, seed: int = 0, dtype: torch.dtyp
     Labels are ``arange(count) mod C`` (dummy data has no class; methods relabel it as they need). The
     dummy set of one (shape, count, seed) is kept, so its forward is cached like an aux set's.
     """
-    from gi.data import ImageDataset
+    from gi.world.data import ImageDataset
 
     in_shape = tuple(int(s) for s in capture.model_spec["in_shape"])
     key = (in_shape, int(count), int(seed), capture.num_classes)

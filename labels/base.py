@@ -109,7 +109,7 @@ def to_cpu(result: LabelResult) -> LabelResult:
 def recover(capture: Capture, method: str, aux: Any = None, device: Any = None, **options: Any) -> LabelResult:
     """Recover labels from a capture with a registered method (docs/architecture.md, "Public contract").
 
-    ``aux`` is the attacker's auxiliary data when the method needs it (an :class:`gi.data.ImageDataset` or
+    ``aux`` is the attacker's auxiliary data when the method needs it (an :class:`gi.world.data.ImageDataset` or
     a dataset); ``options`` are method-specific. ``device`` runs the method there (the capture's tensors are
     moved, new tensors are made there; the result comes back on the CPU); asking for a GPU where none exists is
     a :class:`ConfigError` before any work. Wall time goes to ``info['seconds']``.

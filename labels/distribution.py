@@ -42,9 +42,9 @@ from torch.func import functional_call
 
 from gi.capture import Capture
 from gi.core.errors import ConfigError
-from gi.fl import Protocol, local_train
 from gi.label_result import LabelResult
-from gi.losses import loss_for
+from gi.world.fl import Protocol, local_train
+from gi.world.losses import loss_for
 from labels.aux_stats import aux_arrays, class_means, model_last_layer
 from labels.base import register
 from labels.counts import largest_remainder
@@ -115,7 +115,7 @@ def _aux_steps(capture: Capture, view: UpdateView, aux_steps: str | int) -> int:
 
 
 def aux_runs(capture: Capture, aux: Any, steps: int) -> AuxRuns:
-    """Train θᵗ for ``steps`` full-batch steps on the aux samples of each class (:func:`gi.fl.local.local_train`
+    """Train θᵗ for ``steps`` full-batch steps on the aux samples of each class (:func:`gi.world.fl.local.local_train`
     with the protocol's loss, lr and optimiser, FedAvg), recording the mean softmax before every step and the
     last-layer change.
 

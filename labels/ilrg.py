@@ -52,7 +52,7 @@ import torch
 from gi.capture import Capture
 from gi.core.errors import ConfigError
 from gi.label_result import LabelResult
-from gi.losses import posterior
+from gi.world.losses import posterior
 from labels.aux_stats import fedsgd_view, label_embedding, model_last_layer
 from labels.base import register
 from labels.counts import largest_remainder

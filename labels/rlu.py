@@ -41,9 +41,9 @@ from scipy.optimize import minimize, nnls
 
 from gi.capture import Capture
 from gi.core.errors import CaptureError, ConfigError
-from gi.fl import LINEAR, LocalOptimizer, get_scheme, local_schedule, local_train
-from gi.fl.local import distinct_samples, scheme_constants
 from gi.label_result import LabelResult
+from gi.world.fl import LINEAR, LocalOptimizer, get_scheme, local_schedule, local_train
+from gi.world.fl.local import distinct_samples, scheme_constants
 from labels.aux_stats import aux_forward
 from labels.base import register
 from labels.counts import largest_remainder
@@ -97,7 +97,7 @@ def _uses_momentum(protocol) -> bool:
 def impulse_rho(protocol, num_steps: int) -> Tensor:
     """ρ^(τ) as the exact impulse response of the client's bias dynamics, for any scheme × optimiser.
 
-    The bias offset ``d = b − bᵗ`` follows the client's own loop (:func:`gi.fl.local.local_train`) with the
+    The bias offset ``d = b − bᵗ`` follows the client's own loop (:func:`gi.world.fl.local.local_train`) with the
     scheme's pull and weight decay acting on ``d``; this is linear, so ``d_m = −η Σ_τ ρ^(τ) g_τ`` and ρ is read
     off by feeding all m unit impulses at once (one coordinate of ``d`` per impulse, no history terms).
     """
@@ -247,7 +247,7 @@ def update_view(capture: Capture, linear: bool = True) -> UpdateView:
     """Read an update capture for the update-based attacks; :class:`CaptureError` when it is not one.
 
     ``linear=True`` (RLU, the distribution estimators) needs an optimiser whose update is linear in the
-    gradients (:data:`gi.fl.optim.LINEAR`) and refuses others with a :class:`ConfigError`.
+    gradients (:data:`gi.world.fl.optim.LINEAR`) and refuses others with a :class:`ConfigError`.
     ``linear=False`` (Decaf, which reads only the update's direction) accepts any optimiser under FedAvg
     and then reads ``Δθ/η`` with ``ρ ≡ 1`` (Decaf's eq. 4).
     """

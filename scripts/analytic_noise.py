@@ -17,12 +17,13 @@ import torch
 def main(argv: list[str]) -> None:
     import fcn_analytic
     import labels
-    from gi import data as gdata
-    from gi.capture import Capture, capture_gradients
+    from gi.analysis.metrics import psnr
+    from gi.capture import Capture
     from gi.experiments.attack import inversion_residual
-    from gi.fl.protocol import Protocol
-    from gi.metrics import psnr
-    from gi.models import build
+    from gi.world import data as gdata
+    from gi.world.fl.protocol import Protocol
+    from gi.world.fl.victim import capture_gradients
+    from gi.world.models import build
 
     opts = dict(a.split("=", 1) for a in argv)
     images = [int(i) for i in opts.get("images", "0,1,2").split(",")]

@@ -57,8 +57,8 @@ def ours_seconds(capture, truth, iterations: int, restarts: int, device: str = "
     """Wall seconds per iteration of ``gi.reconstruct``; ``flat``: force the concatenated (True) or the per-layer
     (False) objective, ``GradientInversion.flat``; None: its own rule for the device."""
     import labels as label_methods
-    from gi.recon import ReconConfig, reconstruct
-    from gi.recon.module import GradientInversion
+    from gi.attack.recon import ReconConfig, reconstruct
+    from gi.attack.recon.module import GradientInversion
 
     cfg = ReconConfig(iterations=iterations, restarts=restarts, objective="cosine", optimizer="adam", lr=0.1,
                       signed=True, regularizers={"tv": 2e-3}, progress=False, log_every=10**9, threads=None,
@@ -79,7 +79,7 @@ def ours_seconds(capture, truth, iterations: int, restarts: int, device: str = "
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="lenet", help="gi.models name (lenet, resnet18, ...)")
+    ap.add_argument("--model", default="lenet", help="gi.world.models name (lenet, resnet18, ...)")
     ap.add_argument("--iterations", type=int, default=200)
     ap.add_argument("--restarts", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--rounds", type=int, default=3)
@@ -91,8 +91,8 @@ def main() -> None:
     torch.set_num_threads(int(os.environ.get("GI_THREADS", "1")))
 
     import gi
-    from gi.data import load
-    from gi.models import build
+    from gi.world.data import load
+    from gi.world.models import build
 
     data = load("cifar10-samples")
     x, y = data.images[:1], data.labels[:1]

@@ -51,7 +51,7 @@ def run_ours(cap, x: torch.Tensor) -> tuple[float, float]:
     """labels ``auto`` → ``fcn_analytic.invert``: (PSNR, CPU seconds)."""
     import fcn_analytic
     import labels
-    from gi.metrics import psnr
+    from gi.analysis.metrics import psnr
 
     start = time.process_time()
     inv = fcn_analytic.invert(cap, labels.recover(cap, "auto"))
@@ -64,7 +64,7 @@ def run_breaching(net, names, ours_name, cap, x: torch.Tensor, label: torch.Tens
     import breaching
     from threadpoolctl import threadpool_limits
 
-    from gi.metrics import psnr
+    from gi.analysis.metrics import psnr
 
     attacker = breaching.attacks.prepare_attack(net, torch.nn.CrossEntropyLoss(), breaching.get_attack_config("rgap"),
                                                 dict(dtype=torch.float, device=torch.device("cpu")))
@@ -85,10 +85,10 @@ def run_breaching(net, names, ours_name, cap, x: torch.Tensor, label: torch.Tens
 
 
 def main(argv: list[str]) -> None:
-    from gi import data as gdata
-    from gi.capture import capture_gradients
-    from gi.fl.protocol import Protocol
-    from gi.models import NORMALIZATIONS, build
+    from gi.world import data as gdata
+    from gi.world.fl.protocol import Protocol
+    from gi.world.fl.victim import capture_gradients
+    from gi.world.models import NORMALIZATIONS, build
 
     opts = dict(a.split("=", 1) for a in argv)
     images = [int(i) for i in opts.get("images", ",".join(map(str, range(10)))).split(",")]

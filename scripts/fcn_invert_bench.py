@@ -2,7 +2,7 @@
 
 For every image: a single-sample FedSGD capture on an untrained FCN-4 (12288-4096-1024-256-C, default init),
 soft-label recovery (``soft-lambda``), the recovered feature λ·g_r, then layer-by-layer inversion
-(``fcn_analytic.invert``); scored against the true image with PSNR / SSIM (gi.metrics) and, with ``--lpips``,
+(``fcn_analytic.invert``); scored against the true image with PSNR / SSIM (gi.analysis.metrics) and, with ``--lpips``,
 LPIPS-alex. Prints a Markdown table; times are wall seconds with one torch thread.
 
     python scripts/fcn_invert_bench.py --dataset imagenet-samples --aug smoothing
@@ -19,10 +19,11 @@ import torch
 
 import fcn_analytic
 import labels
-from gi import data, metrics
-from gi.capture import capture_gradients
-from gi.fl.protocol import Protocol
-from gi.models import build
+from gi.analysis import metrics
+from gi.world import data
+from gi.world.fl.protocol import Protocol
+from gi.world.fl.victim import capture_gradients
+from gi.world.models import build
 
 
 def main() -> None:

@@ -24,16 +24,16 @@ import types
 
 import torch
 
+from gi.attack.recon.module import GradientInversion
+from gi.attack.recon.optim import BatchedLBFGS
+from gi.attack.recon.problem import build_problem
 from gi.experiments.attack import feature_stage, label_stage
-from gi.experiments.pipeline import build_victim, capture_all, load_run_config, make_aux
-from gi.recon.module import GradientInversion
-from gi.recon.optim import BatchedLBFGS
-from gi.recon.problem import build_problem
+from gi.experiments.run import build_victim, capture_all, load_run_config, make_aux
 
 
 def old_lbfgs(ref: str) -> type:
-    """BatchedLBFGS from gi/recon/optim.py at git ``ref``."""
-    src = subprocess.run(["git", "show", f"{ref}:gi/recon/optim.py"], capture_output=True, text=True, check=True)
+    """BatchedLBFGS from gi/attack/recon/optim.py at git ``ref``."""
+    src = subprocess.run(["git", "show", f"{ref}:gi/attack/recon/optim.py"], capture_output=True, text=True, check=True)
     mod = types.ModuleType("optim_at_" + ref)
     exec(compile(src.stdout, f"optim@{ref}", "exec"), mod.__dict__)
     return mod.BatchedLBFGS

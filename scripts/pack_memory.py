@@ -1,8 +1,8 @@
-"""Check the memory model of ``attack.pack: auto`` (gi/recon/memory.py) against measured peak memory on the CPU.
+"""Check the memory model of ``attack.pack: auto`` (gi/attack/recon/memory.py) against measured peak memory on the CPU.
 
 For each case, two fresh processes fit ``lo`` and ``hi`` packed captures (a few iterations) and report their peak
 resident memory growth during the fit (``ru_maxrss``); the slope is the measured bytes per capture, printed next to
-:func:`gi.recon.memory.bytes_per_capture`. Usage::
+:func:`gi.attack.recon.memory.bytes_per_capture`. Usage::
 
     PYTHONPATH=$PWD python scripts/pack_memory.py          # the cases of the README table
     PYTHONPATH=$PWD python scripts/pack_memory.py one resnet18 4 1 1 adam 2   # internal: one measurement
@@ -26,13 +26,13 @@ CASES = [  # model, batch, restarts, optimizer, iterations, (lo, hi) captures
 def one(name: str, n: int, restarts: int, batch: int, optimizer: str, iterations: int) -> dict:
     import torch
 
-    from gi import data as gdata
-    from gi.capture import capture_gradients
-    from gi.fl.protocol import Protocol
+    from gi.attack.recon import ReconConfig, reconstruct_many
+    from gi.attack.recon.memory import bytes_per_capture
     from gi.label_result import LabelResult
-    from gi.models import build
-    from gi.recon import ReconConfig, reconstruct_many
-    from gi.recon.memory import bytes_per_capture
+    from gi.world import data as gdata
+    from gi.world.fl.protocol import Protocol
+    from gi.world.fl.victim import capture_gradients
+    from gi.world.models import build
 
     torch.set_num_threads(1)
     ds = gdata.load("cifar10-samples")

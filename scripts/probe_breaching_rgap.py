@@ -19,12 +19,12 @@ import torch
 def main() -> None:
     import breaching
 
-    from gi import data as gdata
-    from gi.capture import capture_gradients
+    from gi.analysis.metrics import psnr
     from gi.experiments.ttq import without_normalize
-    from gi.fl.protocol import Protocol
-    from gi.metrics import psnr
-    from gi.models import build
+    from gi.world import data as gdata
+    from gi.world.fl.protocol import Protocol
+    from gi.world.fl.victim import capture_gradients
+    from gi.world.models import build
 
     torch.set_num_threads(1)
     ds = gdata.load("cifar10-samples")

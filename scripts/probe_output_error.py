@@ -1,6 +1,7 @@
 """Probe of the captured output error on ResNet-18 (README "Time to quality vs breaching", ResNet-18): one capture
 of ``configs/bench/ttq-resnet18.yaml``'s job, the dummy gradients simulated with the protocol's cross-entropy of the
-recovered soft labels (``ce``) or with the captured ∂L/∂z = ∇b frozen (``delta``, ``gi.losses.output_error_loss``),
+recovered soft labels (``ce``) or with the captured ∂L/∂z = ∇b frozen (``delta``,
+``gi.world.losses.output_error_loss``),
 matched by the cosine or the relative L2 distance plus TV 2e-3, optimised by signed Adam (the ``resnet`` preset's
 lr 0.025 and multistep decays at 400 / 667 / 933) or by torch's L-BFGS (lr 1, 100 pairs, no line search), or Adam
 switching to L-BFGS at ``SWITCH`` (``hyb``). PSNR of the current iterate against CPU seconds of the process (setup

@@ -1,4 +1,4 @@
-"""Probes behind the ``resnet`` attack preset (gi/recon/presets.py; README "Time to quality vs breaching",
+"""Probes behind the ``resnet`` attack preset (gi/attack/recon/presets.py; README "Time to quality vs breaching",
 ResNet-18): one ResNet-18 capture of ``configs/bench/ttq-resnet18.yaml``'s job, a shared *prefix* of signed-Adam
 steps at a constant lr, then *branches* that continue from the same state (a lr decay, L-BFGS, another TV
 weight), so a schedule's tail is compared without re-running its head. PSNR of the best iterate by the attack
@@ -24,11 +24,11 @@ import torch
 
 import fcn_analytic
 import labels
+from gi.attack.recon.config import ReconConfig
+from gi.attack.recon.module import GradientInversion
+from gi.attack.recon.optim import BatchedLBFGS
+from gi.attack.recon.problem import build_problem
 from gi.experiments import ttq
-from gi.recon.config import ReconConfig
-from gi.recon.module import GradientInversion
-from gi.recon.optim import BatchedLBFGS
-from gi.recon.problem import build_problem
 
 
 class Clock:

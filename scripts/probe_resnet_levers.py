@@ -30,11 +30,11 @@ import torch
 
 import fcn_analytic
 import labels
+from gi.attack.recon.config import ReconConfig
+from gi.attack.recon.module import GradientInversion
+from gi.attack.recon.problem import build_problem
 from gi.experiments import ttq
-from gi.models import features_and_logits
-from gi.recon.config import ReconConfig
-from gi.recon.module import GradientInversion
-from gi.recon.problem import build_problem
+from gi.world.models import features_and_logits
 
 SUBSETS = {"all": None, "convs+fc": ("body.0.conv", "body.0.layer", "fc"),
            "conv1+layer1+fc": ("body.0.conv1", "body.0.bn1", "body.0.layer1", "fc"),

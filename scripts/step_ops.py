@@ -45,8 +45,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     import gi
-    from gi.data import load
-    from gi.models import build
+    from gi.world.data import load
+    from gi.world.models import build
 
     data = load("cifar10-samples")
     x, y = data.images[:1], data.labels[:1]

@@ -9,7 +9,7 @@ alike. Tune only on ``cifar10-samples`` / ``fashion-mnist``.
 Arguments: ``images`` (comma-separated indices of the job's data), ``budget`` (CPU seconds per attack),
 ``rounds``, ``every`` (iterations between scored checkpoints), ``job`` (a run config), ``seed``, and variants
 ``name:key=value,key=value`` (ReconConfig fields over the job's preset; values are Python literals; ``history``:
-a fixed L-BFGS memory instead of ``gi.recon.optim.lbfgs_history``'s rule).
+a fixed L-BFGS memory instead of ``gi.attack.recon.optim.lbfgs_history``'s rule).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-import gi.recon.optim
+import gi.attack.recon.optim
 from gi.experiments.ttq import CONTENDERS, AttackClock, TTQConfig, build_victim_side, scorer, time_to
 
 TUNE_DATA = ("cifar10-samples", "fashion-mnist")
@@ -63,8 +63,8 @@ def main(argv: list[str]) -> None:
             for name, keys in order:
                 keys = dict(keys)
                 hist = keys.pop("history", None)  # a fixed L-BFGS memory (default: lbfgs_history's rule)
-                gi.recon.optim.LBFGS_HISTORY = int(hist or 100)
-                gi.recon.optim.LBFGS_LONG_HISTORY = int(hist or 400)
+                gi.attack.recon.optim.LBFGS_HISTORY = int(hist or 100)
+                gi.attack.recon.optim.LBFGS_LONG_HISTORY = int(hist or 400)
                 victim.job = dataclasses.replace(victim.job, attack=dataclasses.replace(base_attack, **keys))
                 curve = CONTENDERS["gi"].run(cfg, victim, k, AttackClock(), scorer(victim.truths[k]))
                 t25, t30 = (time_to(curve.cpu, curve.psnr, lvl) for lvl in (25, 30))

@@ -24,9 +24,9 @@ import time
 
 import torch
 
+from gi.analysis.metrics import match_images, psnr
 from gi.experiments.attack import attack_stages
-from gi.experiments.pipeline import build_victim, capture_all, load_run_config, make_aux
-from gi.metrics import match_images, psnr
+from gi.experiments.run import build_victim, capture_all, load_run_config, make_aux
 
 TUNE_DATA = ("cifar10-samples", "fashion-mnist")
 

@@ -11,15 +11,18 @@ PACKAGES = ("gi", "labels", "fcn_analytic")
 # (module prefix, layer); the longest matching prefix wins
 LAYERS = [
     ("gi.core", 0),
-    ("gi.fl", 1), ("gi.fl.schemes", 1), ("gi.fl.optim", 1), ("gi.fl.protocol", 1), ("gi.fl.defences", 1),
-    ("gi.losses", 2), ("gi.models", 2), ("gi.assets", 2), ("gi.fl.local", 2), ("gi.capture", 2),
-    ("gi.label_result", 2),
-    ("gi.data", 3), ("gi.train", 3), ("gi.lpips_offline", 3), ("gi.metrics", 3), ("gi.fl.victim", 3),
-    ("gi.fl.partition", 3), ("gi.victim_setup", 3), ("gi.fl.flower", 3),
+    ("gi.world", 1), ("gi.world.fl", 1), ("gi.world.fl.schemes", 1), ("gi.world.fl.optim", 1),
+    ("gi.world.fl.protocol", 1), ("gi.world.fl.defences", 1),
+    ("gi.world.losses", 2), ("gi.world.models", 2), ("gi.world.assets", 2), ("gi.world.fl.local", 2),
+    ("gi.capture", 2), ("gi.label_result", 2),
+    ("gi.world.data", 3), ("gi.world.train", 3), ("gi.world.fl.victim", 3), ("gi.world.fl.partition", 3),
+    ("gi.world.setup", 3), ("gi.world.build", 3), ("gi.world.fl.flower", 3),
+    ("gi.analysis", 3),
     ("labels", 4),
     ("fcn_analytic", 5),
-    ("gi.recon", 6),
-    ("gi.scenarios", 7),
+    ("gi.attack", 7), ("gi.attack.recon", 6),
+    ("gi.world.scenarios", 7),
+    ("gi.analysis.report", 8),
     ("gi.experiments", 8),
     ("gi.cli", 9), ("gi", 9),
 ]
@@ -44,7 +47,7 @@ def _imports(path: Path, modules: dict[str, Path]) -> list[tuple[str, list[str],
     out = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            for alias in node.names:  # ``from gi import data`` imports the module gi.data
+            for alias in node.names:  # ``from gi import data`` imports the module gi.world.data
                 sub = f"{node.module}.{alias.name}"
                 out.append((sub, [], node.lineno) if sub in modules else (node.module, [alias.name], node.lineno))
         elif isinstance(node, ast.Import):
@@ -72,5 +75,6 @@ def test_no_private_name_is_imported_across_modules():
 
 
 def test_the_layer_table_rejects_what_it_should():
-    assert layer("gi.fl.schemes.feddyn") == 1 and layer("gi.fl.victim") == 3 and layer("gi.experiments.sweep") == 8
+    assert layer("gi.world.fl.schemes.feddyn") == 1 and layer("gi.world.fl.victim") == 3
+    assert layer("gi.experiments.sweep") == 8 and layer("gi.attack.recon.api") == 6 and layer("gi.attack.stages") == 7
     assert layer("labels.rlu") == 4 and layer("gi") == 9 and layer("gi.core.config") == 0

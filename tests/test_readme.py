@@ -18,6 +18,6 @@ def test_readme_python_blocks_run():
         if "rec" in namespace:
             assert namespace["rec"].images.shape == namespace["images"].shape
         if "inversion" in namespace:  # the analytic image the snippet shows is what gi run answers with
-            from gi.metrics import psnr
+            from gi.analysis.metrics import psnr
 
             assert float(psnr(namespace["inversion"].image, namespace["images"])) > 40

@@ -1,7 +1,7 @@
 """``gi ablate CONFIG``: how much does label (and feature) knowledge help the reconstruction?
 
 The same captures are reconstructed under every label-knowledge mode (``truth``, ``recovered``, ``hard``,
-``joint``, ``recovered+joint``; :data:`gi.experiments.pipeline.LABEL_MODES`) and every α/β variant of the
+``joint``, ``recovered+joint``; :data:`gi.experiments.run.LABEL_MODES`) and every α/β variant of the
 soft-label paper's eq. 8, giving its Tables 3 and 4 (Wang, Liang & He 2024, §4.3 and §5.1): PSNR / SSIM /
 LPIPS and the label error L_r (Σ_c |ŷ_c − y_c| per image, rows matched one-to-one), with per-image values and
 a PNG grid per row.
@@ -31,17 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from gi.attack.recon.config import ReconConfig
 from gi.core.config import DOTTED_KEYS, from_dict, set_dotted, to_dict
 from gi.core.errors import ConfigError, GIError
-from gi.experiments.pipeline import (
-    LABEL_MODES,
-    MetricConfig,
-    RunConfig,
-    build_victim,
-    capture_client,
-    make_aux,
-    used_labels,
-)
 from gi.experiments.report import (
     cells_dir,
     load_cell,
@@ -54,8 +46,16 @@ from gi.experiments.report import (
     write_markdown_table,
     write_yaml,
 )
-from gi.recon.config import ReconConfig
-from gi.victim_setup import deprecated, load_config, upgrade_key
+from gi.experiments.run import (
+    LABEL_MODES,
+    MetricConfig,
+    RunConfig,
+    build_victim,
+    capture_client,
+    make_aux,
+    used_labels,
+)
+from gi.world.setup import deprecated, load_config, upgrade_key
 
 log = logging.getLogger("gi.experiments.ablate")
 METRIC_KEYS = ("psnr", "ssim", "lpips", "L_r")
@@ -63,7 +63,7 @@ METRIC_KEYS = ("psnr", "ssim", "lpips", "L_r")
 
 @dataclass
 class AblateConfig(RunConfig):
-    """One ablation table: a ``gi run`` config (:class:`~gi.experiments.pipeline.RunConfig`: its victim setup,
+    """One ablation table: a ``gi run`` config (:class:`~gi.experiments.run.RunConfig`: its victim setup,
     ``labels``, ``attack``, ``metrics``) plus the table. ``trials``: captures per setting (each one client batch of
     ``protocol.batch_size``). ``settings``: {name: {dotted.key: value}} overrides of this config per setting
     (default: one setting named ``base``); ``variants``: {name: {attack key: value}} (default: one variant
@@ -208,8 +208,9 @@ def _load_cell(cache: Path | None, key: str) -> Row | None:
 
 
 def reconstruct_many(*args: Any, **kwargs: Any) -> Any:
-    """:func:`gi.recon.reconstruct_many`, imported on first use (importing this module loads no torch/Lightning)."""
-    from gi.recon import reconstruct_many as reconstruct
+    """:func:`gi.attack.recon.reconstruct_many`, imported on first use (importing this module loads no
+    torch/Lightning)."""
+    from gi.attack.recon import reconstruct_many as reconstruct
 
     return reconstruct(*args, **kwargs)
 
@@ -228,7 +229,7 @@ def run_setting(cfg: AblateConfig, setting: str, out: Path, cache: Path | None =
     """All (variant, mode) rows of one setting on the same captures; rows found in ``cache`` are reused."""
     import torch
 
-    from gi.metrics import label_metrics, score
+    from gi.analysis.metrics import label_metrics, score
 
     scfg = setting_config(cfg, setting)
     captures, truths, aux = _captures(scfg)

@@ -1,7 +1,7 @@
 """The attack side of ``gi run`` and all of ``gi attack``: labels → features → reconstruction (issue 12).
 
 docs/architecture.md, "Data flow": the stage functions here read captures (and aux data), never truth; the oracle
-label mode alone reads truth, by request. ``gi run`` (:mod:`gi.experiments.pipeline`) makes captures from real
+label mode alone reads truth, by request. ``gi run`` (:mod:`gi.experiments.run`) makes captures from real
 data and calls :func:`attack_stages`, then :func:`write_outputs`; ``gi attack CAPTURE`` loads saved captures and
 calls the same two functions, scoring only when a truth file is given.
 
@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from gi.attack.recon.config import ReconConfig
+from gi.attack.recon.presets import DEFAULT, apply_preset
 from gi.core.config import to_dict
 from gi.core.errors import ConfigError
 from gi.experiments.report import (
@@ -31,16 +33,14 @@ from gi.experiments.report import (
     write_json,
     write_yaml,
 )
-from gi.recon.config import ReconConfig
-from gi.recon.presets import DEFAULT, apply_preset
-from gi.victim_setup import AuxConfig, DataConfig, load_config
+from gi.world.setup import AuxConfig, DataConfig, load_config
 
 if TYPE_CHECKING:
     import torch
 
+    from gi.attack.recon import Reconstruction
     from gi.capture import Capture, Truth
     from gi.label_result import LabelResult
-    from gi.recon import Reconstruction
 
 log = logging.getLogger("gi.attack")
 
@@ -159,7 +159,8 @@ def check_attack_labels(data: Any) -> None:
 
 def with_preset(data: Any, default: str | None) -> Any:
     """A config mapping with its ``attack`` section filled from its preset (``attack.preset``, else ``default``)
-    under the explicit keys (:func:`gi.recon.presets.apply_preset`; ``auto`` picks by the config's ``model.name``),
+    under the explicit keys (:func:`gi.attack.recon.presets.apply_preset`; ``auto`` picks by the config's
+    ``model.name``),
     after :func:`check_attack_labels`: the one loading step of every config with ``labels`` and ``attack`` sections
     (gi run, gi attack)."""
     check_attack_labels(data)
@@ -210,14 +211,14 @@ def label_stage(lcfg: LabelConfig, captures: Sequence[Capture], truths: Sequence
 def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_results: Sequence[LabelResult | None]
                   ) -> tuple[list[torch.Tensor | None], list[Any] | None, dict[str, Any]]:
     """The feature stage: f* of eq. 8 per capture when the labels give it (one sample; a batch with a last-layer
-    bias: :func:`gi.recon.problem.feature_targets`), and ``fcn_analytic.invert``'s image wherever it applies
+    bias: :func:`gi.attack.recon.problem.feature_targets`), and ``fcn_analytic.invert``'s image wherever it applies
     (one FedSGD sample of a fully-connected net, or of a conv body with invertible activations such as the DLG
     LeNet). Returns the features (None each when not all captures have them), the inversions (None unless every
     capture inverts) and the stage record."""
 
     from fcn_analytic import invert
+    from gi.attack.recon.problem import feature_targets, labels_for_slots
     from gi.core.errors import GIError
-    from gi.recon.problem import feature_targets, labels_for_slots
 
     start, cpu = time.perf_counter(), time.process_time()
     features: list[torch.Tensor | None] = []
@@ -275,10 +276,10 @@ def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_result
 def reconstruct_stage(attack: ReconConfig, captures: Sequence[Capture], label_results: Sequence[LabelResult | None],
                       features: Sequence[torch.Tensor | None], inversions: list[Any] | None,
                       callbacks: Sequence[Any] = ()) -> tuple[list[Reconstruction], dict[str, Any]]:
-    """Reconstruct every capture as one batched problem (:func:`gi.recon.reconstruct_many`); captures whose
+    """Reconstruct every capture as one batched problem (:func:`gi.attack.recon.reconstruct_many`); captures whose
     analytic inversion is consistent (largest layer residual below ``attack.analytic_tol``) are answered
     directly, otherwise the optimisation starts from it."""
-    from gi.recon import reconstruct_many
+    from gi.attack.recon import reconstruct_many
 
     start, cpu = time.perf_counter(), time.process_time()
     record: dict[str, Any] = {"name": "reconstruct", "optimizer": attack.optimizer, "objective": attack.objective,
@@ -355,11 +356,11 @@ def inversion_residual(inversion: Any) -> float:
 
 
 def analytic_reconstruction(inversion: Any, label_result: LabelResult | None, capture: Capture) -> Reconstruction:
-    """A :class:`~gi.recon.Reconstruction` holding ``fcn_analytic.invert``'s image (no optimisation)."""
+    """A :class:`~gi.attack.recon.Reconstruction` holding ``fcn_analytic.invert``'s image (no optimisation)."""
     import torch
 
-    from gi.recon import Reconstruction
-    from gi.recon.problem import labels_for_slots
+    from gi.attack.recon import Reconstruction
+    from gi.attack.recon.problem import labels_for_slots
 
     image = inversion.image.float()
     soft = labels_for_slots(label_result, capture.num_samples, capture.num_classes)
@@ -406,8 +407,8 @@ def attack_stages(lcfg: LabelConfig, attack: ReconConfig, captures: Sequence[Cap
 
 def can_pack(a: PreparedAttack, b: PreparedAttack) -> bool:
     """Whether two prepared attacks can be one reconstruction problem: the same attack config and features
-    matched alike, captures of one global model (:func:`gi.recon.problem.same_model`), no analytic answer."""
-    from gi.recon.problem import same_model
+    matched alike, captures of one global model (:func:`gi.attack.recon.problem.same_model`), no analytic answer."""
+    from gi.attack.recon.problem import same_model
 
     return a.attack == b.attack and a.inversions is None and b.inversions is None and \
         (a.matched[0] is None) == (b.matched[0] is None) and same_model(a.captures[0], b.captures[0])
@@ -462,7 +463,7 @@ def truth_monitor(truths: Sequence[Truth], every: int) -> Any:
             ids = pl_module.problem.capture_ids
             if not self.fitting or max(ids) >= len(self.truth):
                 return
-            from gi.metrics import match_images, psnr
+            from gi.analysis.metrics import match_images, psnr
 
             batch_now = pl_module.current_batch().cpu()
             for k, rec in zip(ids, batch_now):
@@ -526,8 +527,8 @@ def write_outputs(tmp: Path, name: str, config: dict[str, Any], captures: Sequen
     per image), grid.png, plots, the captures (and truths). Returns the metrics."""
     import torch
 
-    from gi.metrics import label_metrics, score, summarize
-    from gi.recon.problem import image_slots
+    from gi.analysis.metrics import label_metrics, score, summarize
+    from gi.attack.recon.problem import image_slots
 
     recs = outcome.reconstructions
     metrics: dict[str, Any] = {"name": name, "num_captures": len(captures),
@@ -663,7 +664,7 @@ def in_model_order(capture: Capture) -> Capture:
     loaded capture reconstructs exactly as the capture gi run held in memory."""
     import torch
 
-    from gi.models import from_spec
+    from gi.world.models import from_spec
 
     with torch.device("meta"):
         order = list(from_spec(capture.model_spec).state_dict())
@@ -763,7 +764,7 @@ def run_attack(cfg: AttackConfig) -> AttackRun:
     import torch
 
     from gi.capture import Capture, Truth
-    from gi.victim_setup import draw_aux, load_data
+    from gi.world.setup import draw_aux, load_data
 
     files = capture_files(cfg.capture)
     captures = [in_model_order(Capture.load(f)) for f in files]

@@ -9,13 +9,13 @@ peak, ``attack_rss_mb`` what the reconstruction added to the peak after the mode
 GPU ``peak_cuda_mb`` is ``torch.cuda.max_memory_allocated``.
 
 ``packed.captures`` > 0 adds the throughput entry of issue 15: that many captures of one model (one real image
-each, FedSGD, oracle labels) reconstructed as one problem (:func:`gi.recon.reconstruct_many`) and one by one
+each, FedSGD, oracle labels) reconstructed as one problem (:func:`gi.attack.recon.reconstruct_many`) and one by one
 (:func:`gi.reconstruct`), alternated ``packed.rounds`` times in one process. It reports the wall time of each
 (Trainer set-up included: it is part of what a user waits for), the images per second, the speed-up,
 reconstructions per CPU-core-hour (``threads`` cores) or per GPU-hour, and the PSNR of every image both ways
 (a capture packed with others starts from the same image as alone, so the PSNRs agree up to float rounding).
 ``packed.compile``: also time the packed problem with ``attack.compile`` set to it (``true`` or a torch.compile
-mode, :data:`gi.recon.config.COMPILE_MODES`; ``reduce-overhead`` replays CUDA graphs on a GPU); the row's
+mode, :data:`gi.attack.recon.config.COMPILE_MODES`; ``reduce-overhead`` replays CUDA graphs on a GPU); the row's
 ``compiled_speedup_over_packed`` is packed eager over packed compiled, the compilation inside the first round.
 
 A bench config's ``kind`` names an entry of :data:`BENCH_KINDS` (default ``throughput``, the entries above):
@@ -37,11 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gi.attack.recon.config import ReconConfig, compile_mode
 from gi.core.config import apply_overrides, from_dict, load_yaml, require, to_dict
 from gi.core.errors import ConfigError
 from gi.core.registry import registrar
 from gi.experiments.report import check_output_file, check_run_name, publish_file
-from gi.recon.config import ReconConfig, compile_mode
 
 SCHEMA = 1
 
@@ -92,7 +92,7 @@ class BenchConfig:
     overwrite: bool = False
 
     def __post_init__(self) -> None:
-        from gi.models import BODIES
+        from gi.world.models import BODIES
 
         check_run_name(self.name)
         require(self.kind == "throughput", "kind", self.kind, "throughput")
@@ -196,12 +196,12 @@ def measure(entry: dict[str, Any], keep_steps: bool = False) -> dict[str, Any]:
     """One benchmark entry, in the current process: model, batch, restarts, device, iterations, attack config."""
     import torch
 
-    from gi import data as gdata
-    from gi.capture import capture_gradients
-    from gi.fl.protocol import Protocol
-    from gi.metrics import psnr
-    from gi.models import build
-    from gi.recon import reconstruct
+    from gi.analysis.metrics import psnr
+    from gi.attack.recon import reconstruct
+    from gi.world import data as gdata
+    from gi.world.fl.protocol import Protocol
+    from gi.world.fl.victim import capture_gradients
+    from gi.world.models import build
 
     torch.set_num_threads(entry["threads"])
     ds = gdata.load(entry["dataset"])
@@ -234,7 +234,7 @@ def measure(entry: dict[str, Any], keep_steps: bool = False) -> dict[str, Any]:
         out["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
         out["gpu"] = torch.cuda.get_device_name()
     if not entry.get("timing_only"):
-        from gi.metrics import match_images
+        from gi.analysis.metrics import match_images
 
         perm = match_images(rec.images, truth.images) if b > 1 else [0]
         out["psnr"] = float(psnr(rec.images[perm], truth.images).mean())
@@ -245,11 +245,11 @@ def _victim(entry: dict[str, Any], count: int, batch: int) -> tuple[list, list, 
     """``count`` FedSGD captures of ``batch`` consecutive images each through one model, oracle labels, truths."""
     import torch
 
-    from gi import data as gdata
-    from gi.capture import capture_gradients
-    from gi.fl.protocol import Protocol
     from gi.label_result import LabelResult
-    from gi.models import build
+    from gi.world import data as gdata
+    from gi.world.fl.protocol import Protocol
+    from gi.world.fl.victim import capture_gradients
+    from gi.world.models import build
 
     ds = gdata.load(entry["dataset"])
     if count * batch > len(ds):
@@ -272,8 +272,8 @@ def measure_packed(entry: dict[str, Any]) -> list[dict[str, Any]]:
     """The packed-throughput entry (module docstring): packed vs one by one (and packed compiled), alternated."""
     import torch
 
-    from gi.metrics import psnr
-    from gi.recon import reconstruct, reconstruct_many
+    from gi.analysis.metrics import psnr
+    from gi.attack.recon import reconstruct, reconstruct_many
 
     torch.set_num_threads(entry["threads"])
     n = entry["captures"]

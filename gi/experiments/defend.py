@@ -1,10 +1,10 @@
 """``gi defend CONFIG``: which defence, at which strength, stops label and image leakage, and what does it cost?
 
 For every defence × strength of the config (plus the undefended baseline) the **same** federation is trained
-(same data, partition, initial model and seeds; only the protocol's defences differ, :mod:`gi.fl.defences`):
+(same data, partition, initial model and seeds; only the protocol's defences differ, :mod:`gi.world.fl.defences`):
 
 - **utility**: the global model's test accuracy after ``federation.rounds`` rounds
-  (:func:`gi.fl.victim.run_federation`);
+  (:func:`gi.world.fl.victim.run_federation`);
 - **label leakage**: every captured client at ``federation.capture_round`` is attacked by each of
   ``label_methods`` (``labels.recover`` with the attacker's aux set) on what that method reads: its ``update``
   (e.g. RLU), or (``gradient``, e.g. the posterior attack) a defended FedSGD gradient of ``label_batch`` of its
@@ -41,10 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from gi.attack.recon.config import ReconConfig
 from gi.core.config import require, to_dict
 from gi.core.errors import ConfigError, GIError
 from gi.experiments.attack import attack_stages, derived_attack, with_preset
-from gi.experiments.pipeline import LabelConfig, MetricConfig
 from gi.experiments.report import (
     cells_dir,
     check_run_name,
@@ -59,9 +59,9 @@ from gi.experiments.report import (
     write_markdown_table,
     write_yaml,
 )
-from gi.fl.protocol import Protocol
-from gi.recon.config import ReconConfig
-from gi.victim_setup import AuxConfig, DataConfig, ModelConfig, VictimSetup, load_config, section
+from gi.experiments.run import LabelConfig, MetricConfig
+from gi.world.fl.protocol import Protocol
+from gi.world.setup import AuxConfig, DataConfig, ModelConfig, VictimSetup, load_config, section
 
 log = logging.getLogger("gi.experiments.defend")
 BASELINE = "none"
@@ -122,7 +122,7 @@ class DefendConfig(VictimSetup):
     the curve; default ``name``).
     ``only``: run just these labels; ``workers``: cells computed at once, each in its own process (the same
     numbers as one at a time: every cell reseeds). The baseline (no extra defence) is always the first row.
-    ``attack.preset`` (e.g. ``default``, :mod:`gi.recon.presets`) fills the attack keys the config leaves out, as
+    ``attack.preset`` (e.g. ``default``, :mod:`gi.attack.recon.presets`) fills the attack keys the config leaves out, as
     in ``gi run``; without it the ``attack`` section is taken as written."""
 
     ATTACK_PRESET: ClassVar[str | None] = None
@@ -227,9 +227,9 @@ class Setup:
 def build_setup(cfg: DefendConfig) -> Setup:
     import torch
 
-    from gi.data import ImageDataset
-    from gi.fl.partition import dirichlet_partition
-    from gi.victim_setup import build_model, draw_aux, load_data
+    from gi.world.data import ImageDataset
+    from gi.world.fl.partition import dirichlet_partition
+    from gi.world.setup import build_model, draw_aux, load_data
 
     fed = cfg.federation
     data = load_data(cfg.data)
@@ -255,8 +255,8 @@ def build_setup(cfg: DefendConfig) -> Setup:
 def _label_leakage(cfg: DefendConfig, setup: Setup, protocol: Protocol, model: Any,
                    captures: list[tuple[int, Any, Any]]) -> tuple[dict[str, float], list[dict[str, Any]]]:
     import labels
-    from gi.fl.defences import group_size
-    from gi.metrics import label_metrics, label_metrics_from_counts
+    from gi.analysis.metrics import label_metrics, label_metrics_from_counts
+    from gi.world.fl.defences import group_size
 
     batch = cfg.label_batch or protocol.batch_size
     gradient = {c: fedsgd_capture(cfg, setup, protocol, model, c, group_size(protocol), batch, 0)
@@ -293,8 +293,8 @@ def fedsgd_capture(cfg: DefendConfig, setup: Setup, protocol: Protocol, model: A
     those of the rest of its secure-aggregation group of ``group`` clients (who each add a batch of theirs)."""
     import torch
 
-    from gi.capture import capture_gradients
-    from gi.fl.defences.secagg import merge
+    from gi.world.fl.defences.secagg import merge
+    from gi.world.fl.victim import capture_gradients
 
     pairs = []
     for client in range(first, min(first + group, len(setup.partition))):
@@ -313,7 +313,7 @@ def _image_leakage(cfg: DefendConfig, setup: Setup, protocol: Protocol, model: A
     secure aggregation), with the labels of ``labels.mode`` and, with ``images.oracle``, the true labels too."""
     import torch
 
-    from gi.metrics import score, summarize
+    from gi.analysis.metrics import score, summarize
 
     bs = cfg.images.batch_size
     pairs = [fedsgd_capture(cfg, setup, protocol, model, first, group, bs, k) for k in range(cfg.images.count // bs)]
@@ -349,8 +349,8 @@ def run_cell(cfg: DefendConfig, setup: Setup, label: str, strength: float | None
     """One defence at one strength: utility, label leakage and image leakage on the shared setup."""
     import torch
 
-    from gi.fl import defences
-    from gi.fl.victim import run_federation
+    from gi.world.fl import defences
+    from gi.world.fl.victim import run_federation
 
     start = time.perf_counter()
     fed_cfg = cfg.federation

@@ -273,7 +273,7 @@ _LOG_SCOPE: contextvars.ContextVar[frozenset[Path] | None] = contextvars.Context
 @contextlib.contextmanager
 def log_scope(*finals: str | Path) -> Iterator[None]:
     """While open, log records go only to the ``log.txt`` of the staged outputs of ``finals`` (several jobs staged
-    at once, e.g. :func:`gi.experiments.pipeline.run_many`: each job's log holds its own lines and its pack's)."""
+    at once, e.g. :func:`gi.experiments.run.run_many`: each job's log holds its own lines and its pack's)."""
     token = _LOG_SCOPE.set(frozenset(Path(f).resolve() for f in finals))
     try:
         yield

@@ -47,7 +47,7 @@ from typing import Any
 from gi.core.config import format_override, parse_override, to_dict
 from gi.core.errors import ConfigError, GIError
 from gi.experiments.report import check_run_name
-from gi.victim_setup import load_config
+from gi.world.setup import load_config
 
 log = logging.getLogger("gi.experiments.sweep")
 DONE = "metrics.json"
@@ -62,7 +62,7 @@ class SweepConfig:
     ``columns``: metrics of a ``run`` job copied into ``aggregate.csv``; ``metric``: the one summarised;
     ``pack``: up to this many ``run`` jobs of a rank that differ only in what the attack is told or shown
     (:data:`PACK_FREE`: the label stage, the images attacked) run together, their captures reconstructed as one
-    packed problem where their attacks allow it (:func:`gi.experiments.pipeline.run_many`; 0: one job at a
+    packed problem where their attacks allow it (:func:`gi.experiments.run.run_many`; 0: one job at a
     time)."""
 
     name: str = "sweep"
@@ -121,7 +121,7 @@ def job_config(command: str, base: str, overrides: list[str]) -> Any:
     """A job's config: the ``gi run`` (RunConfig) or ``gi ablate`` (AblateConfig) config ``base`` with ``overrides``,
     loaded as those commands load it."""
     if command == "run":
-        from gi.experiments.pipeline import RunConfig as cls
+        from gi.experiments.run import RunConfig as cls
     else:
         from gi.experiments.ablate import AblateConfig as cls
     return load_config(cls, base, overrides)
@@ -222,7 +222,7 @@ def pack_batches(cfg: SweepConfig, jobs: list[Job]) -> list[list[Job]]:
 
 
 def _run_job(base: str, overrides: list[str]) -> dict[str, Any]:
-    from gi.experiments.pipeline import run
+    from gi.experiments.run import run
 
     return run(job_config("run", base, overrides)).metrics
 
@@ -256,7 +256,7 @@ def _device_overrides(cfg: SweepConfig, accelerator: str, local_rank: int) -> li
 
 
 def _run_many(base: str, overrides: list[list[str]]) -> list[dict[str, Any]]:
-    from gi.experiments.pipeline import run_many
+    from gi.experiments.run import run_many
 
     return [r.metrics for r in run_many([job_config("run", base, o) for o in overrides])]
 
@@ -514,7 +514,7 @@ def run_sweep(cfg: SweepConfig) -> Path:
         return root
     from lightning.fabric import Fabric
 
-    from gi.recon.api import quiet_lightning
+    from gi.attack.recon.api import quiet_lightning
 
     quiet_lightning()
     strategy = "ddp" if _cluster_launched() else "ddp_spawn"

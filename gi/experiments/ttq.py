@@ -479,11 +479,11 @@ register_contender("breaching")(Contender(check_breaching, _breaching_attack,
 
 # --------------------------------------------------------------------------- the job
 def build_victim_side(cfg: TTQConfig) -> Victim:
-    """The job's victim part exactly as ``gi run`` makes it (:mod:`gi.experiments.pipeline`): data, model,
+    """The job's victim part exactly as ``gi run`` makes it (:mod:`gi.experiments.run`): data, model,
     captures (one per image or batch) and the attacker's aux set."""
     import torch
 
-    from gi.experiments.pipeline import build_victim, capture_all, load_run_config, make_aux
+    from gi.experiments.run import build_victim, capture_all, load_run_config, make_aux
 
     job = load_run_config(cfg.job, cfg.job_overrides)
     torch.manual_seed(job.seed)
@@ -500,7 +500,7 @@ def build_victim_side(cfg: TTQConfig) -> Victim:
 
 def scorer(truth: Any) -> Callable[[Any], float]:
     """Mean PSNR of a batch against ``truth`` after one-to-one matching (one image: no matching), clamped to 100."""
-    from gi.metrics import match_images, psnr
+    from gi.analysis.metrics import match_images, psnr
 
     def score(images: Any) -> float:
         images = images.detach().cpu().float().clamp(0, 1)

@@ -2,7 +2,7 @@
 
 ``torch.cuda.set_sync_debug_mode("warn")`` warns on every synchronising CUDA call; a Lightning callback turns it on
 at the start of every training batch and off at its end, so set-up and the final scoring are not counted. The
-history's steps (``gi.recon.module.records_history``; the first and the last here: ``log_every`` is set past the
+history's steps (``gi.attack.recon.module.records_history``; the first and the last here: ``log_every`` is set past the
 run) copy the objective to the host by design; they are counted apart. Prints the count, the steps and the distinct
 call sites (the innermost frame of this project and the innermost frame of all); exit 1 when a synchronisation
 happened inside a step that records no history. On an H200 (2026-11-27) the first version of this script counted 3
@@ -19,13 +19,13 @@ import warnings
 import lightning as L
 import torch
 
-from gi import data as gdata
-from gi.capture import capture_gradients
-from gi.fl.protocol import Protocol
+from gi.attack.recon import ReconConfig, reconstruct_many
+from gi.attack.recon.module import records_history
 from gi.label_result import LabelResult
-from gi.models import build
-from gi.recon import ReconConfig, reconstruct_many
-from gi.recon.module import records_history
+from gi.world import data as gdata
+from gi.world.fl.protocol import Protocol
+from gi.world.fl.victim import capture_gradients
+from gi.world.models import build
 
 
 class SyncWatch(L.Callback):

@@ -14,12 +14,13 @@ from torch import nn
 import fcn_analytic
 import labels
 from fcn_analytic.conv import conv_input_gradient, fwd_shape, solve_conv, solve_normal_equations, window_index
-from gi import data as gdata
-from gi.capture import Capture, capture_gradients
+from gi.analysis.metrics import psnr
+from gi.capture import Capture
 from gi.core.errors import CaptureError, GIError
-from gi.fl.protocol import Protocol
-from gi.metrics import psnr
-from gi.models import build
+from gi.world import data as gdata
+from gi.world.fl.protocol import Protocol
+from gi.world.fl.victim import capture_gradients
+from gi.world.models import build
 
 C = 10
 

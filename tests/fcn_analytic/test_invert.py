@@ -7,11 +7,12 @@ import torch
 
 import fcn_analytic
 import labels
-from gi.capture import Capture, capture_gradients
+from gi.analysis.metrics import psnr
+from gi.capture import Capture
 from gi.core.errors import CaptureError, GIError
-from gi.fl.protocol import Protocol
-from gi.metrics import psnr
-from gi.models import build
+from gi.world.fl.protocol import Protocol
+from gi.world.fl.victim import capture_gradients
+from gi.world.models import build
 
 C = 10
 

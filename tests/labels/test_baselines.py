@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 import labels
 from gi import Capture, ConfigError, Protocol, capture_gradients
-from gi.data import ImageDataset
-from gi.models import build
+from gi.world.data import ImageDataset
+from gi.world.models import build
 from labels.ilrg import common_embedding, mean_embeddings, split_embeddings
 from labels.llg import greedy_fill
 from labels.rlg import separable_classes

@@ -3,9 +3,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import labels
-from gi.capture import capture_gradients
-from gi.fl.protocol import Protocol
-from gi.models import build
+from gi.world.fl.protocol import Protocol
+from gi.world.fl.victim import capture_gradients
+from gi.world.models import build
 from labels.counts import largest_remainder, round_counts
 
 estimates = st.lists(st.floats(-5, 50, allow_nan=False), min_size=2, max_size=20)

@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 
 import labels
 from gi.core.errors import ConfigError
-from gi.data import ImageDataset
-from gi.fl.protocol import Protocol
-from gi.fl.victim import simulate_client
-from gi.models import build
+from gi.world.data import ImageDataset
+from gi.world.fl.protocol import Protocol
+from gi.world.fl.victim import simulate_client
+from gi.world.models import build
 from labels.decaf import decompose, null_classes
 
 C = 5

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 import labels
 from gi.core.errors import ConfigError
-from gi.data import ImageDataset
-from gi.fl.protocol import Protocol
-from gi.fl.victim import simulate_client
-from gi.models import build
+from gi.world.data import ImageDataset
+from gi.world.fl.protocol import Protocol
+from gi.world.fl.victim import simulate_client
+from gi.world.models import build
 from labels.distribution import init_bias_over_rounds, path_points, path_softmax, project_simplex
 
 C = 5

@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import labels
-from gi.capture import capture_gradients
 from gi.core.errors import CaptureError, ConfigError
-from gi.fl.protocol import Protocol
-from gi.models import build
+from gi.world.fl.protocol import Protocol
+from gi.world.fl.victim import capture_gradients
+from gi.world.models import build
 
 C = 10
 

@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 import labels
 from gi import Capture, ConfigError, Protocol, capture_gradients
-from gi.data import ImageDataset
-from gi.models import build
-from gi.scenarios import get_scenario
+from gi.world.data import ImageDataset
+from gi.world.models import build
+from gi.world.scenarios import get_scenario
 from labels.aux_stats import (
     aux_forward,
     class_posteriors,

@@ -10,12 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import labels
-from gi.capture import capture_gradients
 from gi.core.errors import CaptureError, ConfigError
-from gi.data import ImageDataset
-from gi.fl.protocol import Protocol
-from gi.fl.victim import simulate_client
-from gi.models import build
+from gi.world.data import ImageDataset
+from gi.world.fl.protocol import Protocol
+from gi.world.fl.victim import capture_gradients, simulate_client
+from gi.world.models import build
 from labels.rlu import (
     as_gradient_capture,
     coefficient_matrix,

@@ -82,7 +82,7 @@ SETUP = {"data": {"name": "fashion-mnist"}, "partition": "table", "num_clients":
 
 
 def test_scenario_attaches_the_same_clients_earlier_rounds():
-    from gi.scenarios import get_scenario
+    from gi.world.scenarios import get_scenario
 
     scenario = get_scenario("fedavg-client")
     trials = scenario({**SETUP, "round": 3, "average_from": 1}, torch.Generator(), 0)
@@ -104,7 +104,7 @@ def test_scenario_attaches_the_same_clients_earlier_rounds():
 
 def test_gi_labels_runs_the_multi_round_attack(tmp_path):
     """k = 1 equals the single-round attack; the grid rows of average_from differ from round 2 on."""
-    from gi.experiments.labelbench import LabelBenchConfig, run_bench
+    from gi.experiments.labels import LabelBenchConfig, run_bench
 
     cfg = LabelBenchConfig(name="mr", scenario="fedavg-client", trials=1, setup=SETUP, out=str(tmp_path / "mr"),
                            grid={"average_from": [1, None], "round": [1, 3]}, methods=["decaf"],

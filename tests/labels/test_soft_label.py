@@ -10,10 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import labels
-from gi.capture import Capture, capture_gradients
+from gi.capture import Capture
 from gi.core.errors import CaptureError, ConfigError
-from gi.fl.protocol import Protocol
-from gi.models import build
+from gi.world.fl.protocol import Protocol
+from gi.world.fl.victim import capture_gradients
+from gi.world.models import build
 from labels import soft_label as sl
 
 C = 10
@@ -283,8 +284,8 @@ def test_fit_lambda_reproduces_the_feature_from_a_soft_label():
 
 def test_single_sample_scenario_end_to_end():
     """Real CIFAR-10 samples through the benchmark scenario: smoothing ε ~ U(0, 0.5) and mixup of two classes."""
-    from gi.metrics import label_metrics
-    from gi.scenarios import get_scenario
+    from gi.analysis.metrics import label_metrics
+    from gi.world.scenarios import get_scenario
 
     scenario = get_scenario("single-sample")
     for aug in ("smoothing", "mixup"):
@@ -306,7 +307,7 @@ def test_single_sample_scenario_end_to_end():
 
 
 def test_single_sample_scenario_noise_and_errors():
-    from gi.scenarios import get_scenario
+    from gi.world.scenarios import get_scenario
 
     scenario = get_scenario("single-sample")
     base = {"samples": 3, "shared": "last", "model": {"name": "lenet", "bias_last": False, "seed": 1}}

@@ -9,12 +9,11 @@ import pytest
 import torch
 
 import labels
-from gi.capture import capture_gradients
 from gi.core.errors import CaptureError
-from gi.data import ImageDataset
-from gi.fl.protocol import Protocol
-from gi.fl.victim import simulate_client
-from gi.models import build
+from gi.world.data import ImageDataset
+from gi.world.fl.protocol import Protocol
+from gi.world.fl.victim import capture_gradients, simulate_client
+from gi.world.models import build
 
 C = 4
 UPDATE_METHODS = ["rlu", "dist-init-bias", "dist-soft-label", "dist-soft-label-path", "dist-aux-bias-grad",

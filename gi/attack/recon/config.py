@@ -1,0 +1,206 @@
+"""Settings of one reconstruction (the ``attack`` section of a run config)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gi.core.errors import ConfigError
+
+SCHEDULES = ("multistep", "constant", "cosine")
+LABEL_KINDS = ("fixed", "joint")
+BATCHINGS = ("auto", "vmap", "loop")
+SMALL_MODEL = 2_000_000  # parameters under which one CPU thread and vmap-batched restarts are the defaults
+BN_SOURCES = ("shared", "running")
+OUTPUT_ERRORS = ("simulated", "captured", "auto")
+# torch.compile's modes (attack.compile: true = "default"); "reduce-overhead" records CUDA graphs on a GPU
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def compile_mode(value: bool | str, key: str = "attack.compile") -> str | None:
+    """The torch.compile mode that a ``compile`` setting names: None for false, ``default`` for true, else the mode
+    itself; a string that is not one of :data:`COMPILE_MODES` is a ConfigError naming ``key``."""
+    if isinstance(value, str) and value not in COMPILE_MODES:
+        raise ConfigError(f"{key}={value!r} is not a torch.compile mode; use true, false or one of "
+                          f"{list(COMPILE_MODES)}")
+    return ("default" if value is True else value) if value else None
+
+
+@dataclass
+class ReconConfig:
+    """Inverting-Gradients defaults (frameworks.md §4) expressed in pixel space [0, 1].
+
+    Matching objective (soft-label paper eq. 8)::
+
+        L = Σ_{layers < N−1} w_l D(g_l, g_l*) + α D(g_{N−1}, g_{N−1}*) + β D(f_{N−1}(x), f*_{N−1}) + Σ_k λ_k R_k(x)
+
+    ``objective`` names D (registry :data:`gi.attack.recon.objectives.OBJECTIVES`); ``layer_weights`` maps parameter
+    names to w_l (missing names weigh 1, weight 0 drops a layer); ``last_layer_weight`` is α (multiplies the
+    weights of ``fc.weight``/``fc.bias``); ``feature_weight`` is β (0: no feature term; the target f* comes
+    from the label stage / ``fcn_analytic``); ``regularizers`` maps the names of the other objective terms
+    (:data:`gi.attack.recon.terms.TERMS`, the image priors of :mod:`gi.attack.recon.regularizers`) to λ_k, e.g.
+    ``{"tv": 1e-4}``.
+
+    ``optimizer``: :data:`gi.attack.recon.optim.OPTIMIZERS` (``adam``, ``sgd``, ``lbfgs``: DLG's L-BFGS, per problem;
+    ``signed`` applies to the first two). ``labels``: ``fixed`` (the given soft labels are the targets) or
+    ``joint`` (DLG: per-image label logits are optimised with the images, initialised from the given labels or
+    at random; ``label_lr`` is their step, null = ``lr``). ``init``: a name of
+    :data:`gi.attack.recon.inits.INITS` (``analytic`` inverts the net with ``fcn_analytic.invert``: fully-connected
+    nets and conv bodies with invertible activations;
+    restarts after the first add ``init_noise``). ``restarts`` R are optimised as one batched problem and
+    ranked by the objective only. ``cull_after`` k > 0 (with R > 1): successive halving in one step, after k
+    iterations every capture keeps its restart with the lowest objective and only it runs the remaining
+    ``iterations − k`` (R starts for the price of about one; 0: all restarts run to the end). ``batching``: how
+    the P = N·R problems are simulated: ``vmap`` (one
+    vectorised call; cheapest for small nets, e.g. R = 8 costs ~2× R = 1 on the DLG LeNet on CPU), ``loop`` (one
+    call per problem, summed into one backward; for large conv nets on CPU, where vmap's batched double-backward
+    of convolutions costs more than R separate calls), ``auto``: vmap on GPUs and for models under 2M
+    parameters, loop otherwise.
+    ``progress``: report progress while optimising: a bar on a terminal, a log line every 5 % of the
+    iterations when stderr is piped or redirected (false: silent). ``preset``: the name of the
+    :mod:`gi.attack.recon.presets` recipe the config was filled from (a record: explicit keys were applied over it by
+    the
+    config loader or :meth:`from_preset`). ``analytic_tol``: ``gi run`` / ``gi attack`` answer a capture with
+    ``fcn_analytic.invert``'s image, skipping its optimisation, when the inversion's largest relative layer residual
+    (gradient or forward) is below it; other captures are optimised from that image (0: always optimise), or
+    from ``init`` when the residual is 0.3 or more (``gi.experiments.attack.INIT_MAX_RESIDUAL``: rank-deficient).
+    Default 1e-2: a clean capture inverts to ~1e-7 (fully connected) or 3e-6–8e-6 (the DLG LeNet, 95–112 dB on
+    the cifar10-samples, README "Default job"); Gaussian noise of 1e-4 / 1e-3 of each gradient's std gives ~2e-3
+    (50–56 dB) / ~2e-2 (27–36 dB), so captures above 1e-2 are worse than ~40 dB and are optimised.
+    ``analytic``: false leaves ``fcn_analytic.invert`` out of ``gi run`` / ``gi attack`` altogether (no
+    inversion, the optimisation alone from ``init``: the ablation of the analytic stage).
+    ``threads``: torch CPU threads while reconstructing (null: ``$GI_THREADS`` if set, else 1 for models under
+    2M parameters on CPU, else torch's default; oversubscribed CPUs run small-op loops 10–20× slower with more
+    threads). ``bn_stats``: where the ``bn`` regulariser's targets come from (``shared``: batch statistics in
+    ``capture.history`` when the threat model grants them, ``running``: the model's running statistics,
+    DeepInversion's choice). ``compile``: ``torch.compile`` the vectorised (``vmap``) objective: 1.6× faster
+    steps for 20 packed LeNet captures on a CPU, after a first call that compiles for minutes (README,
+    "Throughput"); off by default. ``true`` is torch's ``default`` mode; a string names the mode
+    (:data:`COMPILE_MODES`: ``reduce-overhead`` replays CUDA graphs of the step on a GPU).
+    ``pack``: captures per packed problem in :func:`gi.attack.recon.reconstruct_many`
+    (0: all of them in one problem; N > 0: problems of at most N captures, run one after another, which bounds
+    the memory of a long ``data.images`` list on a GPU; ``auto``: as many as fit ``memory_budget`` GiB by the
+    memory model of :mod:`gi.attack.recon.memory`, null budget: half the device's free memory; on a CUDA out-of-memory
+    error an ``auto`` pack is halved and the problem run again). Every capture starts from the image its own seed
+    gives it, so ``pack`` changes memory and speed, not the reconstructions (up to float rounding).
+    ``retries``: restart on a stall. After the fit, every capture whose best restart kept more than
+    ``retry_ratio`` of its starting objective (:func:`gi.attack.recon.api.stalled`: the DLG plateau) is fitted again
+    from ``restarts`` × 4^k new starts (seed ``seed`` + k for the k-th retry; culled no earlier than iteration
+    100, with 100 L-BFGS pairs: :data:`gi.attack.recon.api.RETRY_MIN_CULL`), up to ``retries`` times; the fit with the
+    lower objective is kept (never chosen with ground truth) and ``history['retries']`` records the retries it
+    took. Callbacks see every fit. A fit from ``init=analytic`` is not retried (it starts near its optimum).
+    ``lbfgs_history``: L-BFGS curvature pairs (None: sized by the problem,
+    :func:`gi.attack.recon.optim.lbfgs_history`).
+    ``output_error``: the output error ∂L/∂z the dummy gradients are simulated with. ``simulated``: the
+    protocol's loss of the dummy logits and the slot labels (DLG and every paper). ``captured``: frozen at the one
+    the capture shares, ``δ = ∇b`` of the last layer for one FedSGD sample (:func:`gi.world.losses.output_error_loss`,
+    exact for any loss); the slot labels then only name the classes (report, features). ``auto``: ``captured``
+    where the capture gives it (one FedSGD sample, last-layer bias), else ``simulated``.
+    """
+
+    iterations: int = 1000
+    lr: float = 0.1
+    optimizer: str = "adam"
+    objective: str = "cosine"
+    regularizers: dict[str, float] = field(default_factory=lambda: {"tv": 1e-4})
+    layer_weights: dict[str, float] = field(default_factory=dict)
+    last_layer_weight: float = 1.0
+    feature_weight: float = 0.0
+    labels: str = "fixed"
+    label_lr: float | None = None
+    restarts: int = 1
+    cull_after: int = 0
+    init: str = "uniform"
+    init_noise: float = 0.1
+    signed: bool = True
+    boxed: bool = True
+    schedule: str = "multistep"
+    seed: int = 0
+    device: str = "auto"
+    threads: int | None = None
+    bn_stats: str = "shared"
+    batching: str = "auto"
+    progress: bool = True
+    log_every: int = 50
+    compile: bool | str = False
+    pack: int | str = 0
+    memory_budget: float | None = None
+    retries: int = 0
+    retry_ratio: float = 1.0e-3
+    lbfgs_history: int | None = None  # L-BFGS curvature pairs (None: gi.attack.recon.optim.lbfgs_history's rule)
+    preset: str | None = None
+    analytic: bool = True
+    analytic_tol: float = 1.0e-2
+    output_error: str = "simulated"
+
+    @classmethod
+    def from_preset(cls, name: str, **keys: object) -> ReconConfig:
+        """The settings of preset ``name`` (:data:`gi.attack.recon.presets.PRESETS`) with ``keys`` over them."""
+        from gi.attack.recon.presets import apply_preset
+
+        return cls(**apply_preset({**keys, "preset": name}))
+
+    def __post_init__(self) -> None:
+        if self.device not in ("auto", "cpu"):  # first, before the registries load torch: a missing GPU is refused
+            from gi.core.devices import resolve_device  # in milliseconds (no torch import where /dev has no GPU)
+
+            resolve_device(self.device)
+        from gi.attack.recon.inits import INITS
+        from gi.attack.recon.objectives import OBJECTIVES
+        from gi.attack.recon.optim import OPTIMIZERS
+        from gi.attack.recon.regularizers import REGULARIZERS
+
+        checks = (("objective", self.objective, OBJECTIVES), ("init", self.init, INITS),
+                  ("schedule", self.schedule, SCHEDULES), ("optimizer", self.optimizer, OPTIMIZERS),
+                  ("labels", self.labels, LABEL_KINDS), ("bn_stats", self.bn_stats, BN_SOURCES),
+                  ("batching", self.batching, BATCHINGS), ("output_error", self.output_error, OUTPUT_ERRORS))
+        for key, value, allowed in checks:
+            if value not in allowed:
+                raise ConfigError(f"attack.{key}={value!r} is not allowed; valid: {sorted(allowed)}")
+        if not isinstance(self.regularizers, dict):
+            raise ConfigError(f"attack.regularizers must map names to weights, e.g. {{tv: 1e-4}}; valid names: "
+                              f"{sorted(REGULARIZERS)}")
+        for name in self.regularizers:
+            if name not in REGULARIZERS:
+                raise ConfigError(f"attack.regularizers has unknown {name!r}; valid: {sorted(REGULARIZERS)}")
+        if self.output_error == "captured" and self.labels == "joint":
+            raise ConfigError("attack.output_error=captured reads ∂L/∂z from the capture, so joint labels have "
+                              "nothing to fit: use attack.labels=fixed, or attack.output_error=simulated (DLG)")
+        compile_mode(self.compile)
+        if self.iterations < 1 or self.restarts < 1:
+            raise ConfigError("attack.iterations and attack.restarts must be >= 1")
+        if self.cull_after < 0:
+            raise ConfigError(f"attack.cull_after must be >= 0 (0: no culling), got {self.cull_after}")
+        if self.lbfgs_history is not None and self.lbfgs_history < 1:
+            raise ConfigError(f"attack.lbfgs_history must be >= 1 pairs (null: sized by the problem), got "
+                              f"{self.lbfgs_history}")
+        if self.retries < 0:
+            raise ConfigError(f"attack.retries must be >= 0 (0: no restart on a stall), got {self.retries}")
+        if not 0 < self.retry_ratio < 1:
+            raise ConfigError(f"attack.retry_ratio must be in (0, 1): a fit stalled when its objective kept more "
+                              f"than this fraction of its start; got {self.retry_ratio}")
+        if self.pack != "auto" and (isinstance(self.pack, bool) or not isinstance(self.pack, int) or self.pack < 0):
+            raise ConfigError(f"attack.pack must be auto or an int >= 0 (0: every capture in one problem; N: at most "
+                              f"N captures per problem; auto: as many as fit attack.memory_budget), got {self.pack!r}")
+        if self.memory_budget is not None and not self.memory_budget > 0:
+            raise ConfigError(f"attack.memory_budget must be > 0 GiB (or null: half the device's free memory), got "
+                              f"{self.memory_budget}")
+        if self.lr <= 0 or (self.label_lr is not None and self.label_lr <= 0):
+            raise ConfigError(f"attack.lr and attack.label_lr must be > 0, got {self.lr}, {self.label_lr}")
+        if self.last_layer_weight < 0 or self.feature_weight < 0:
+            raise ConfigError("attack.last_layer_weight (α) and attack.feature_weight (β) must be >= 0")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"attack.threads must be >= 1 or null, got {self.threads}")
+        if self.log_every < 1:
+            raise ConfigError(f"attack.log_every must be >= 1, got {self.log_every}")
+        if self.preset is not None:
+            from gi.attack.recon.presets import preset
+
+            preset(self.preset)  # a ConfigError listing the presets
+        if self.analytic_tol < 0:
+            raise ConfigError(f"attack.analytic_tol must be >= 0, got {self.analytic_tol}")
+        if self.init_noise < 0:
+            raise ConfigError(f"attack.init_noise must be >= 0, got {self.init_noise}")
+        for key in ("regularizers", "layer_weights"):
+            negative = {k: w for k, w in getattr(self, key).items() if w < 0}
+            if negative:
+                raise ConfigError(f"attack.{key} must hold weights >= 0, got {negative}")

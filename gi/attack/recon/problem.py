@@ -1,0 +1,315 @@
+"""The plan before the loop: :func:`build_problem` turns captures, label results and a config into a
+:class:`Problem`, everything the optimisation needs, without Lightning (docs/architecture.md, "Public contract").
+
+N captures of one global model are one problem of N rows (times the config's R restarts in the optimiser): the
+shared tensors to match stacked over the captures, the slot labels, the feature targets of eq. 8, the analytic
+image prior, the BatchNorm targets the threat model grants, the weighted objective terms and whether the
+N·R rows are simulated in one ``vmap`` call. Ground truth never enters a Problem.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from gi.attack.recon.config import SMALL_MODEL, ReconConfig
+from gi.attack.recon.terms import term_weights
+from gi.capture import Capture
+from gi.core.devices import resolve_device
+from gi.core.errors import CaptureError, ConfigError, GIError
+from gi.label_result import LabelResult
+from gi.world.fl.local import distinct_samples
+from gi.world.fl.protocol import Protocol
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class Problem:
+    """What the attack optimises against: the model and protocol, the shared message of N captures, their labels
+    and priors, and the plan (terms, batching). Never truth.
+
+    ``targets``: {name: (N, *shape)} every shared tensor (gradients or update); ``weights``: w_l per name (0 drops
+    a layer, see :func:`match_weights`); ``soft`` (N, B, C): the slot labels, fixed targets or the start of joint
+    labels (None: joint labels from a random start); ``features`` (N, B, D): f* of eq. 8 (needed by the
+    ``features`` term); ``prior`` (N, B, C, H, W): the image estimate of ``init=analytic``; ``bn_targets``
+    {module: (mean, var)} for the ``bn`` term; ``output_error`` (N, B, C): the captured ∂L/∂z the dummy gradients
+    are simulated with (:func:`output_errors`; None: simulated from ``soft``); ``kind``: the simulator
+    (``gradient`` or ``update``); ``terms``: {term: weight} of the objective, summed in this order
+    (:mod:`gi.attack.recon.terms`); ``batching``: ``vmap`` (all rows in one vectorised call) or ``loop`` (one row at a
+    time); ``ids``: the positions of the N captures in the list given to :func:`gi.attack.recon.reconstruct_many` (a
+    pack
+    chunk or a retry holds some of them; callbacks follow the captures across problems by them; empty: 0 … N−1).
+    """
+
+    model: torch.nn.Module
+    protocol: Protocol
+    targets: dict[str, Tensor]
+    weights: dict[str, float]
+    soft: Tensor | None
+    image_shape: tuple[int, ...]
+    num_samples: int
+    terms: dict[str, float]
+    batching: str
+    kind: str = "gradient"
+    history: dict[str, Tensor] = field(default_factory=dict)
+    features: Tensor | None = None
+    prior: Tensor | None = None
+    bn_targets: dict[str, tuple[Tensor, Tensor]] | None = None
+    ids: tuple[int, ...] = ()
+    output_error: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if "features" in self.terms and self.features is None:
+            raise ConfigError("attack.feature_weight > 0 needs last-layer feature targets f* (eq. 8): recover them "
+                              "(labels.method=soft-lambda, or a last-layer bias) or set feature_weight=0")
+
+    @property
+    def num_problems(self) -> int:
+        """N, the captures."""
+        return next(iter(self.targets.values())).shape[0]
+
+    @property
+    def capture_ids(self) -> tuple[int, ...]:
+        """:attr:`ids`, or 0 … N−1 when not set."""
+        return self.ids or tuple(range(self.num_problems))
+
+    @property
+    def matched(self) -> list[str]:
+        """The shared tensors the ``match`` term compares (weight ≠ 0), in the capture's order."""
+        return [k for k in self.targets if self.weights[k] != 0.0]
+
+
+def match_weights(names: list[str], cfg: ReconConfig, last_layer: str = "fc") -> dict[str, float]:
+    """w_l per shared tensor: ``layer_weights`` (default 1) times α for the last layer ``last_layer`` (eq. 8)."""
+    last = (f"{last_layer}.weight", f"{last_layer}.bias")
+    return {k: float(cfg.layer_weights.get(k, 1.0)) * (cfg.last_layer_weight if k in last else 1.0)
+            for k in names}
+
+
+def choose_batching(batching: str, rows: int, model: torch.nn.Module, accelerator: str) -> str:
+    """``attack.batching`` resolved: ``auto`` is ``vmap`` for several rows on a GPU or of a model under
+    :data:`SMALL_MODEL` parameters, else ``loop`` (one row: plain autograd has the least overhead)."""
+    if batching != "auto":
+        return batching
+    small = sum(p.numel() for p in model.parameters()) < SMALL_MODEL
+    return "vmap" if rows > 1 and (accelerator == "gpu" or small) else "loop"
+
+
+def image_slots(capture: Capture) -> int:
+    """The number of images a reconstruction of ``capture`` has: its samples, or for an update the samples the
+    client's local steps touch (:func:`gi.world.fl.local.distinct_samples`; 1 step of 8 over N_k = 66 depends on 8)."""
+    return distinct_samples(capture.protocol, capture.num_samples) if capture.is_update else capture.num_samples
+
+
+def labels_for_slots(label_result: LabelResult | None, batch: int, num_classes: int) -> Tensor:
+    """Soft targets (B, C) from a LabelResult: its soft labels, else one one-hot slot per counted label.
+
+    The order of slots is irrelevant to a mean loss (and the batch metric matches images one-to-one), so slots
+    are put in a canonical order: by class (argmax), stably. Counts fill slots class by class in increasing
+    class index; an oracle's per-sample labels land in the same order, so exact counts give identical slots.
+    """
+    if label_result is None:
+        raise ConfigError("reconstruct needs labels: pass a LabelResult (labels.recover, or oracle labels made by "
+                          "the pipeline), or optimise them from a random start: labels.mode=joint in a gi run "
+                          "config, ReconConfig(labels='joint') in Python")
+    soft = label_result.soft
+    if soft is not None and soft.shape == (batch, num_classes):
+        soft = soft.float()
+        return soft[torch.argsort(soft.argmax(1), stable=True)]
+    counts = label_result.counts.long()
+    if int(counts.sum()) != batch:
+        reason = label_result.info.get("reason") if not label_result.ok else None
+        raise ConfigError(f"label counts of {label_result.method!r} sum to {int(counts.sum())} but the capture has "
+                          f"{batch} samples" + (f" (the method failed: {reason})" if reason else ""))
+    slots = torch.repeat_interleave(torch.arange(num_classes), counts)
+    return torch.nn.functional.one_hot(slots, num_classes).float()
+
+
+def feature_targets(capture: Capture, label_result: LabelResult | None, soft: Tensor) -> Tensor | None:
+    """f*_{N−1} per slot (B, D), float64, for the feature term of eq. 8; None when the capture does not give it.
+
+    One sample: :func:`fcn_analytic.last_layer_features` (``λ·g_r`` of the soft-label method, ``∇Wᵀ∇b/‖∇b‖²``
+    with a bias, or λ fitted to the slot label). A batch with a last-layer bias: slot with label c gets
+    ``∇W_c/∇b_c``, the ∇b-weighted mean of the features in the batch, which is the feature of a class that
+    occurs once (breaching's ``features`` regulariser); a bias-free batch has no analytic per-slot feature.
+    """
+    b = soft.shape[0]
+    if capture.is_update:
+        return None
+    if b == 1:
+        from fcn_analytic import last_layer_features
+
+        if label_result is None or (label_result.features is None and label_result.soft is None):
+            # counts only (or joint labels): λ fitted to the slot label
+            label_result = LabelResult.from_counts("slots", soft.argmax(1).bincount(minlength=soft.shape[1]),
+                                                   soft=soft)
+        try:
+            return last_layer_features(capture, label_result).reshape(1, -1)
+        except GIError:
+            return None
+    gw, gb = capture.last_layer(torch.float64)
+    if gb is None:
+        return None
+    cls = soft.argmax(1)
+    denom = gb[cls]
+    if bool((denom == 0).any()):
+        return None
+    return gw[cls] / denom.unsqueeze(1)
+
+
+def analytic_prior(capture: Capture, label_result: LabelResult | None) -> Tensor | None:
+    """The analytic inversion (``fcn_analytic.invert``: a fully-connected net, soft-label paper §4.2, or a conv
+    body with invertible activations, R-GAP) as (B=1, C, H, W), else None."""
+    from fcn_analytic import invert
+
+    try:
+        return invert(capture, label_result).image
+    except GIError:
+        return None
+
+
+def captured_output_error(capture: Capture) -> Tensor | None:
+    """``δ = ∂L/∂z`` (1, C) of a one-sample FedSGD capture: its last-layer bias gradient (``z = W f + b`` gives
+    ``∂L/∂b = ∂L/∂z`` whatever the loss); None for a batch (∇b is the mean of B errors), an update or a
+    bias-free last layer."""
+    if capture.is_update or capture.num_samples != 1:
+        return None
+    _, gb = capture.last_layer(torch.float32)
+    return None if gb is None else gb.reshape(1, -1)
+
+
+def output_errors(captures: Sequence[Capture], mode: str, joint: bool = False) -> Tensor | None:
+    """The output errors (N, 1, C) ``attack.output_error`` asks for (:func:`captured_output_error` of every
+    capture): ``simulated`` and joint labels give None, ``auto`` None unless every capture gives one, ``captured``
+    a ConfigError naming what is missing."""
+    if mode == "simulated" or (joint and mode == "auto"):
+        return None
+    rows = [captured_output_error(c) for c in captures]
+    if all(r is not None for r in rows):
+        return torch.stack(rows)
+    if mode == "auto":
+        return None
+    c = captures[[r is None for r in rows].index(True)]
+    why = ("it shares an update, not a gradient" if c.is_update else
+           f"it has {c.num_samples} samples (∇b is the mean of their errors)" if c.num_samples != 1 else
+           f"its last layer {c.last_layer_name!r} has no bias gradient")
+    raise ConfigError(f"attack.output_error=captured needs one FedSGD sample with a last-layer bias, but {why}; "
+                      "use attack.output_error=auto (falls back to simulated) or simulated")
+
+
+def bn_targets(capture: Capture, model: torch.nn.Module, source: str) -> dict[str, tuple[Tensor, Tensor]]:
+    """BatchNorm targets the threat model grants: ``shared`` reads ``capture.bn_stats`` (the client's batch
+    statistics, e.g. from FedAvg's shared buffers), ``running`` the model's running stats."""
+    out: dict[str, tuple[Tensor, Tensor]] = {}
+    for name, m in model.named_modules():
+        if not isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            continue
+        if source == "running":
+            if m.running_mean is None:
+                continue
+            mean, var = m.running_mean, m.running_var
+        else:
+            if name not in capture.bn_stats:
+                continue
+            mean, var = capture.bn_stats[name]
+        out[name] = (mean.detach().float().reshape(1, -1), var.detach().float().reshape(1, -1))
+    return out
+
+
+def check_inputs(captures: Sequence[Capture], label_results: Sequence[LabelResult | None] | None,
+                 features: Sequence[Tensor | None] | None
+                 ) -> tuple[list[Capture], list[LabelResult | None], list[Tensor | None]]:
+    """The arguments of :func:`build_problem` as lists of one length (None: one None per capture), each capture
+    checked to be a :class:`Capture` with exactly one shared message."""
+    captures = list(captures)
+    if not captures:
+        raise ConfigError("reconstruct_many needs at least one capture")
+    label_results = list(label_results) if label_results is not None else [None] * len(captures)
+    features = list(features) if features is not None else [None] * len(captures)
+    if len(label_results) != len(captures) or len(features) != len(captures):
+        raise ConfigError(f"{len(captures)} captures but {len(label_results)} label results and {len(features)} "
+                          "feature tensors")
+    for c in captures:
+        if not isinstance(c, Capture):
+            raise CaptureError(f"reconstruct needs a gi.Capture, got {type(c).__name__}")
+        if (c.gradients is None) == (c.update is None):
+            raise CaptureError("a capture needs exactly one of gradients (FedSGD) and update (FedAvg) to match")
+    return captures, label_results, features
+
+
+def same_model(a: Capture, b: Capture) -> bool:
+    """Whether two captures can be rows of one Problem: same model, state, protocol, history and batch size."""
+    if a.model_spec != b.model_spec or a.protocol != b.protocol or a.num_samples != b.num_samples \
+            or a.last_layer_name != b.last_layer_name:
+        return False
+    if a.is_update != b.is_update or set(a.shared) != set(b.shared) or set(a.model_state) != set(b.model_state):
+        return False
+    return all(torch.equal(a.model_state[k], b.model_state[k]) for k in a.model_state) and \
+        all(torch.equal(a.history.get(k, torch.zeros(0)), b.history.get(k, torch.zeros(0))) for k in a.history)
+
+
+def _feature_rows(captures: list[Capture], label_results: list[LabelResult | None], features: list[Tensor | None],
+                  soft: Tensor | None, classes: int) -> Tensor:
+    """f* (N, B, D): the given features, else :func:`feature_targets` of each capture."""
+    b = image_slots(captures[0])
+    slots = soft if soft is not None else torch.zeros(len(captures), b, classes)
+    rows = [f if f is not None else (feature_targets(c, lr, s) if soft is not None or b == 1 else None)
+            for c, lr, f, s in zip(captures, label_results, features, slots)]
+    if any(f is None for f in rows):
+        raise ConfigError("attack.feature_weight > 0 but no last-layer feature target f* is available for this "
+                          "capture (needs one sample, or a batch with a last-layer bias, or explicit features)")
+    return torch.stack([f.reshape(b, -1) for f in rows])
+
+
+def _prior(captures: list[Capture], label_results: list[LabelResult | None],
+           given: Sequence[Tensor | None] | None = None) -> Tensor:
+    """The analytic images (N, 1, C, H, W) of ``init=analytic`` (``given`` ones as they are)."""
+    given = list(given) if given is not None else [None] * len(captures)
+    priors = [g if g is not None else analytic_prior(c, lr) for c, lr, g in zip(captures, label_results, given)]
+    if any(p is None for p in priors) or captures[0].num_samples != 1:
+        from fcn_analytic.invert import PATTERN
+
+        raise ConfigError(f"attack.init=analytic needs one sample of a net fcn_analytic.invert covers (fully "
+                          f"connected, or {PATTERN}, invertible activations); use attack.init=uniform")
+    return torch.stack(priors)
+
+
+def build_problem(captures: Sequence[Capture], label_results: Sequence[LabelResult | None] | None,
+                  config: ReconConfig, features: Sequence[Tensor | None] | None = None,
+                  priors: Sequence[Tensor | None] | None = None) -> Problem:
+    """The :class:`Problem` of captures of one global model (:func:`same_model`) under ``config``.
+
+    ``label_results`` give the slot labels (:func:`labels_for_slots`; all None with ``labels=joint``: random
+    start); ``features`` the f* of eq. 8 per capture (None: from the capture and labels, when
+    ``feature_weight`` > 0); ``priors`` the ``init=analytic`` images when already computed (None each:
+    :func:`analytic_prior`). Reads its arguments only; the model is a fresh copy rebuilt from the capture.
+    """
+    captures, label_results, features = check_inputs(captures, label_results, features)
+    first = captures[0]
+    if not all(same_model(first, c) for c in captures[1:]):
+        raise ConfigError("build_problem needs captures of one global model (spec, state, protocol, history, batch "
+                          "size); reconstruct_many reconstructs other captures one by one")
+    cfg = config
+    model = first.model()
+    for c in captures:
+        c.validate(model)
+    classes = first.num_classes
+    b = image_slots(first)
+    joint_random = cfg.labels == "joint" and all(lr is None for lr in label_results)
+    soft = None if joint_random else torch.stack([labels_for_slots(lr, b, classes) for lr in label_results])
+    targets = {k: torch.stack([c.shared[k] for c in captures]) for k in first.shared}
+    weights = match_weights(list(targets), cfg, first.last_layer_name)
+    return Problem(
+        model=model, protocol=first.protocol, targets=targets, weights=weights, soft=soft,
+        image_shape=tuple(int(s) for s in first.model_spec["in_shape"]), num_samples=b,
+        terms=term_weights(cfg, matched=any(w != 0.0 for w in weights.values())),
+        batching=choose_batching(cfg.batching, len(captures) * cfg.restarts, model, resolve_device(cfg.device)[0]),
+        kind="update" if first.is_update else "gradient", history=dict(first.history),
+        features=_feature_rows(captures, label_results, features, soft, classes) if cfg.feature_weight > 0 else None,
+        prior=_prior(captures, label_results, priors) if cfg.init == "analytic" else None,
+        bn_targets=bn_targets(first, model, cfg.bn_stats) if cfg.regularizers.get("bn") else None,
+        output_error=output_errors(captures, cfg.output_error, joint=cfg.labels == "joint"),
+    )

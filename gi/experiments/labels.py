@@ -1,0 +1,331 @@
+"""``gi labels CONFIG``: the label-recovery benchmark (one table per config, every method on the same captures).
+
+A config names a victim scenario (:mod:`gi.world.scenarios`), its ``setup``, an optional ``grid`` of setup
+values (one table row group per grid point), the label methods to compare and the metrics to show.
+Every method sees exactly the same captures; trials that share an auxiliary set are recovered in one
+vectorised call (:func:`labels.recover_many`). Output: ``trials.csv`` (one row per trial and method),
+``summary.csv`` / ``summary.md`` / ``summary.json`` (means per grid point and method, with the paper's
+value next to ours where the config gives one), ``config.yaml``, ``plot.png`` and the log.
+
+``variants`` names a method with fixed options (``{no-null: {method: decaf, options: {null_removal: false}}}``) so
+one table compares switches of the same method; ``methods`` lists variants like methods. Pooled metrics
+(:data:`gi.analysis.metrics.POOLED_METRICS`: ``absent_precision``, ``absent_recall``) are Σ hits / Σ decisions over
+every
+trial of a row, not means. ``proportion_class: c`` adds ``proportions.png``: the estimated against the true
+proportion of class c, one point per captured client (Ramakrishna & Dán Figs. 5–6), and ``p_true`` / ``p_hat`` to
+``trials.csv``. ``pool: [key, ...]`` pools grid keys into one summary row (e.g. ``pool: [round]`` averages rounds
+1–10 as Decaf Figs. 7–8 do); ``trials.csv`` keeps every point in its ``grid`` column. Trials that carry earlier
+rounds (``Trial.history``, fedavg-client ``average_from``) are attacked over all their rounds and the distributions
+averaged (:func:`labels.recover_rounds`, Decaf Fig. 6 d).
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as _dt
+import itertools
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gi.core.config import set_dotted, to_dict
+from gi.core.errors import ConfigError
+from gi.experiments.report import (
+    check_run_name,
+    save_bar_plot,
+    save_line_plot,
+    staged_output,
+    write_csv,
+    write_json,
+    write_markdown_table,
+    write_yaml,
+)
+from gi.world.setup import deprecated, load_config, upgrade
+
+log = logging.getLogger("gi.labels")
+
+
+@dataclass
+class LabelBenchConfig:
+    """A label-recovery benchmark. ``grid`` maps dotted setup keys to lists of values; ``paper`` maps a grid
+    point label (or ``"*"``) to ``{method: value}`` of the paper's reported ``metrics[0]``."""
+
+    name: str = "labels"
+    scenario: str = ""
+    trials: int = 20
+    seed: int = 0
+    out: str | None = None
+    overwrite: bool = False
+    setup: dict[str, Any] = field(default_factory=dict)
+    grid: dict[str, list[Any]] = field(default_factory=dict)
+    methods: list[str] = field(default_factory=list)
+    method_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    metrics: list[str] = field(default_factory=lambda: ["ins_acc", "cls_acc"])
+    paper: dict[str, dict[str, float]] = field(default_factory=dict)
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
+    proportion_class: int | None = None
+    pool: list[str] = field(default_factory=list)
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        import labels
+        from gi.world.scenarios import get_scenario
+
+        check_run_name(self.name)
+        scenario = get_scenario(self.scenario)
+        if not self.methods:
+            raise ConfigError("methods is empty; list label methods to compare, e.g. [idlg, yin]")
+        for name, spec in self.variants.items():
+            if name in labels.METHODS:
+                raise ConfigError(f"variants: {name!r} is already a label method; give the variant another name")
+            if not isinstance(spec, dict) or set(spec) - {"method", "options"} or "method" not in spec:
+                raise ConfigError(f"variants.{name} must be {{method: NAME, options: {{...}}}}, got {spec!r}")
+            if spec["method"] not in labels.METHODS:
+                raise ConfigError(f"variants.{name}: unknown label method {spec['method']!r}; valid: "
+                                  f"{sorted(labels.METHODS)}")
+            if not isinstance(spec.get("options", {}), dict):
+                raise ConfigError(f"variants.{name}.options must be a mapping, got {spec['options']!r}")
+        unknown = [m for m in self.methods if m not in labels.METHODS and m not in self.variants]
+        if unknown:
+            raise ConfigError(f"unknown label method(s) {unknown}; valid: {sorted(labels.METHODS)} or a name in "
+                              f"`variants` ({sorted(self.variants)})")
+        extra = sorted(set(self.method_options) - set(self.methods))
+        if extra:
+            raise ConfigError(f"method_options for methods not in `methods`: {extra}")
+        stray = [k for k in self.pool if k not in self.grid]
+        if stray:
+            raise ConfigError(f"pool={self.pool}: {stray} not grid keys; pool names keys of `grid` ({list(self.grid)})")
+        if self.proportion_class is not None and self.proportion_class < 0:
+            raise ConfigError(f"proportion_class={self.proportion_class} must be a class index >= 0 or null")
+        if self.trials < 1:
+            raise ConfigError("trials must be >= 1")
+        from gi.analysis.metrics import (  # light: torch loads there, but before any trial runs
+            LABEL_METRICS,
+            POOLED_METRICS,
+        )
+
+        valid = [*LABEL_METRICS, *POOLED_METRICS]
+        bad = [m for m in self.metrics if m not in valid]
+        if bad or not self.metrics:
+            raise ConfigError(f"metrics={self.metrics}: unknown {bad}; valid: {valid}")
+        for point, setup in grid_points(self):  # every grid point's setup is typed and checked now, not mid-run
+            try:
+                scenario.resolve(setup)
+            except ConfigError as exc:
+                raise ConfigError(f"grid point {point!r}: {exc}" if self.grid else str(exc)) from None
+
+
+def load_label_bench_config(path: str | Path, overrides: list[str] | None = None) -> LabelBenchConfig:
+    return load_config(LabelBenchConfig, path, overrides)
+
+
+def grid_points(cfg: LabelBenchConfig, pooled: bool = False) -> list[tuple[str, dict[str, Any]]]:
+    """``[(label, setup)]``, one per combination of grid values (the label reads ``key=value, …`` of the grid keys
+    as written; old spellings of setup keys are set under their new ones). ``pooled``: labels leave out the keys
+    of ``cfg.pool`` (the summary row a point belongs to; ``"all"`` when every key is pooled)."""
+    from gi.world.scenarios import get_scenario
+
+    scenario = get_scenario(cfg.scenario)
+    base = copy.deepcopy(cfg.setup)
+    if scenario.setup is not None:
+        upgrade(base, scenario.setup.LEGACY, "setup")
+    if not cfg.grid:
+        return [("all", base)]
+    keys = list(cfg.grid)
+    points = []
+    for values in itertools.product(*(cfg.grid[k] for k in keys)):
+        setup = copy.deepcopy(base)
+        for k, v in zip(keys, values):
+            if scenario.key(k) != k:
+                deprecated("grid", k, scenario.key(k))
+            set_dotted(setup, scenario.key(k).split("."), copy.deepcopy(v), scenario.setup, f"grid key {k!r}")
+        points.append((point_label({k: v for k, v in zip(keys, values) if not (pooled and k in cfg.pool)}), setup))
+    return points
+
+
+def point_label(values: dict[str, Any]) -> str:
+    """The row label of a grid point: ``key=value, …`` (the last part of each dotted key), ``"all"`` for none."""
+    return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in values.items()) or "all"
+
+
+def line_axis(cfg: LabelBenchConfig) -> str | None:
+    """The grid key that ``plot.png`` puts on its x axis: the last unpooled key with >= 3 values, all numbers
+    (rounds, aux sizes, widths); None when there is none (then the plot is a bar chart of the rows)."""
+    for key in reversed([k for k in cfg.grid if k not in cfg.pool]):
+        vals = cfg.grid[key]
+        if len(vals) >= 3 and all(isinstance(v, int | float) and not isinstance(v, bool) for v in vals):
+            return key
+    return None
+
+
+def method_call(cfg: LabelBenchConfig, name: str) -> tuple[str, dict[str, Any]]:
+    """The label method and options a ``methods`` entry runs: a variant's method with its options, updated by
+    ``method_options[name]``."""
+    spec = cfg.variants.get(name, {"method": name})
+    return spec["method"], {**spec.get("options", {}), **cfg.method_options.get(name, {})}
+
+
+def _paper_value(cfg: LabelBenchConfig, point: str, method: str) -> float | None:
+    for key in (point, "*"):
+        if key in cfg.paper and method in cfg.paper[key]:
+            return cfg.paper[key][method]
+    return None
+
+
+def run_bench(cfg: LabelBenchConfig) -> Path:
+    """Run the benchmark and write its output directory; returns the directory."""
+    import torch
+    from tqdm.auto import tqdm
+
+    import labels
+    from gi.analysis.metrics import label_metrics
+    from gi.world.scenarios import get_scenario
+
+    scenario = get_scenario(cfg.scenario)
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(cfg.out or f"runs/labels/{cfg.name}-{stamp}")
+    points = grid_points(cfg)
+    summary_labels = [p for p, _ in grid_points(cfg, pooled=True)]
+    rows: list[dict[str, Any]] = []
+    with staged_output(out, overwrite=cfg.overwrite) as tmp:
+        t0 = time.perf_counter()
+        bar = tqdm(total=len(points) * cfg.trials, desc=f"{cfg.name}: captures", disable=not cfg.progress)
+        for p_index, (point, setup) in enumerate(points):
+            gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + p_index)
+            trials = []
+            for t in range(cfg.trials):
+                for k, trial in enumerate(scenario(copy.deepcopy(setup), gen, t)):
+                    trials.append((t, k, trial))
+                bar.update(1)
+            groups: dict[tuple[int, int], list[tuple[int, int, Any]]] = defaultdict(list)
+            for entry in trials:
+                groups[(id(entry[2].aux), len(entry[2].history))].append(entry)
+            for method in cfg.methods:
+                base, options = method_call(cfg, method)
+                for (_, earlier), entries in groups.items():
+                    caps = [e[2].capture for e in entries]
+                    start = time.perf_counter()
+                    if earlier:  # the multi-round attack: every round recovered, the distributions averaged
+                        rounds = [[e[2].history[i] for e in entries] for i in range(earlier)] + [caps]
+                        results = labels.recover_rounds(rounds, base, aux=entries[0][2].aux, **options)
+                    else:
+                        results = labels.recover_many(caps, base, aux=entries[0][2].aux, **options)
+                    per = (time.perf_counter() - start) / len(caps)
+                    for (t, k, trial), res in zip(entries, results):
+                        row = {"point": summary_labels[p_index], "grid": point, "trial": t, "message": k,
+                               "group": trial.group, "method": method,
+                               **label_metrics(res, trial.truth),
+                               "seconds": float(res.info.get("seconds", per)),
+                               "reason": res.info.get("reason", "")}
+                        if cfg.proportion_class is not None:
+                            row.update(class_proportions(res, trial.truth, cfg.proportion_class))
+                        rows.append(row)
+            log.info("%s: %d captures, %d methods", point, len(trials), len(cfg.methods))
+        bar.close()
+        summary = summarize_rows(cfg, rows)
+        write_yaml(tmp / "config.yaml", to_dict(cfg))
+        write_csv(tmp / "trials.csv", rows)
+        write_csv(tmp / "summary.csv", summary)
+        text = write_markdown_table(tmp / "summary.md", summary, title=f"{cfg.name} ({cfg.trials} trials per point)")
+        write_json(tmp / "summary.json", {"name": cfg.name, "trials": cfg.trials, "rows": summary,
+                                          "seconds": time.perf_counter() - t0, "torch": torch.__version__})
+        rows_in_order = list(dict.fromkeys(summary_labels))
+        _plot(tmp / "plot.png", cfg, summary, rows_in_order)
+        if cfg.proportion_class is not None:
+            _proportion_plot(tmp / "proportions.png", cfg, rows, rows_in_order)
+        print(text)
+    return out
+
+
+def summarize_rows(cfg: LabelBenchConfig, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Means per (grid point, method) of the chosen metrics (pooled ratios for
+    :data:`gi.analysis.metrics.POOLED_METRICS`),
+    success rate, median seconds, paper value."""
+    from gi.analysis.metrics import POOLED_METRICS
+
+    out = []
+    keyed: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        keyed[(r["point"], r["method"])].append(r)
+    for (point, method), rs in keyed.items():
+        row: dict[str, Any] = {"point": point, "method": method, "n": len(rs)}
+        for m in cfg.metrics:
+            if m in POOLED_METRICS:
+                num, den = (sum(float(r[k]) for r in rs if r.get(k) is not None) for k in POOLED_METRICS[m])
+                row[m] = num / den if den > 0 else None
+                continue
+            vals = [float(r[m]) for r in rs if m in r and r[m] is not None]
+            row[m] = sum(vals) / len(vals) if vals else None
+        paper = _paper_value(cfg, point, method)
+        if paper is not None:
+            row[f"paper_{cfg.metrics[0]}"] = paper
+        row["ok_rate"] = sum(float(r.get("ok", 1.0)) for r in rs) / len(rs)
+        secs = sorted(float(r["seconds"]) for r in rs)
+        row["median_ms"] = 1000 * secs[len(secs) // 2]
+        out.append(row)
+    return out
+
+
+def _plot(path: Path, cfg: LabelBenchConfig, summary: list[dict[str, Any]], points: list[str]) -> None:
+    """``metrics[0]`` per row: a line per method (and per value of the other unpooled grid keys) against the
+    :func:`line_axis` key when the grid has one, else bars per row and method."""
+    metric = cfg.metrics[0]
+
+    def value(point: str, method: str) -> float:
+        return next((float("nan") if r[metric] is None else r[metric] for r in summary
+                     if r["point"] == point and r["method"] == method), float("nan"))
+
+    axis = line_axis(cfg)
+    if axis is None:
+        save_bar_plot(path, points, {m: [value(p, m) for p in points] for m in cfg.methods}, metric, title=cfg.name)
+        return
+    keys = [k for k in cfg.grid if k not in cfg.pool]
+    others = [k for k in keys if k != axis]
+    series = {}
+    for combo in itertools.product(*(cfg.grid[k] for k in others)):
+        fixed = dict(zip(others, combo))
+        for method in cfg.methods:
+            name = " ".join([method, *(f"{k.split('.')[-1]}={v}" for k, v in fixed.items())])
+            series[name] = [value(point_label({k: fixed.get(k, x) for k in keys}), method) for x in cfg.grid[axis]]
+    save_line_plot(path, cfg.grid[axis], series, axis.split(".")[-1], metric, title=cfg.name)
+
+
+def class_proportions(result: Any, truth: Any, cls: int) -> dict[str, float]:
+    """``p_true`` / ``p_hat``: the true and estimated proportion of class ``cls`` (uniform for a failed result)."""
+    true = truth.counts.double()
+    if cls >= true.numel():
+        raise ConfigError(f"proportion_class={cls} is not a class of this data ({true.numel()} classes)")
+    hat = result.proportions if result.proportions is not None else None
+    p_hat = float(hat[cls]) if hat is not None else 1.0 / true.numel()
+    return {"p_true": float(true[cls] / true.sum()), "p_hat": p_hat}
+
+
+def _proportion_plot(path: Path, cfg: LabelBenchConfig, rows: list[dict[str, Any]],
+                     points: list[str]) -> None:
+    """Ramakrishna & Dán Figs. 5–6: estimated against true proportion of ``cfg.proportion_class``, one panel per
+    grid point, one marker series per method, the diagonal for reference."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(points), figsize=(4.2 * len(points), 4.0), squeeze=False)
+    for ax, point in zip(axes[0], points):
+        top = 0.0
+        for method in cfg.methods:
+            rs = [r for r in rows if r["point"] == point and r["method"] == method]
+            xs, ys = [r["p_true"] for r in rs], [r["p_hat"] for r in rs]
+            top = max([top, *xs, *ys])
+            ax.scatter(xs, ys, s=14, label=method, alpha=0.8)
+        ax.plot([0, top], [0, top], color="grey", lw=0.8, ls="--")
+        ax.set_title(point, fontsize=9)
+        ax.set_xlabel(f"true proportion of class {cfg.proportion_class}")
+        ax.set_ylabel("estimate")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(cfg.name)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,377 @@
+"""``gi run``: the end-to-end job (docs/architecture.md, "Data flow"): data → victim → labels → reconstruction → scores.
+
+The attack side receives the capture (and auxiliary data) only; ground truth is used to make the
+oracle LabelResult when ``labels.mode: truth`` is asked for explicitly, and to score.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as _dt
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from gi.attack.recon.config import ReconConfig
+from gi.attack.recon.presets import DEFAULT
+from gi.core.config import require, to_dict
+from gi.core.errors import ConfigError
+from gi.experiments.attack import (  # noqa: F401  (the label modes: importable from here too, as before)
+    LABEL_MODES,
+    LabelConfig,
+    LabelMode,
+    PreparedAttack,
+    attack_labels,
+    attack_stages,
+    can_pack,
+    check_attack_labels,
+    derived_attack,
+    final_counts,
+    oracle_labels,
+    prepare_attack,
+    reconstruct_prepared,
+    truth_monitor,
+    used_labels,
+    with_preset,
+    write_outputs,
+)
+from gi.experiments.report import check_run_name, log_scope, staged_output
+from gi.world.setup import (  # noqa: F401  (DataConfig, ModelConfig: the sections, importable from here too)
+    DataConfig,
+    ModelConfig,
+    VictimSetup,
+    build_model,
+    draw_aux,
+    load_config,
+    load_data,
+    train_on,
+)
+
+if TYPE_CHECKING:  # torch, the data, models and Lightning load on first use: config errors answer at once
+    import torch
+
+    from gi.attack.recon import Reconstruction
+    from gi.capture import Capture, Truth
+
+log = logging.getLogger("gi.run")
+
+
+@dataclass
+class RunDataConfig(DataConfig):
+    """The shared :class:`~gi.world.setup.DataConfig` plus how ``gi run`` draws the clients' batches.
+
+    ``indices``: dataset indices of the client's batch (length = protocol.batch_size); null draws them
+    with the run seed. ``images``: a list of dataset indices, or ``all``, attacked as separate captures of
+    ``protocol.batch_size`` consecutive entries each (batch size 1: every image its own capture), packed into one
+    batched reconstruction; results are per image plus mean / median / min. ``captures``: how many batches
+    to draw with the run seed when neither is given. ``eps``: label-smoothing ε (null: U(0, eps_max) per
+    sample, as the soft-label paper). ``mixup_lam``: mixup λ (null: U(0, 1)).
+    """
+
+    indices: list[int] | None = None
+    images: list[int] | str | None = None
+    captures: int = 1
+    eps: float | None = None
+    eps_max: float = 0.5
+    mixup_lam: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(self.indices is None or all(i >= 0 for i in self.indices), "data.indices", self.indices,
+                "dataset indices >= 0")
+        require(self.images is None or self.images == "all" or (isinstance(self.images, list) and self.images
+                and all(i >= 0 for i in self.images)), "data.images", self.images,
+                "a non-empty list of dataset indices >= 0, or all")
+        require(self.captures >= 1, "data.captures", self.captures, ">= 1")
+        if self.images is not None and (self.indices is not None or self.captures != 1):
+            raise ConfigError("data.images gives the captures; leave data.indices and data.captures out with it "
+                              "(data.indices is one batch, data.captures a number of random batches)")
+        if self.indices is not None and self.captures != 1:
+            raise ConfigError("data.indices is one batch: use data.images for several captures of given images")
+        for key in ("eps", "eps_max", "mixup_lam"):
+            value = getattr(self, key)
+            require(value is None or 0 <= value <= 1, f"data.{key}", value, "a number in [0, 1]")
+
+
+@dataclass
+class MetricConfig:
+    lpips_vgg: bool = True
+    match: bool = True
+
+
+@dataclass
+class RunConfig(VictimSetup):
+    """``gi run``: the victim setup (:class:`~gi.world.setup.VictimSetup`: ``data``, ``model``, ``train``,
+    ``aux``, ``protocol``), the label stage, the attack and the scores. ``attack.labels`` is derived from
+    ``labels.mode`` (an explicit different value is a ConfigError). The ``attack`` section is filled from
+    ``attack.preset`` (default :data:`ATTACK_PRESET`; :mod:`gi.attack.recon.presets`) under its explicit keys."""
+
+    ATTACK_PRESET: ClassVar[str | None] = DEFAULT
+
+    LEGACY: ClassVar[dict[str, str]] = {"model.train_epochs": "train.epochs", "model.train_lr": "train.lr",
+                                        "labels.aux_per_class": "aux.per_class"}
+
+    name: str = "run"
+    seed: int = 0
+    out: str | None = None
+    overwrite: bool = False
+    data: RunDataConfig = field(default_factory=RunDataConfig)
+    labels: LabelConfig = field(default_factory=LabelConfig)
+    attack: ReconConfig = field(default_factory=ReconConfig)
+    metrics: MetricConfig = field(default_factory=MetricConfig)
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any] | None, where: str = "") -> Any:
+        return super().from_mapping(with_preset(data, cls.ATTACK_PRESET), where)
+
+    def __post_init__(self) -> None:
+        check_run_name(self.name)
+        self.attack = derived_attack(self.labels, self.attack)  # the loaders refuse an explicit other value
+        if self.protocol.is_update and self.protocol.label_aug == "mixup":
+            raise ConfigError("protocol.label_aug=mixup is FedSGD-only here (gi.world.fl.victim trains with one-hot or "
+                              "smoothed labels); use protocol.scheme=fedsgd or another label_aug")
+
+    def written(self) -> dict[str, Any]:
+        """The config as its ``config.yaml`` records it: every setting (derived ones as they ran), the run's own
+        keys (name, seed, out, overwrite) first."""
+        data = to_dict(self)
+        return {**{k: data.pop(k) for k in ("name", "seed", "out", "overwrite")}, **data}
+
+
+def load_run_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    return load_config(RunConfig, path, overrides)
+
+
+# ----------------------------------------------------------------------------- stages
+def client_batch(cfg: RunConfig, dataset: Any, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor,
+                                                                              torch.Tensor]:
+    """The client's images, soft targets (per ``protocol.label_aug``: one-hot, smoothing, mixup) and the dataset
+    indices of every sample they are made of (both images of a mixup pair)."""
+    import torch
+
+    from gi.world import data as gdata
+
+    b, c = cfg.protocol.batch_size, dataset.num_classes
+    kind = cfg.protocol.label_aug
+    if kind == "mixup":
+        i1, i2 = gdata.sample_mixup_pairs(dataset, b, gen)
+        lam = torch.rand(b, generator=gen) if cfg.data.mixup_lam is None else cfg.data.mixup_lam
+        images, targets = gdata.mixup(dataset.images[i1], dataset.labels[i1], dataset.images[i2],
+                                      dataset.labels[i2], lam, c)
+        return images, targets, torch.cat([i1, i2])
+    if cfg.data.indices is not None:
+        if len(cfg.data.indices) != b:
+            raise ConfigError(f"data.indices has {len(cfg.data.indices)} entries but protocol.batch_size={b}")
+        idx = torch.as_tensor(cfg.data.indices)
+        images, labels = gdata.to_batch(dataset, idx)
+    else:
+        images, labels, idx = gdata.sample_batch(dataset, b, gen)
+    eps = cfg.data.eps
+    if kind != "onehot" and eps is None:
+        eps = torch.rand(b, generator=gen, dtype=torch.float64) * cfg.data.eps_max
+    return images, gdata.make_targets(labels, c, kind, eps), idx
+
+
+def build_victim(cfg: Any) -> tuple[Any, torch.nn.Module]:
+    """The client's dataset and the global model (trained briefly when ``train.epochs`` > 0).
+
+    ``cfg`` is a victim setup with a ``seed`` (a RunConfig or an AblateConfig): the model is initialised with
+    ``seed`` (or ``model.seed``) and trained with a generator seeded ``seed + 1``.
+    """
+    import torch
+
+    dataset = load_data(cfg.data)
+    model = build_model(cfg.model, dataset, cfg.seed)
+    if cfg.train.epochs > 0:
+        stats = train_on(model, cfg.train, cfg.data, dataset, torch.Generator().manual_seed(cfg.seed + 1))
+        log.info("trained model: %s", stats)
+    return dataset, model
+
+
+def share_bn_statistics(model: torch.nn.Module, images: torch.Tensor, capture: Capture) -> None:
+    """Victim side, when the threat model grants it (``protocol.share_bn_stats``): put the client's
+    per-channel batch mean and biased variance at every BatchNorm input into ``capture.bn_stats`` (what FedAvg's
+    shared running buffers reveal), for the ``bn`` regulariser."""
+    import torch
+
+    seen: dict[str, torch.Tensor] = {}
+    hooks = [m.register_forward_hook(lambda m, i, o, name=name: seen.__setitem__(name, i[0].detach()))
+             for name, m in model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(images)
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(was)
+    for name, a in seen.items():
+        dims = (0,) + tuple(range(2, a.ndim))
+        capture.bn_stats[name] = (a.mean(dims), a.var(dims, unbiased=False))
+
+
+def capture_client(cfg: Any, dataset: Any, model: torch.nn.Module, gen: torch.Generator) -> tuple[Capture, Truth]:
+    """Victim side: the client's batch (per ``protocol.label_aug``) and what it shares: a FedSGD gradient, or a
+    FedAvg-style update of local training on that batch (``gi.world.fl.victim.simulate_client``).
+    ``truth.meta["indices"]``
+    lists the dataset indices the batch is made of (kept out of the attacker's aux set by :func:`make_aux`)."""
+    images, targets, indices = client_batch(cfg, dataset, gen)
+    if cfg.protocol.is_update:
+        from gi.world.fl.victim import simulate_client
+
+        capture, truth = simulate_client(model, (images, targets.argmax(1)), cfg.protocol, rng=gen,
+                                         device=cfg.torch_device)
+    else:
+        from gi.world.fl.victim import capture_gradients
+
+        capture, truth = capture_gradients(model, images, targets, cfg.protocol, generator=gen,
+                                           device=cfg.torch_device)
+    if cfg.protocol.share_bn_stats:
+        share_bn_statistics(model, images, capture)
+    truth.meta = {**truth.meta, "indices": [int(i) for i in indices]}
+    return capture, truth
+
+
+def make_aux(cfg: VictimSetup, dataset: Any, gen: torch.Generator, truths: list[Truth]) -> Any:
+    """The attacker's aux set (``aux.per_class`` per class of ``aux.split``), drawn with ``gen``; from the victim's
+    ``dataset`` it holds no sample of the victims' batches (``truth.meta["indices"]`` of every truth in ``truths``)."""
+    if cfg.aux.per_class <= 0:
+        return None
+    if cfg.aux.split not in (None, cfg.data.split):
+        return draw_aux(load_data(cfg.data, cfg.aux.split), cfg.aux.per_class, gen)[0]
+    victims = [i for t in truths for i in t.meta["indices"]]
+    return draw_aux(dataset, cfg.aux.per_class, gen, exclude=victims)[0]
+
+
+def victim_batches(cfg: RunConfig, dataset: Any) -> list[list[int] | None]:
+    """The dataset indices of every capture's batch: ``data.images`` in chunks of ``protocol.batch_size``, else
+    ``data.indices`` (one batch), else ``data.captures`` batches drawn with the run seed (None each)."""
+    b = cfg.protocol.batch_size
+    if cfg.data.images is None:
+        return [cfg.data.indices] if cfg.data.indices is not None else [None] * cfg.data.captures
+    images = list(range(len(dataset))) if cfg.data.images == "all" else list(cfg.data.images)
+    if max(images) >= len(dataset):
+        raise ConfigError(f"data.images has index {max(images)} but {cfg.data.name} holds {len(dataset)} images")
+    if len(images) % b:
+        raise ConfigError(f"data.images holds {len(images)} images, not a multiple of protocol.batch_size={b}: "
+                          "every capture is a batch of consecutive entries")
+    if cfg.protocol.label_aug == "mixup":
+        raise ConfigError("data.images with protocol.label_aug=mixup: mixup draws its pairs; use data.captures")
+    return [images[i:i + b] for i in range(0, len(images), b)]
+
+
+def capture_all(cfg: RunConfig, dataset: Any, model: torch.nn.Module, gen: torch.Generator
+                ) -> tuple[list[Capture], list[Truth]]:
+    """Victim side: one (capture, truth) per batch of :func:`victim_batches`."""
+    captures, truths = [], []
+    for indices in victim_batches(cfg, dataset):
+        one = cfg if indices is None else dataclasses.replace(cfg, data=dataclasses.replace(
+            cfg.data, images=None, indices=indices))
+        capture, truth = capture_client(one, dataset, model, gen)
+        captures.append(capture)
+        truths.append(truth)
+    return captures, truths
+
+
+@dataclass
+class RunResult:
+    out: Path
+    metrics: dict[str, Any]
+    capture: Capture
+    truth: Truth
+    reconstruction: Reconstruction
+    captures: list[Capture] = field(default_factory=list)
+    truths: list[Truth] = field(default_factory=list)
+    reconstructions: list[Reconstruction] = field(default_factory=list)
+
+
+def run(cfg: RunConfig) -> RunResult:
+    """Run the end-to-end job and write its output directory: the victim part (data, model, captures) and the
+    attack part (:func:`gi.experiments.attack.attack_stages`: labels → features → reconstruct, the same stages as
+    ``gi attack``), then scores."""
+    return run_many([cfg])[0]
+
+
+@dataclass
+class _Job:
+    cfg: RunConfig
+    out: Path
+    tmp: Path
+    t0: float
+    captures: list[Capture]
+    truths: list[Truth]
+    prepared: PreparedAttack
+
+
+def pack_groups(prepared: Sequence[PreparedAttack]) -> list[list[int]]:
+    """Indices of ``prepared`` in groups that share one reconstruction problem (:func:`can_pack` with the group's
+    first), in order of first appearance."""
+    groups: list[list[int]] = []
+    for i, p in enumerate(prepared):
+        home = next((g for g in groups if can_pack(prepared[g[0]], p)), None)
+        if home is None:
+            groups.append([i])
+        else:
+            home.append(i)
+    return groups
+
+
+def run_many(cfgs: Sequence[RunConfig]) -> list[RunResult]:
+    """Run several ``gi run`` jobs, each to its own output directory, and reconstruct the jobs whose attacks can
+    share one problem (:func:`pack_groups`: the same attack config, captures of one global model; e.g. a sweep over
+    the label method or the images attacked) as one packed problem (issue 15, point 1). Each job gets the
+    reconstructions it gets alone (every capture starts from the image its seed gives it; up to float rounding);
+    the reconstruct stage record says ``packed_jobs``; each job's ``log.txt`` holds its own lines and its pack's
+shared reconstruction (:func:`gi.experiments.report.log_scope`), not the other jobs'. If any
+    job fails, no job's directory is written."""
+    import torch
+
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    with contextlib.ExitStack() as stack:
+        jobs: list[_Job] = []
+        for cfg in cfgs:
+            out = Path(cfg.out or f"runs/{cfg.name}-{stamp}")
+            tmp = stack.enter_context(staged_output(out, overwrite=cfg.overwrite))
+            with log_scope(out):  # this job's victim and label / feature stages go to its own log.txt only
+                t0 = time.perf_counter()
+                torch.manual_seed(cfg.seed)
+                gen = torch.Generator().manual_seed(cfg.seed)
+                dataset, model = build_victim(cfg)
+                captures, truths = capture_all(cfg, dataset, model, gen)
+                log.info("captured %s %s of %d capture(s) x %d samples", cfg.model.name,
+                         "update" if captures[0].is_update else "gradients", len(captures), captures[0].num_samples)
+                # ---- attack side: captures (+ aux) only; the oracle mode alone reads truth, by request
+                aux = make_aux(cfg, dataset, gen, truths)
+                prepared = prepare_attack(cfg.labels, cfg.attack, captures,
+                                          truths if cfg.labels.mode == "truth" else None, aux)
+            jobs.append(_Job(cfg, out, tmp, t0, captures, truths, prepared))
+        by_job: dict[int, RunResult] = {}
+        for group in pack_groups([j.prepared for j in jobs]):
+            with log_scope(*(jobs[i].out for i in group)):  # the pack's shared reconstruction: every member's log
+                if len(group) > 1:
+                    log.info("packing %d jobs into one problem: %s", len(group),
+                             ", ".join(jobs[i].cfg.name for i in group))
+                truths = [t for i in group for t in jobs[i].truths]
+                monitor = truth_monitor(truths, jobs[group[0]].cfg.attack.log_every)
+                outcomes = reconstruct_prepared([jobs[i].prepared for i in group], callbacks=[monitor])
+            start = 0
+            for i, outcome in zip(group, outcomes):
+                job, cfg = jobs[i], jobs[i].cfg
+                part = monitor.part(start, start + len(job.captures))
+                start += len(job.captures)
+                with log_scope(job.out):
+                    metrics = write_outputs(job.tmp, cfg.name, cfg.written(), job.captures, job.truths, outcome,
+                                            cfg.labels, cfg.seed, {"match": cfg.metrics.match,
+                                                                   "lpips_vgg": cfg.metrics.lpips_vgg}, part, job.t0)
+                    log.info("PSNR mean %.2f / median %.2f / min %.2f dB over %d image(s) (random image %.2f dB)",
+                             metrics["psnr_mean"], metrics["psnr_median"], metrics["psnr_min"], metrics["num_images"],
+                             metrics["random_image_psnr_mean"])
+                recs = outcome.reconstructions
+                by_job[i] = RunResult(job.out, metrics, job.captures[0], job.truths[0], recs[0], job.captures,
+                                      job.truths, recs)
+    return [by_job[i] for i in range(len(jobs))]  # published: the staged outputs closed without an error

@@ -1,6 +1,0 @@
-"""The FL schemes, one module each, all registered in :data:`SCHEMES` (see :mod:`gi.fl.schemes.base`)."""
-
-from gi.fl.schemes import fedavg, feddc, feddyn, fedprox, fedsgd, scaffold  # noqa: F401  (registration)
-from gi.fl.schemes.base import SCHEMES, History, Scheme, get_scheme, history_of, register_scheme
-
-__all__ = ["SCHEMES", "History", "Scheme", "get_scheme", "history_of", "register_scheme"]

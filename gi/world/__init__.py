@@ -1,0 +1,6 @@
+"""The victim's world: federated learning (``fl``), data, models, losses, training, the victim schema
+(``setup``), its builders and the ``gi labels`` scenarios (docs/architecture.md "Layout").
+
+Everything the simulated client and server do lives here; the attack side reads only what they share
+(:class:`gi.capture.Capture`), and scoring reads :class:`gi.capture.Truth`.
+"""

@@ -1,0 +1,31 @@
+"""Client-side defences, one registry (:data:`DEFENCES`, :func:`register_defence`; :mod:`gi.world.fl.defences.base`).
+
+Families, one module each: :mod:`~gi.world.fl.defences.noise` (clip, Gaussian, Laplace, per-step Gaussian),
+:mod:`~gi.world.fl.defences.dpsgd` (per-example DP-SGD with Opacus' accountant), :mod:`~gi.world.fl.defences.sparsify`
+(top-k,
+quantisation), :mod:`~gi.world.fl.defences.training` (oversampling, label smoothing, mixup, dropout) and
+:mod:`~gi.world.fl.defences.secagg` (secure aggregation). Importing this package loads no torch.
+"""
+
+from gi.world.fl.defences import dpsgd, noise, secagg, sparsify, training  # noqa: F401  (registration)
+from gi.world.fl.defences.base import (
+    DEFENCES,
+    STAGES,
+    Context,
+    Defence,
+    Spec,
+    apply,
+    at,
+    check_entries,
+    data_indices,
+    group_size,
+    model_defences,
+    record,
+    register_defence,
+    specs,
+)
+from gi.world.fl.defences.client import defended_gradient
+
+__all__ = ["DEFENCES", "STAGES", "Context", "Defence", "Spec", "apply", "at", "check_entries", "data_indices",
+           "defended_gradient",
+           "group_size", "model_defences", "record", "register_defence", "specs"]

@@ -1,0 +1,57 @@
+"""Devices and label metrics: a bad request is a one-line error before any work (issue 14)."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from gi.core.devices import resolve_device
+from gi.core.errors import ConfigError
+
+NO_GPU = not torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not NO_GPU, reason="needs a machine without a GPU")
+def test_gpu_on_a_cpu_machine_is_a_config_error_before_the_capture():
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "gi.cli", "run", "configs/demo.yaml", "attack.device=gpu",
+                          "out=/nonexistent-never-written"], capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "attack.device=gpu but torch sees no GPU" in out.stderr
+    assert "capture" not in out.stdout.lower() and seconds < 30  # the acceptance's 3 s is on an idle machine
+
+
+@pytest.mark.skipif(not NO_GPU, reason="needs a machine without a GPU")
+@pytest.mark.parametrize("key", ["device", "labels.device", "attack.device"])
+def test_every_stage_refuses_a_missing_gpu_at_load_before_torch_work(key):
+    """The victim (``device``), label recovery (``labels.device``) and the attack (``attack.device``) each refuse
+    a GPU this machine lacks when the config loads, naming the key, in well under a second of CPU."""
+    from gi.experiments.run import load_run_config
+
+    start = time.process_time()
+    with pytest.raises(ConfigError, match=f"^{key}=gpu but torch sees no GPU"):
+        load_run_config("configs/demo.yaml", [f"{key}=gpu"])
+    assert time.process_time() - start < 1.0
+
+
+def test_device_names():
+    assert resolve_device("cpu") == ("cpu", 1)
+    assert resolve_device("auto")[0] in ("cpu", "gpu")
+    with pytest.raises(ConfigError, match="valid: auto, cpu, gpu, cuda, cuda:N, mps"):
+        resolve_device("tpu")
+    with pytest.raises(ConfigError, match="not allowed"):
+        resolve_device("cuda:x")
+    if NO_GPU:
+        with pytest.raises(ConfigError, match="cuda:1 but torch sees no GPU"):
+            resolve_device("cuda:1")
+
+
+def test_unknown_label_metric_is_an_error_at_load():
+
+    from gi.experiments.labels import load_label_bench_config
+
+    with pytest.raises(ConfigError, match=r"metrics=\['nosuch'\]: unknown \['nosuch'\]; valid: \['ok', 'cls_acc'"):
+        load_label_bench_config("configs/labels/rlu-table4-fedprox.yaml", ["metrics=[nosuch]"])

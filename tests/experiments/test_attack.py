@@ -1,0 +1,242 @@
+"""The label-first default job (issue 12): the label-method picker, the stages record, presets, several captures
+per run, gi attack on a saved capture (the same labels and images as gi run), piped progress, warnings."""
+
+import csv
+import json
+import logging
+
+import pytest
+import torch
+
+import gi
+import labels
+from gi.attack.recon.config import ReconConfig
+from gi.attack.recon.presets import PRESETS, apply_preset
+from gi.core.errors import ConfigError
+from gi.experiments.attack import INIT_MAX_RESIDUAL, load_attack_config, run_attack
+from gi.experiments.run import load_run_config, run
+from labels.auto import pick
+
+FAST = ["attack.iterations=30", "attack.restarts=1", "attack.progress=false", "metrics.lpips_vgg=false",
+        "attack.log_every=10"]
+
+
+def _model(num_classes=4, bias_last=True):
+    return gi.world.models.build("mlp", num_classes, in_shape=(1, 6, 6), bias_last=bias_last, seed=0)
+
+
+def _images(b):
+    return torch.rand(b, 1, 6, 6, generator=torch.Generator().manual_seed(b))
+
+
+def test_picker_chooses_by_capture_kind_and_aux():
+    model = _model()
+    y1, y4 = torch.tensor([2]), torch.tensor([0, 1, 1, 3])
+    one, _ = gi.capture_gradients(model, _images(1), y1, gi.Protocol(batch_size=1))
+    batch, _ = gi.capture_gradients(model, _images(4), y4, gi.Protocol(batch_size=4))
+    update, _ = gi.simulate_client(model, (_images(4), y4), gi.Protocol(scheme="fedavg", batch_size=2,
+                                                                         local_epochs=1, lr=0.1),
+                                   rng=torch.Generator().manual_seed(0))
+    aux = object()  # the picker only asks whether aux data is given
+    assert (pick(one).method, pick(one).options) == ("soft-lambda", {"kind": "auto"})
+    assert pick(one, aux).method == "soft-lambda"
+    assert pick(batch, aux).method == "posterior"
+    assert pick(batch).method == "ilrg-robust"
+    assert pick(update, aux).method == "rlu"
+    assert pick(update).method == "ilrg-update"  # RLU needs aux samples
+    # through the registry: the chosen method's result, with the choice and its reason
+    result = labels.recover(one, "auto")
+    assert result.method == "soft-lambda" and result.info["picked_by"] == "auto"
+    assert "single-sample" in result.info["why"] and result.soft.argmax(1).tolist() == [2]
+    counts = labels.recover(batch, "auto")
+    assert counts.method == "ilrg-robust" and counts.counts.tolist() == [1, 2, 0, 1]
+    assert "auto" in labels.METHODS
+
+
+def test_picker_hands_over_when_the_picked_method_cannot_decide():
+    from types import SimpleNamespace
+
+    model = _model()
+    batch, _ = gi.capture_gradients(model, _images(4), torch.tensor([0, 1, 1, 3]), gi.Protocol(batch_size=4))
+    aux = SimpleNamespace(images=torch.rand(6, 1, 6, 6, generator=torch.Generator().manual_seed(9)),
+                          labels=torch.tensor([0, 0, 1, 1, 2, 2]))  # no sample of class 3
+    result = labels.recover(batch, "auto", aux=aux)
+    assert result.method == "ilrg-robust" and result.ok and result.counts.tolist() == [1, 2, 0, 1]
+    assert result.info["passed_over"][0].startswith("posterior failed")
+
+
+def test_presets_fill_only_the_keys_a_config_leaves_out():
+    filled = apply_preset({"preset": "fast", "iterations": 7})
+    assert filled["iterations"] == 7 and filled["optimizer"] == PRESETS["fast"]["optimizer"]
+    assert apply_preset({}) == {**PRESETS["default"], "preset": "default"}
+    cfg = load_run_config("configs/demo.yaml", ["attack.preset=ig", "attack.lr=0.05"])
+    assert (cfg.attack.optimizer, cfg.attack.objective, cfg.attack.lr) == ("adam", "cosine", 0.05)
+    assert ReconConfig.from_preset("strong", restarts=3).restarts == 3
+    with pytest.raises(ConfigError, match="attack.preset='nope'.*valid"):
+        load_run_config("configs/demo.yaml", ["attack.preset=nope"])
+    with pytest.raises(ConfigError, match="attack.preset"):
+        ReconConfig(preset="nope")
+
+
+def test_default_job_records_stages_labels_features_reconstruct(tmp_path):
+    """The DLG LeNet: labels → features, whose conv inversion answers the capture (residual below the tolerance)."""
+    result = run(load_run_config("configs/demo.yaml", FAST + [f"out={tmp_path / 'r'}"]))
+    stages = json.loads((tmp_path / "r" / "metrics.json").read_text())["stages"]
+    assert [s["name"] for s in stages] == ["labels", "features", "reconstruct"]
+    assert stages[0]["method"] == "soft-lambda" and stages[0]["picked_by"] == "auto" and stages[0]["why"]
+    assert stages[1]["available"] and stages[1]["source"] == "last_layer_features"
+    assert stages[1]["analytic_inversion"] and stages[1]["analytic_residual"] < 1e-2
+    assert stages[2]["optimizer"] == "analytic (fcn_analytic.invert)" and stages[2]["skipped"]
+    assert stages[2]["analytic_captures"] == 1 and "attack.analytic_tol" in stages[2]["why"]
+    assert all(s["seconds"] >= 0 for s in stages)
+    assert result.metrics["labels"]["counts"] == result.metrics["labels"]["true_counts"]
+    assert result.metrics["psnr_min"] > 40
+    (row,) = list(csv.DictReader((tmp_path / "r" / "results.csv").open()))
+    assert row["answered_by"] == "analytic inversion" and float(row["analytic_residual"]) < 1e-2
+    assert [la["name"] for la in stages[1]["analytic_layers"]] == ["fc", "body.4", "body.2", "body.0"]
+    assert stages[1]["analytic_residual"] == max(max(la["residual"][0], la["forward"][0] or 0)
+                                                 for la in stages[1]["analytic_layers"])
+    assert (tmp_path / "r" / "analytic.png").stat().st_size > 1000 and not (tmp_path / "r" / "psnr.png").exists()
+
+
+def test_the_optimisation_starts_from_the_inversion_above_the_tolerance_or_runs_alone_without_it(tmp_path):
+    polish = run(load_run_config("configs/demo.yaml", FAST + [f"out={tmp_path / 'p'}", "attack.analytic_tol=0",
+                                                              "attack.retries=1", "attack.retry_ratio=0.99"]))
+    stages = polish.metrics["stages"]
+    assert stages[2]["optimizer"] == PRESETS["default"]["optimizer"] and stages[2]["preset"] == "default"
+    assert stages[2]["init"].startswith("analytic") and "analytic_captures" not in stages[2]
+    assert stages[2]["output_error"] == "simulated"  # the default preset: the labels' cross-entropy
+    assert polish.reconstruction.history.get("retries") is None  # a fit from the inversion is not retried
+    assert polish.metrics["psnr_min"] > 40
+    (row,) = list(csv.DictReader((tmp_path / "p" / "results.csv").open()))
+    assert row["answered_by"] == "optimised from the analytic inversion" and float(row["analytic_residual"]) > 0
+    alone = run(load_run_config("configs/demo.yaml", FAST + [f"out={tmp_path / 'a'}", "attack.analytic=false",
+                                                             "attack.output_error=auto"]))
+    stages = alone.metrics["stages"]
+    assert not stages[1]["analytic_inversion"] and stages[1]["analytic_why_not"] == "attack.analytic=false"
+    assert stages[2]["output_error"] == "captured" and alone.reconstruction.history["output_error"] == "captured"
+    assert stages[2]["optimizer"] == PRESETS["default"]["optimizer"] and "init" not in stages[2]
+    assert alone.metrics["psnr_min"] < 40  # 30 iterations from a random start
+    (row,) = list(csv.DictReader((tmp_path / "a" / "results.csv").open()))
+    assert row["answered_by"] == "optimisation" and row["analytic_residual"] == ""
+
+
+def test_an_inversion_far_off_is_no_start(tmp_path, caplog):
+    """A ReLU LeNet: dead units leave the conv systems rank-deficient, the inversion is worse than a random image
+    (residual > INIT_MAX_RESIDUAL), so the optimisation starts from attack.init, not from it."""
+    with caplog.at_level("INFO", logger="gi.attack"):
+        result = run(load_run_config("configs/demo.yaml", FAST + ["model.activation=relu",
+                                                                   f"out={tmp_path / 'r'}"]))
+    assert "(1 capture(s) stopped at layer(s) body.2" in caplog.text
+    features, reconstruct = result.metrics["stages"][1:]
+    assert features["analytic_inversion"] and features["analytic_residual"] >= INIT_MAX_RESIDUAL
+    # the walk stops at the layer that breaks the bound: the input layer's costly solve is skipped
+    assert features["analytic_stopped"].startswith("1 capture(s) stopped at layer(s) body.")
+    assert [la["name"] for la in features["analytic_layers"]] == ["fc", "body.4", "body.2"]  # body.0 not solved
+    assert (tmp_path / "r" / "analytic.png").is_file()
+    assert "init" not in reconstruct and reconstruct["init_not_analytic"].startswith("1 capture(s)")
+    (row,) = list(csv.DictReader((tmp_path / "r" / "results.csv").open()))
+    assert row["answered_by"] == "optimisation" and float(row["analytic_residual"]) >= INIT_MAX_RESIDUAL
+
+
+def test_a_run_mixing_answered_stopped_and_optimised_captures_records_and_draws_all(tmp_path):
+    """ReLU LeNet, cifar10-samples 0 and 1: their worst layers (body.2) come out at 0.30 and 0.38, so with
+    attack.analytic_tol=0.35 image 0 is answered by the full inversion, image 1's walk stops at body.2 and is
+    optimised. The per-layer record pads the stopped capture with None; both plots are drawn."""
+    result = run(load_run_config("configs/demo.yaml", FAST + [
+        "model.activation=relu", "data.indices=null", "data.images=[0, 1]", "attack.analytic_tol=0.35",
+        f"out={tmp_path / 'r'}"]))
+    features, reconstruct = result.metrics["stages"][1:]
+    assert features["analytic_stopped"] == ("1 capture(s) stopped at layer(s) body.2: residual >= 0.35, neither "
+                                            "answer nor start, so the layers below were not solved")
+    layers = features["analytic_layers"]
+    assert [la["name"] for la in layers] == ["fc", "body.4", "body.2", "body.0"]
+    assert layers[-1]["residual"][0] is not None and layers[-1]["residual"][1] is None
+    assert reconstruct["analytic_captures"] == 1
+    assert [r.history["answered_by"] for r in result.reconstructions] == ["analytic inversion", "optimisation"]
+    assert (tmp_path / "r" / "analytic.png").is_file() and (tmp_path / "r" / "psnr.png").is_file()
+
+
+def test_images_are_separate_captures_with_per_image_rows(tmp_path):
+    result = run(load_run_config("configs/demo.yaml", FAST + [f"out={tmp_path / 'r'}", "data.indices=null",
+                                                               "data.images=[0, 5, 7]"]))
+    m = result.metrics
+    assert m["num_captures"] == 3 and len(result.reconstructions) == 3
+    rows = list(csv.DictReader((tmp_path / "r" / "results.csv").open()))
+    assert [int(r["dataset_index"]) for r in rows] == [0, 5, 7]
+    psnrs = sorted(float(r["psnr"]) for r in rows)
+    assert m["psnr_min"] == pytest.approx(psnrs[0]) and m["psnr_median"] == pytest.approx(psnrs[1])
+    assert m["psnr_mean"] == pytest.approx(sum(psnrs) / 3)
+    assert [int(r["recovered_label"]) for r in rows] == [int(r["true_label"]) for r in rows]
+    assert len(list((tmp_path / "r" / "captures").glob("*.safetensors"))) == 3
+
+
+def test_bad_image_lists_are_config_errors():
+    with pytest.raises(ConfigError, match="data.images"):
+        load_run_config("configs/demo.yaml", ["data.images=[0, 1]"])  # demo also gives data.indices
+    with pytest.raises(ConfigError, match="data.images"):
+        load_run_config("configs/demo.yaml", ["data.indices=null", "data.images=[]"])
+    cfg = load_run_config("configs/demo.yaml", FAST + ["data.indices=null", "data.images=[0, 1, 2]",
+                                                       "protocol.batch_size=2"])
+    with pytest.raises(ConfigError, match="multiple of protocol.batch_size=2"):
+        run(cfg)
+
+
+def test_gi_attack_on_a_saved_capture_gives_the_run_s_labels_and_images(tmp_path):
+    first = run(load_run_config("configs/demo.yaml", FAST + [f"out={tmp_path / 'run'}"]))
+    again = run_attack(load_attack_config(str(tmp_path / "run"), ["attack.iterations=30", "attack.restarts=1",
+                                                                  "attack.progress=false", "attack.log_every=10",
+                                                                  f"out={tmp_path / 'attack'}"]))
+    rec = again.outcome.reconstructions[0]
+    assert torch.equal(rec.images, first.reconstruction.images)
+    assert torch.equal(rec.labels, first.reconstruction.labels)
+    m = json.loads((tmp_path / "attack" / "metrics.json").read_text())
+    assert [s["name"] for s in m["stages"]] == ["labels", "features", "reconstruct"]
+    assert "psnr_mean" not in m  # no truth given: nothing scored
+    for name in ("config.yaml", "results.csv", "grid.png", "capture.safetensors"):
+        assert (tmp_path / "attack" / name).is_file(), name
+    scored = run_attack(load_attack_config(str(tmp_path / "run" / "capture.safetensors"), [
+        "attack.iterations=30", "attack.restarts=1", "attack.progress=false", "attack.log_every=10",
+        f"truth={tmp_path / 'run' / 'truth.safetensors'}", f"out={tmp_path / 'scored'}"]))
+    assert scored.metrics["psnr_mean"] == pytest.approx(first.metrics["psnr_mean"])
+
+
+def test_gi_attack_refuses_a_missing_capture_and_oracle_labels_without_truth(tmp_path):
+    with pytest.raises(ConfigError, match="no such capture"):
+        run_attack(load_attack_config(str(tmp_path / "nope"), [f"out={tmp_path / 'o'}"]))
+    run(load_run_config("configs/demo.yaml", FAST + ["attack.iterations=2", f"out={tmp_path / 'run'}"]))
+    with pytest.raises(ConfigError, match="labels.mode=truth needs the ground truth"):
+        run_attack(load_attack_config(str(tmp_path / "run"), ["labels.mode=truth", f"out={tmp_path / 'o'}"]))
+
+
+def test_piped_progress_is_lines_not_a_bar(tmp_path, caplog, capsys):
+    caplog.set_level(logging.INFO, logger="gi")
+    # retry_ratio 1e-30: every fit counts as stalled, so the one retry runs and reports its own, labelled lines
+    run(load_run_config("configs/demo.yaml", FAST + ["attack.progress=true", "attack.iterations=40",
+                                                     "attack.retries=1", "attack.retry_ratio=1e-30",
+                                                     "attack.analytic=false",
+                                                     f"out={tmp_path / 'r'}"]))
+    messages = [r.getMessage() for r in caplog.records if "iterations)" in r.getMessage()]
+    lines = [m for m in messages if m.startswith("reconstruct: ")]
+    retry = [m for m in messages if m.startswith("reconstruct (retry 1): ")]
+    assert len(lines) == 20 and lines[-1].startswith("reconstruct: 100% (40/40")
+    assert len(retry) == 20 and retry[-1].startswith("reconstruct (retry 1): 100% (40/40")
+    assert "\r" not in capsys.readouterr().err
+
+
+def test_a_dominating_regulariser_and_a_stall_are_warned_about(tmp_path):
+    result = run(load_run_config("configs/demo.yaml", FAST + ["attack.regularizers={tv: 1000.0}",
+                                                              "attack.analytic=false", f"out={tmp_path / 'r'}"]))
+    warnings = result.metrics["warnings"]
+    assert any("lower attack.regularizers.tv" in w for w in warnings), warnings
+    stalled = run(load_run_config("configs/demo.yaml", FAST + ["attack.preset=ig", "attack.lr=1.0e-9",
+                                                               "attack.analytic=false", f"out={tmp_path / 's'}"]))
+    assert any("stalled" in w and "attack.iterations" in w for w in stalled.metrics["warnings"])
+
+
+def test_fully_connected_default_job_is_answered_analytically(tmp_path):
+    result = run(load_run_config("configs/demo.yaml", FAST + ["model.name=fcn4", "model.init=null",
+                                                              f"out={tmp_path / 'r'}"]))
+    reconstruct = result.metrics["stages"][2]
+    assert reconstruct["skipped"] and reconstruct["iterations"] == 0
+    assert result.metrics["psnr_min"] > 50

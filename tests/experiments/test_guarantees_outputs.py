@@ -1,0 +1,179 @@
+"""Outputs never clobber each other: one writer per output directory, no-clobber publish, atomic overwrite,
+bad `out=` / `name=` rejected before any work, stale staging of dead processes removed (issue 14)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+import gi.experiments.report as report
+from gi.core.errors import ConfigError
+from gi.experiments.report import staged_output
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _write(out: Path, text: str, overwrite: bool = False) -> None:
+    with staged_output(out, overwrite=overwrite) as tmp:
+        (tmp / "result.txt").write_text(text)
+
+
+def test_a_second_writer_of_the_same_out_fails_and_the_first_keeps_its_files(tmp_path):
+    out = tmp_path / "run"
+    inside, release, errors = threading.Event(), threading.Event(), []
+
+    def first() -> None:
+        with staged_output(out) as tmp:
+            (tmp / "result.txt").write_text("first")
+            inside.set()
+            release.wait(10)
+
+    t = threading.Thread(target=first)
+    t.start()
+    assert inside.wait(10)
+    try:
+        for overwrite in (False, True):  # even overwrite=true does not take a directory another writer holds
+            with pytest.raises(ConfigError, match=r"being written.*another out=") as exc:
+                _write(out, "second", overwrite=overwrite)
+            errors.append(str(exc.value))
+    finally:
+        release.set()
+        t.join()
+    assert (out / "result.txt").read_text() == "first"
+    with pytest.raises(ConfigError, match=r"exists; pass overwrite=true or another out="):
+        _write(out, "third")
+    assert (out / "result.txt").read_text() == "first"
+    assert all("\n" not in e and str(out) in e for e in errors)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no lock, no staging left behind
+
+
+def test_a_directory_that_appears_during_the_run_is_not_replaced(tmp_path):
+    """Someone bypassing the lock (a plain mkdir) creates `out` while the run writes: the publish is no-clobber."""
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"appeared while.*kept this run's results in .*unsaved") as exc:
+        with staged_output(out) as tmp:
+            (tmp / "result.txt").write_text("late")
+            out.mkdir()  # empty: os.rename would silently replace it
+    assert out.is_dir() and list(out.iterdir()) == []
+    kept = Path(str(exc.value).split("kept this run's results in ")[1].split(";")[0])
+    assert kept.parent == tmp_path and (kept / "result.txt").read_text() == "late"
+
+
+def test_overwrite_replaces_the_old_result(tmp_path):
+    out = tmp_path / "run"
+    _write(out, "old")
+    _write(out, "new", overwrite=True)
+    assert (out / "result.txt").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_overwrite_killed_between_the_two_renames_loses_nothing(tmp_path):
+    """SIGKILL-like exit after the old result was moved aside and before the new one moved in: the next command
+    puts the old result back."""
+    out = tmp_path / "run"
+    _write(out, "old")
+    script = textwrap.dedent(f"""
+        import os, gi.experiments.report as r
+        real = r._rename_noreplace
+        def dying(src, dst):
+            if os.path.basename(str(src)).startswith(".run.partial-"):
+                os._exit(9)
+            real(src, dst)
+        r._rename_noreplace = dying
+        with r.staged_output({str(out)!r}, overwrite=True) as tmp:
+            (tmp / "result.txt").write_text("new")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 9, proc.stderr
+    assert not out.exists()  # killed in the window; the old result lies aside, not deleted
+    report.remove_stale_staging(tmp_path)
+    assert (out / "result.txt").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # the dead writer's staging is gone too
+
+
+def test_stale_staging_of_dead_processes_is_removed_and_live_ones_are_kept(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = getattr(report, "_HOST", "h")
+    stale = tmp_path / f".other.partial-{dead.pid}@{host}-abc123"
+    live = tmp_path / f".other.partial-{os.getpid()}@{host}-def456"
+    foreign = tmp_path / f".other.partial-{dead.pid}@another-host.example-ghi789"
+    for p in (stale, live, foreign):
+        p.mkdir()
+    _write(tmp_path / "mine", "x")  # any command cleans its output parent
+    assert not stale.exists() and live.exists() and foreign.exists()
+
+
+def test_staging_folder_names_its_owner(tmp_path):
+    with staged_output(tmp_path / "run") as tmp:
+        assert tmp.name.startswith(f".run.partial-{os.getpid()}@{getattr(report, '_HOST', 'h')}-")
+
+
+def test_out_naming_a_file_or_an_unwritable_place_fails_before_any_work(tmp_path):
+    (tmp_path / "file").write_text("precious")
+    started = []
+    for out, match in [(tmp_path / "file", "is a file"), (tmp_path / "file" / "sub", "is a file"),
+                       (Path("/proc/gi-cannot-write/out"), "cannot create|not writable")]:
+        for overwrite in (False, True):
+            with pytest.raises(ConfigError, match=match):
+                with staged_output(out, overwrite=overwrite):
+                    started.append(out)
+    assert started == [] and (tmp_path / "file").read_text() == "precious"
+
+
+@pytest.mark.parametrize("name", ["../../x", "a/b", "..", "a\\b", ""])
+def test_run_names_stay_inside_the_runs_folder(name):
+    from gi.experiments.ablate import load_ablate_config
+    from gi.experiments.bench import load_bench_config as load_speed_config
+    from gi.experiments.labels import load_label_bench_config
+    from gi.experiments.run import load_run_config
+    from gi.experiments.sweep import load_sweep_config
+
+    with pytest.raises(ConfigError, match="name"):
+        load_run_config("configs/demo.yaml", [f"name={name!r}"])
+    with pytest.raises(ConfigError, match="name"):
+        load_ablate_config("configs/ablate/table3.yaml", [f"name={name!r}"])
+    with pytest.raises(ConfigError, match="name"):
+        load_sweep_config("configs/sweep/demo-cpu.yaml", [f"name={name!r}"])
+    with pytest.raises(ConfigError, match="name"):
+        load_label_bench_config("configs/labels/ramakrishna-table1.yaml", [f"name={name!r}"])
+    with pytest.raises(ConfigError, match="name"):
+        load_speed_config(None, [f"name={name!r}"])
+
+
+def test_bench_report_is_not_clobbered(tmp_path):
+    from gi.experiments.bench import BenchConfig, check_report_path
+
+    path = tmp_path / "b.json"
+    path.write_text("{}")
+    with pytest.raises(ConfigError, match="exists; pass overwrite=true or another out="):
+        check_report_path(BenchConfig(models=["lenet"], out=str(path)))
+    check_report_path(BenchConfig(models=["lenet"], out=str(path), overwrite=True))
+    with pytest.raises(ConfigError, match="is a directory"):
+        check_report_path(BenchConfig(models=["lenet"], out=str(tmp_path)))
+
+
+TINY = ["attack.iterations=2", "attack.progress=false", "metrics.lpips_vgg=false", "attack.log_every=1"]
+
+
+@pytest.mark.slow
+def test_two_concurrent_gi_runs_with_the_same_out(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "gi.cli", "--threads", "1", "run", "configs/demo.yaml", *TINY, f"out={out}"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    results = [(p.wait(300), *p.communicate()) for p in procs]
+    codes = sorted(r[0] for r in results)
+    assert codes == [0, 2], results
+    err = next(r[2] for r in results if r[0] == 2).strip()
+    assert err.count("\n") == 0 and str(out) in err and "another out=" in err
+    assert {"metrics.json", "grid.png", "capture.safetensors", "log.txt"} <= {p.name for p in out.iterdir()}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]

@@ -1,0 +1,131 @@
+import json
+
+import pytest
+import torch
+
+from gi.core.errors import ConfigError
+from gi.experiments.labels import LabelBenchConfig, grid_points, run_bench, summarize_rows
+from gi.world.fl.protocol import Protocol
+from gi.world.fl.victim import capture_gradients
+from gi.world.models import build
+from gi.world.scenarios import SCENARIOS, Trial, register_scenario
+
+if "test-single-onehot" not in SCENARIOS:
+
+    @register_scenario("test-single-onehot")
+    def _single(setup: dict, generator: torch.Generator, trial: int) -> list[Trial]:
+        model = build("lenet", 10, activation=setup.get("activation"), init="uniform", seed=trial)
+        x = torch.rand(1, 3, 32, 32, generator=generator)
+        y = torch.randint(0, 10, (1,), generator=generator)
+        cap, truth = capture_gradients(model, x, y, Protocol())
+        return [Trial(cap, truth)]
+
+
+def test_bench_writes_tables_with_every_method_on_the_same_captures(tmp_path):
+    cfg = LabelBenchConfig(name="t", scenario="test-single-onehot", trials=4, out=str(tmp_path / "b"),
+                      grid={"activation": ["sigmoid", "relu"]}, methods=["idlg", "yin"],
+                      metrics=["ins_acc", "cls_acc"], paper={"*": {"idlg": 1.0}}, progress=False)
+    out = run_bench(cfg)
+    summary = json.loads((out / "summary.json").read_text())["rows"]
+    assert len(summary) == 4  # 2 grid points × 2 methods
+    idlg = [r for r in summary if r["method"] == "idlg"]
+    assert all(r["ins_acc"] == 1.0 and r["paper_ins_acc"] == 1.0 for r in idlg)  # iDLG is exact for B=1
+    for name in ("trials.csv", "summary.csv", "summary.md", "plot.png", "config.yaml"):
+        assert (out / name).is_file()
+    assert "activation=sigmoid" in (out / "summary.md").read_text()
+
+
+def test_grid_expands_dotted_keys():
+    cfg = LabelBenchConfig(scenario="test-single-onehot", methods=["idlg"], setup={"model": {"name": "a"}},
+                      grid={"model.name": ["x", "y"], "b": [1, 2]})
+    points = grid_points(cfg)
+    assert [p for p, _ in points] == ["name=x, b=1", "name=x, b=2", "name=y, b=1", "name=y, b=2"]
+    assert points[3][1] == {"model": {"name": "y"}, "b": 2}
+
+
+@pytest.mark.parametrize("kwargs, match", [({"scenario": "nope", "methods": ["idlg"]}, "unknown scenario"),
+                                           ({"scenario": "test-single-onehot", "methods": ["psychic"]},
+                                            "unknown label method"),
+                                           ({"scenario": "test-single-onehot", "methods": []}, "methods is empty")])
+def test_bad_bench_configs(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        LabelBenchConfig(**kwargs)
+
+
+def test_variants_pool_and_proportion_plot(tmp_path):
+    """A variant runs a method under its own name; pooled grid keys share a summary row; proportion_class adds
+    p_true / p_hat per trial and proportions.png."""
+    cfg = LabelBenchConfig(name="v", scenario="test-single-onehot", trials=2, out=str(tmp_path / "v"),
+                           grid={"activation": ["sigmoid", "relu"]}, pool=["activation"], methods=["idlg", "again"],
+                           variants={"again": {"method": "idlg"}}, metrics=["ins_acc", "absent_recall"],
+                           proportion_class=0, progress=False)
+    out = run_bench(cfg)
+    summary = json.loads((out / "summary.json").read_text())["rows"]
+    assert [(r["point"], r["method"], r["n"]) for r in summary] == [("all", "idlg", 4), ("all", "again", 4)]
+    assert summary[0]["ins_acc"] == summary[1]["ins_acc"] == 1.0
+    assert summary[0]["absent_recall"] == 1.0  # iDLG on one sample: 9 absent classes, every one called absent
+    trials = (out / "trials.csv").read_text()
+    assert "p_true" in trials and "activation=relu" in trials
+    assert (out / "proportions.png").is_file()
+
+
+def test_pooled_metrics_are_ratios_of_sums():
+    cfg = LabelBenchConfig(scenario="test-single-onehot", methods=["idlg"],
+                           metrics=["absent_precision", "absent_recall", "cls_acc"])
+    rows = [{"point": "p", "method": "idlg", "absent_hit": 3, "absent_called": 4, "absent_true": 3, "cls_acc": 0.9,
+             "seconds": 0.0},
+            {"point": "p", "method": "idlg", "absent_hit": 1, "absent_called": 1, "absent_true": 3, "cls_acc": 0.7,
+             "seconds": 0.0},
+            {"point": "q", "method": "idlg", "absent_hit": 0, "absent_called": 0, "absent_true": 0, "cls_acc": 1.0,
+             "seconds": 0.0}]
+    p, q = summarize_rows(cfg, rows)
+    assert p["absent_precision"] == 4 / 5 and p["absent_recall"] == 4 / 6 and p["cls_acc"] == pytest.approx(0.8)
+    assert q["absent_precision"] is None and q["absent_recall"] is None  # no decision, no absent class
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"variants": {"idlg": {"method": "yin"}}}, "already a label method"),
+    ({"variants": {"v": {"method": "psychic"}}, "methods": ["v"]}, "unknown label method"),
+    ({"variants": {"v": {"options": {}}}, "methods": ["v"]}, "method: NAME"),
+    ({"variants": {"v": {"method": "idlg", "options": 3}}, "methods": ["v"]}, "options must be a mapping"),
+    ({"pool": ["round"]}, "not grid keys"),
+    ({"proportion_class": -1}, "proportion_class"),
+    ({"metrics": ["absent_f1"]}, "unknown"),
+])
+def test_bad_variant_pool_and_metric_configs(kwargs, match):
+    base = {"scenario": "test-single-onehot", "methods": ["idlg"]}
+    with pytest.raises(ConfigError, match=match):
+        LabelBenchConfig(**{**base, **kwargs})
+
+
+def test_line_axis_is_the_last_unpooled_numeric_key():
+    from gi.experiments.labels import line_axis
+
+    def cfg(grid, pool=()):
+        return LabelBenchConfig(scenario="test-single-onehot", methods=["idlg"], grid=grid, pool=list(pool))
+
+    assert line_axis(cfg({"round": [1, 2, 3], "avg": [1, None]})) == "round"
+    assert line_axis(cfg({"round": [1, 2, 3], "aux.per_class": [2, 5, 10.5]})) == "aux.per_class"
+    assert line_axis(cfg({"round": [1, 2, 3], "aux.per_class": [2, 5, 10]}, pool=["aux.per_class"])) == "round"
+    assert line_axis(cfg({"round": [1, 2]})) is None  # too few points for a line
+    assert line_axis(cfg({"flag": [True, False, True]})) is None
+    assert line_axis(cfg({"activation": ["sigmoid", "relu", "tanh"]})) is None
+
+
+def test_numeric_grid_is_plotted_as_lines(tmp_path, monkeypatch):
+    """plot.png is a line plot over the numeric key: one line per method and value of the other keys."""
+    import gi.experiments.labels as lb
+
+    seen = {}
+    monkeypatch.setattr(lb, "save_line_plot", lambda path, x, series, xlabel, ylabel, title="": seen.update(
+        x=list(x), series=series, xlabel=xlabel) or path.write_bytes(b"png"))
+    cfg = LabelBenchConfig(name="l", scenario="test-single-onehot", trials=1, out=str(tmp_path / "l"),
+                           grid={"activation": ["sigmoid", "relu"], "steps": [1, 2, 3]}, methods=["idlg"],
+                           metrics=["ins_acc"], progress=False)
+    out = run_bench(cfg)
+    assert (out / "plot.png").is_file()
+    assert seen["x"] == [1, 2, 3] and seen["xlabel"] == "steps"
+    rows = {r["point"]: r["ins_acc"] for r in json.loads((out / "summary.json").read_text())["rows"]}
+    assert seen["series"] == {f"idlg activation={a}": [rows[f"activation={a}, steps={k}"] for k in (1, 2, 3)]
+                              for a in ("sigmoid", "relu")}
+    assert seen["series"]["idlg activation=sigmoid"] == [1.0, 1.0, 1.0]  # iDLG is exact with sigmoid, B = 1

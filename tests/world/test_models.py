@@ -1,0 +1,74 @@
+import pytest
+import torch
+
+from gi.core.errors import ConfigError
+from gi.world.models import ACTIVATIONS, BODIES, build, from_spec
+
+
+@pytest.mark.parametrize("name", ["lenet", "lenet5", "fcn3", "linear", "cnn", "resnet32", "mlp"])
+def test_models_build_forward_and_rebuild_from_spec(name):
+    m = build(name, 10, seed=3).eval()  # eval: BN running stats stay as built
+    x = torch.rand(2, 3, 32, 32)
+    out = m(x)
+    assert out.shape == (2, 10)
+    assert m.features(x).shape == (2, m.feature_dim)
+    m2 = from_spec(m.spec)
+    assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), m2.state_dict().values()))
+
+
+def test_dlg_lenet_is_sigmoid_with_768_features():
+    m = build("lenet", 10)
+    assert m.spec["activation"] == "sigmoid" and m.feature_dim == 768
+
+
+def test_fcn4_is_bias_free_with_paper_widths():
+    m = build("fcn4", 10, in_shape=(3, 64, 64), widths=(64, 32, 16))
+    linears = [mod for mod in m.modules() if isinstance(mod, torch.nn.Linear)]
+    assert [lin.in_features for lin in linears] == [12288, 64, 32, 16]
+    assert all(lin.bias is None for lin in linears[:-1])
+
+
+def test_activation_switch_and_inits():
+    m = build("lenet5", 10, activation="tanh", init="uniform", seed=0)
+    assert any(isinstance(mod, torch.nn.Tanh) for mod in m.modules())
+    assert all(p.abs().max() <= 0.5 for p in m.parameters())
+    z = build("lenet5", 10, init="zero-last")
+    assert torch.count_nonzero(z.fc.weight) == 0
+    nb = build("lenet", 10, bias_last=False)
+    assert nb.fc.bias is None and "fc.bias" not in dict(nb.named_parameters())
+
+
+def test_normalisation_is_first_layer():
+    m = build("linear", 2, norm="half")
+    x = torch.full((1, 3, 32, 32), 0.5)
+    assert torch.allclose(m.normalize(x), torch.zeros_like(x))
+
+
+def test_resnet18_activation_swapped():
+    m = build("resnet18", 10, activation="elu")
+    assert not any(isinstance(mod, torch.nn.ReLU) for mod in m.modules())
+    assert sum(isinstance(mod, torch.nn.ELU) for mod in m.modules()) > 5
+
+
+@pytest.mark.parametrize("kwargs, match", [({"name": "alexnet9"}, "unknown model"),
+                                           ({"name": "lenet", "activation": "gelu2"}, "unknown activation"),
+                                           ({"name": "lenet", "init": "xavier9"}, "unknown init")])
+def test_build_errors_list_valid_values(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        build(num_classes=10, **kwargs)
+
+
+def test_registries_cover_design_names():
+    assert {"lenet", "lenet5", "fcn4", "resnet18", "resnet32", "resnet50", "vgg16"} <= set(BODIES)
+    assert {"relu", "tanh", "sigmoid", "elu", "selu", "silu", "leaky_relu"} <= set(ACTIVATIONS)
+
+
+def test_unknown_model_options_are_config_errors_listing_the_valid_ones():
+    from gi.core.errors import ConfigError
+    from gi.world.models import body_options
+
+    msg = r"model 'fcn4' takes no option\(s\) \['width'\]; valid: \['bias', 'widths'\]"
+    with pytest.raises(ConfigError, match=msg):
+        build("fcn4", 10, width=3)
+    assert body_options("resnet18") == ["stem"] and body_options("lenet") == []
+    assert build("resnet18", 10, stem="cifar").spec["stem"] == "cifar"
