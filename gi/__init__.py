@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AssetError",
+    "attack",
     "Capture",
     "CaptureError",
     "ConfigError",
@@ -42,7 +43,8 @@ _LAZY = {"Capture": ("gi.capture", "Capture"), "Truth": ("gi.capture", "Truth"),
          "reconstruct": ("gi.attack.recon", "reconstruct"),
          "simulate_client": ("gi.world.fl.victim", "simulate_client")}
 # the modules of the public contract (docs/architecture.md "Public contract"), by their short names
-_MODULES = {"data": "gi.world.data", "models": "gi.world.models", "metrics": "gi.analysis.metrics"}
+_MODULES = {"attack": "gi.attack", "data": "gi.world.data", "models": "gi.world.models",
+            "metrics": "gi.analysis.metrics"}
 
 
 def __getattr__(name: str) -> Any:

@@ -18,8 +18,8 @@ def main(argv: list[str]) -> None:
     import fcn_analytic
     import labels
     from gi.analysis.metrics import psnr
+    from gi.attack.stages import inversion_residual
     from gi.capture import Capture
-    from gi.experiments.attack import inversion_residual
     from gi.world import data as gdata
     from gi.world.fl.protocol import Protocol
     from gi.world.fl.victim import capture_gradients

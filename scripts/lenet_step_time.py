@@ -27,7 +27,7 @@ import torch
 from gi.attack.recon.module import GradientInversion
 from gi.attack.recon.optim import BatchedLBFGS
 from gi.attack.recon.problem import build_problem
-from gi.experiments.attack import feature_stage, label_stage
+from gi.attack.stages import feature_stage, label_stage
 from gi.experiments.run import build_victim, capture_all, load_run_config, make_aux
 
 

@@ -25,7 +25,7 @@ import time
 import torch
 
 from gi.analysis.metrics import match_images, psnr
-from gi.experiments.attack import attack_stages
+from gi.attack.stages import attack_stages
 from gi.experiments.run import build_victim, capture_all, load_run_config, make_aux
 
 TUNE_DATA = ("cifar10-samples", "fashion-mnist")

@@ -22,7 +22,7 @@ LAYERS = [
     ("fcn_analytic", 5),
     ("gi.attack", 7), ("gi.attack.recon", 6),
     ("gi.world.scenarios", 7),
-    ("gi.analysis.report", 8),
+    ("gi.analysis.outputs", 8),
     ("gi.experiments", 8),
     ("gi.cli", 9), ("gi", 9),
 ]

@@ -31,30 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from gi.analysis.report import save_grid, write_csv, write_json, write_markdown_table, write_yaml
 from gi.attack.recon.config import ReconConfig
+from gi.attack.stages import LABEL_MODES, used_labels
 from gi.core.config import DOTTED_KEYS, from_dict, set_dotted, to_dict
 from gi.core.errors import ConfigError, GIError
-from gi.experiments.report import (
-    cells_dir,
-    load_cell,
-    restore_cell_file,
-    save_cell,
-    save_grid,
-    staged_output,
-    write_csv,
-    write_json,
-    write_markdown_table,
-    write_yaml,
-)
-from gi.experiments.run import (
-    LABEL_MODES,
-    MetricConfig,
-    RunConfig,
-    build_victim,
-    capture_client,
-    make_aux,
-    used_labels,
-)
+from gi.experiments.outdir import cells_dir, load_cell, restore_cell_file, save_cell, staged_output
+from gi.experiments.run import MetricConfig, RunConfig, build_victim, capture_client, make_aux
 from gi.world.setup import deprecated, load_config, upgrade_key
 
 log = logging.getLogger("gi.experiments.ablate")

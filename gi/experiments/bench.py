@@ -41,7 +41,7 @@ from gi.attack.recon.config import ReconConfig, compile_mode
 from gi.core.config import apply_overrides, from_dict, load_yaml, require, to_dict
 from gi.core.errors import ConfigError
 from gi.core.registry import registrar
-from gi.experiments.report import check_output_file, check_run_name, publish_file
+from gi.experiments.outdir import check_output_file, check_run_name, publish_file
 
 SCHEMA = 1
 
@@ -394,7 +394,7 @@ def run_bench(cfg: BenchConfig) -> Path:
     """Run every entry (one fresh process each) and write the JSON report; returns its path."""
     import torch
 
-    from gi.experiments.report import write_json
+    from gi.analysis.report import write_json
 
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     path = check_report_path(cfg, stamp)

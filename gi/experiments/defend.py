@@ -14,7 +14,7 @@ For every defence × strength of the config (plus the undefended baseline) the *
   against the target client's own labels (what the attacker wanted; equal to ``label_acc`` without groups);
 - **image leakage**: ``images.count`` images of the first captured client (or of its secure-aggregation group),
   shared as defended FedSGD gradients of ``images.batch_size`` images at the same round's global model, are
-  attacked by the default job's stages (:func:`gi.experiments.attack.attack_stages`: labels of ``labels.mode``,
+  attacked by the default job's stages (:func:`gi.attack.stages.attack_stages`: labels of ``labels.mode``,
   e.g. ``recovered`` with ``auto``, then the last-layer features, then the ``attack`` recipe, which
   ``attack.preset`` fills as in ``gi run``); PSNR / LPIPS against the truth (matched one-to-one);
   ``images.oracle: true`` adds the same reconstruction with the true labels (``psnr_mean:oracle``, ...);
@@ -23,7 +23,7 @@ For every defence × strength of the config (plus the undefended baseline) the *
 Output directory: ``table.md`` / ``table.csv`` / ``metrics.json`` (one row per cell), ``results.csv`` (per image),
 ``clients.csv`` (per client and label method), a truth-over-reconstruction grid per cell, and privacy–utility
 plots ``tradeoff-<metric>.png`` (leakage against accuracy, one curve per defence). Long runs resume like
-``gi ablate``: finished cells are kept in ``.<out>.cells/`` (:func:`gi.experiments.report.save_cell`) and the same
+``gi ablate``: finished cells are kept in ``.<out>.cells/`` (:func:`gi.experiments.outdir.save_cell`) and the same
 command after an interruption computes only the missing ones.
 """
 
@@ -41,25 +41,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from gi.analysis.report import save_grid, save_tradeoff_plot, write_csv, write_json, write_markdown_table, write_yaml
 from gi.attack.recon.config import ReconConfig
+from gi.attack.stages import LabelConfig, attack_stages, derived_attack
 from gi.core.config import require, to_dict
 from gi.core.errors import ConfigError, GIError
-from gi.experiments.attack import attack_stages, derived_attack, with_preset
-from gi.experiments.report import (
-    cells_dir,
-    check_run_name,
-    load_cell,
-    restore_cell_file,
-    save_cell,
-    save_grid,
-    save_tradeoff_plot,
-    staged_output,
-    write_csv,
-    write_json,
-    write_markdown_table,
-    write_yaml,
-)
-from gi.experiments.run import LabelConfig, MetricConfig
+from gi.experiments.attack import with_preset
+from gi.experiments.outdir import cells_dir, check_run_name, load_cell, restore_cell_file, save_cell, staged_output
+from gi.experiments.run import MetricConfig
 from gi.world.fl.protocol import Protocol
 from gi.world.setup import AuxConfig, DataConfig, ModelConfig, VictimSetup, load_config, section
 

@@ -31,18 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gi.analysis.report import save_bar_plot, save_line_plot, write_csv, write_json, write_markdown_table, write_yaml
 from gi.core.config import set_dotted, to_dict
 from gi.core.errors import ConfigError
-from gi.experiments.report import (
-    check_run_name,
-    save_bar_plot,
-    save_line_plot,
-    staged_output,
-    write_csv,
-    write_json,
-    write_markdown_table,
-    write_yaml,
-)
+from gi.experiments.outdir import check_run_name, staged_output
 from gi.world.setup import deprecated, load_config, upgrade
 
 log = logging.getLogger("gi.labels")

@@ -16,30 +16,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from gi.analysis.outputs import truth_monitor, write_outputs
 from gi.attack.recon.config import ReconConfig
 from gi.attack.recon.presets import DEFAULT
-from gi.core.config import require, to_dict
-from gi.core.errors import ConfigError
-from gi.experiments.attack import (  # noqa: F401  (the label modes: importable from here too, as before)
-    LABEL_MODES,
+from gi.attack.stages import (
     LabelConfig,
-    LabelMode,
     PreparedAttack,
-    attack_labels,
-    attack_stages,
     can_pack,
-    check_attack_labels,
     derived_attack,
-    final_counts,
-    oracle_labels,
     prepare_attack,
     reconstruct_prepared,
-    truth_monitor,
-    used_labels,
-    with_preset,
-    write_outputs,
 )
-from gi.experiments.report import check_run_name, log_scope, staged_output
+from gi.core.config import require, to_dict
+from gi.core.errors import ConfigError
+from gi.experiments.attack import with_preset
+from gi.experiments.outdir import check_run_name, log_scope, staged_output
 from gi.world.setup import (  # noqa: F401  (DataConfig, ModelConfig: the sections, importable from here too)
     DataConfig,
     ModelConfig,
@@ -292,7 +283,7 @@ class RunResult:
 
 def run(cfg: RunConfig) -> RunResult:
     """Run the end-to-end job and write its output directory: the victim part (data, model, captures) and the
-    attack part (:func:`gi.experiments.attack.attack_stages`: labels → features → reconstruct, the same stages as
+    attack part (:func:`gi.attack.stages.attack_stages`: labels → features → reconstruct, the same stages as
     ``gi attack``), then scores."""
     return run_many([cfg])[0]
 
@@ -327,7 +318,7 @@ def run_many(cfgs: Sequence[RunConfig]) -> list[RunResult]:
     the label method or the images attacked) as one packed problem (issue 15, point 1). Each job gets the
     reconstructions it gets alone (every capture starts from the image its seed gives it; up to float rounding);
     the reconstruct stage record says ``packed_jobs``; each job's ``log.txt`` holds its own lines and its pack's
-shared reconstruction (:func:`gi.experiments.report.log_scope`), not the other jobs'. If any
+shared reconstruction (:func:`gi.experiments.outdir.log_scope`), not the other jobs'. If any
     job fails, no job's directory is written."""
     import torch
 

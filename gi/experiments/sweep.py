@@ -20,7 +20,7 @@ the ``gi run`` / ``gi ablate`` command line of every job that rank would run (``
 A job is identified by its name (grid values and seed) and a hash
 of its fully resolved config (the base file's content with every override applied; not ``out``, ``overwrite``,
 ``attack.progress`` or the device): its directory is ``jobs/<name>-<hash>``. Every job writes that directory
-atomically (:func:`gi.experiments.report.staged_output`): a killed sweep leaves no half-written job, a re-run skips
+atomically (:func:`gi.experiments.outdir.staged_output`): a killed sweep leaves no half-written job, a re-run skips
 every job whose directory holds ``metrics.json``, and other overrides or an edited base config run the jobs again
 instead of reusing stale results. A job that raises (anything, not only a ``GIError``) is recorded in
 ``failed/<name>-<hash>.txt`` (message or traceback) and the sweep goes on; at the end the sweep fails with
@@ -46,7 +46,7 @@ from typing import Any
 
 from gi.core.config import format_override, parse_override, to_dict
 from gi.core.errors import ConfigError, GIError
-from gi.experiments.report import check_run_name
+from gi.experiments.outdir import check_run_name
 from gi.world.setup import load_config
 
 log = logging.getLogger("gi.experiments.sweep")

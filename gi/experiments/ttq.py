@@ -9,7 +9,7 @@ CPU seconds of the process) runs from the start of its attack and is stopped whi
 ``every`` iterations and once at the end (the answer it returns). ``clock`` picks which of the two clocks the
 budgets, crossing times and ratios use (both are recorded).
 
-- ``gi``: the default job's attack side, :func:`gi.experiments.attack.attack_stages` with the job's ``labels`` and
+- ``gi``: the default job's attack side, :func:`gi.attack.stages.attack_stages` with the job's ``labels`` and
   ``attack`` sections (labels recovered, e.g. ``auto``; then features; then the preset's reconstruction). The score
   is the best iterate by the attack objective (what the attack returns when stopped there).
 - ``breaching``: breaching's ``invertinggradients`` attack config with ``tv`` (its own CIFAR notebook's 5e-4
@@ -44,11 +44,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gi.analysis.report import write_json, write_yaml
 from gi.core.config import apply_overrides, from_dict, load_yaml, require, to_dict
 from gi.core.errors import ConfigError
 from gi.core.registry import registrar
 from gi.experiments.bench import git_commit
-from gi.experiments.report import check_run_name, staged_output, write_json, write_yaml
+from gi.experiments.outdir import check_run_name, staged_output
 
 BREACHING_INSTALL = ("pip download --no-deps breaching==0.1.2 -d /tmp/w && pip install --no-deps --target /tmp/br "
                      "/tmp/w/breaching*.whl && pip install --target /tmp/br hydra-core, then PYTHONPATH=$PWD:/tmp/br")
@@ -297,11 +298,11 @@ def _no_check(cfg: TTQConfig) -> None:
 
 def _gi_default_job(cfg: TTQConfig, victim: Victim, k: int, clock: AttackClock,
                     score: Callable[[Any], float]) -> Curve:
-    """The job's attack side on capture ``k`` alone: :func:`gi.experiments.attack.attack_stages` (labels →
+    """The job's attack side on capture ``k`` alone: :func:`gi.attack.stages.attack_stages` (labels →
     features → reconstruct) on ``cfg.threads`` threads, scored every ``cfg.every`` steps, stopped at ``budget``."""
     import lightning as L
 
-    from gi.experiments.attack import attack_stages
+    from gi.attack.stages import attack_stages
 
     curve = Curve("gi", k)
     budget, which = cfg.budget, cfg.clock

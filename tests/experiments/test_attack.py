@@ -12,8 +12,9 @@ import gi
 import labels
 from gi.attack.recon.config import ReconConfig
 from gi.attack.recon.presets import PRESETS, apply_preset
+from gi.attack.stages import INIT_MAX_RESIDUAL
 from gi.core.errors import ConfigError
-from gi.experiments.attack import INIT_MAX_RESIDUAL, load_attack_config, run_attack
+from gi.experiments.attack import load_attack_config, run_attack
 from gi.experiments.run import load_run_config, run
 from labels.auto import pick
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-import gi.experiments.report as report
+import gi.experiments.outdir as report
 from gi.core.errors import ConfigError
-from gi.experiments.report import staged_output
+from gi.experiments.outdir import staged_output
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -79,7 +79,7 @@ def test_overwrite_killed_between_the_two_renames_loses_nothing(tmp_path):
     out = tmp_path / "run"
     _write(out, "old")
     script = textwrap.dedent(f"""
-        import os, gi.experiments.report as r
+        import os, gi.experiments.outdir as r
         real = r._rename_noreplace
         def dying(src, dst):
             if os.path.basename(str(src)).startswith(".run.partial-"):

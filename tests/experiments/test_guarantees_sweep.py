@@ -9,9 +9,10 @@ from pathlib import Path
 import yaml
 
 import gi.experiments.sweep as sweep
+from gi.analysis.report import write_json
 from gi.cli import main
 from gi.core.errors import ConfigError
-from gi.experiments.report import staged_output, write_json
+from gi.experiments.outdir import staged_output
 
 
 def _kind(calls: list[str], fail: dict[str, BaseException] | None = None):

@@ -92,7 +92,7 @@ def test_bad_pack_settings_raise(keys, needle):
 
 
 def test_reconstruct_prepared_refuses_attacks_that_cannot_share_a_problem(tmp_path):
-    from gi.experiments.attack import prepare_attack, reconstruct_prepared
+    from gi.attack.stages import prepare_attack, reconstruct_prepared
     from gi.experiments.run import build_victim, capture_all
 
     cfg = _cfg(tmp_path, "x")
@@ -114,8 +114,8 @@ def test_the_psnr_curve_follows_the_captures_through_every_problem_of_a_split_fi
 def test_the_truth_monitor_draws_a_captures_first_fit_not_its_retry():
     from types import SimpleNamespace
 
+    from gi.analysis.outputs import truth_monitor
     from gi.capture import Truth
-    from gi.experiments.attack import truth_monitor
 
     truths = [Truth(images=torch.zeros(1, 3, 4, 4), labels=torch.tensor([0]), counts=torch.tensor([1]),
                     targets=torch.tensor([[1.0]])) for _ in range(3)]
@@ -141,8 +141,8 @@ def test_the_truth_monitor_draws_a_captures_first_fit_not_its_retry():
 def test_a_run_with_analytically_answered_captures_still_draws_the_optimised_ones_psnr():
     """A mixed run (some captures answered by the analytic inversion, never optimised) drew no psnr.png: the curve
     now averages the optimised captures (the drawn file: tests/experiments/test_attack.py's mixed run)."""
+    from gi.analysis.outputs import truth_monitor
     from gi.capture import Truth
-    from gi.experiments.attack import truth_monitor
 
     truths = [Truth(images=torch.zeros(1, 3, 4, 4), labels=torch.tensor([0]), counts=torch.tensor([1]),
                     targets=torch.tensor([[1.0]])) for _ in range(3)]

@@ -8,8 +8,9 @@ import json
 import pytest
 
 import gi.experiments.sweep as sweep
+from gi.analysis.report import write_json
 from gi.core.errors import ConfigError
-from gi.experiments.report import staged_output, write_json
+from gi.experiments.outdir import staged_output
 from gi.experiments.sweep import SweepConfig, expand_jobs, load_sweep_config, run_sweep
 
 

@@ -138,7 +138,7 @@ def test_our_curve_runs_the_default_job_stages(tmp_path):
 @pytest.mark.slow
 def test_our_curve_ends_on_the_default_jobs_image_and_stops_at_its_budget(tmp_path):
     """The same capture through attack_stages outside the benchmark gives the curve's final image."""
-    from gi.experiments.attack import attack_stages
+    from gi.attack.stages import attack_stages
 
     over = ["contenders=[gi]", "select=[3]", "every=5", "budget=1000",
             "job_overrides=[attack.iterations=20,attack.analytic=false]", f"out={tmp_path / 'a'}"]
@@ -184,8 +184,8 @@ def test_bench_kinds_and_bad_configs():
 
 
 def test_merge_runs_joins_disjoint_parts_and_refuses_overlaps(tmp_path):
+    from gi.analysis.report import write_json, write_yaml
     from gi.core.config import to_dict
-    from gi.experiments.report import write_json, write_yaml
 
     def part(name, captures, every=50):
         d = tmp_path / name
@@ -281,8 +281,8 @@ def test_breaching_schedules_are_variants_and_bad_schedules_are_errors():
 def test_merge_runs_joins_contenders_and_schedules_from_separate_runs(tmp_path):
     """ours in one run, breaching's two schedules in others (one written before variants existed): each capture's
     ratio is against breaching's best schedule; a contender missing on a capture is an error."""
+    from gi.analysis.report import write_json, write_yaml
     from gi.core.config import to_dict
-    from gi.experiments.report import write_json, write_yaml
 
     def part(name, contenders, curves, **breaching):
         d = tmp_path / name
@@ -323,8 +323,8 @@ def test_merge_runs_joins_contenders_and_schedules_from_separate_runs(tmp_path):
 def test_merge_runs_longest_keeps_the_same_attack_run_further_and_refuses_a_different_one(tmp_path):
     """A breaching schedule cut at its budget in one part and run to its end in another: ``longest=True`` keeps
     the longer curve (its checkpoints extend the shorter one's); a curve that differs before the cut is refused."""
+    from gi.analysis.report import write_json, write_yaml
     from gi.core.config import to_dict
-    from gi.experiments.report import write_json, write_yaml
 
     def part(name, contenders, curves):
         d = tmp_path / name

@@ -62,7 +62,7 @@ class ReconConfig:
     config loader or :meth:`from_preset`). ``analytic_tol``: ``gi run`` / ``gi attack`` answer a capture with
     ``fcn_analytic.invert``'s image, skipping its optimisation, when the inversion's largest relative layer residual
     (gradient or forward) is below it; other captures are optimised from that image (0: always optimise), or
-    from ``init`` when the residual is 0.3 or more (``gi.experiments.attack.INIT_MAX_RESIDUAL``: rank-deficient).
+    from ``init`` when the residual is 0.3 or more (``gi.attack.stages.INIT_MAX_RESIDUAL``: rank-deficient).
     Default 1e-2: a clean capture inverts to ~1e-7 (fully connected) or 3e-6–8e-6 (the DLG LeNet, 95–112 dB on
     the cifar10-samples, README "Default job"); Gaussian noise of 1e-4 / 1e-3 of each gradient's std gives ~2e-3
     (50–56 dB) / ~2e-2 (27–36 dB), so captures above 1e-2 are worse than ~40 dB and are optimised.

@@ -1,0 +1,203 @@
+"""Files and plots of a run's output directory: JSON / YAML / CSV / Markdown writers, image grids with captions,
+line, bar and trade-off plots (matplotlib, imported on first use). docs/architecture.md "Layout"."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+if TYPE_CHECKING:
+    import torch
+
+
+def jsonable(obj: Any) -> Any:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.tolist()
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, float) and (obj != obj or obj in (float("inf"), float("-inf"))):
+        return str(obj)
+    return obj
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(jsonable(data), indent=2, sort_keys=False) + "\n")
+
+
+def write_yaml(path: Path, data: Any) -> None:
+    path.write_text(yaml.safe_dump(jsonable(data), sort_keys=False))
+
+
+def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    keys: list[str] = []
+    for row in rows:
+        keys += [k for k in row if k not in keys]
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: jsonable(v) for k, v in row.items()})
+
+
+def write_markdown_table(path: Path, rows: Sequence[dict[str, Any]], title: str = "") -> str:
+    keys: list[str] = []
+    for row in rows:
+        keys += [k for k in row if k not in keys]
+
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return "" if v is None else str(v)
+
+    lines = ([f"# {title}", ""] if title else []) + ["| " + " | ".join(keys) + " |",
+                                                     "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(fmt(r.get(k)) for k in keys) + " |" for r in rows]
+    text = "\n".join(lines) + "\n"
+    path.write_text(text)
+    return text
+
+
+def save_grid(path: Path, rows: Sequence[torch.Tensor], pad: int = 2, scale: int = 1) -> None:
+    """Save rows of images (each (B, C, H, W) in [0, 1]) as one PNG grid: e.g. truth over reconstruction."""
+    import torch
+    import torchvision.utils as vutils
+
+    batch = max(r.shape[0] for r in rows)
+    tiles = []
+    for r in rows:
+        r = r.detach().float().cpu().clamp(0, 1)
+        if r.shape[1] == 1:
+            r = r.repeat(1, 3, 1, 1)
+        if r.shape[0] < batch:
+            r = torch.cat([r, torch.ones(batch - r.shape[0], *r.shape[1:])])
+        tiles.append(r)
+    grid = vutils.make_grid(torch.cat(tiles), nrow=batch, padding=pad, pad_value=1.0)
+    if scale > 1:
+        grid = torch.nn.functional.interpolate(grid[None], scale_factor=scale, mode="nearest")[0]
+    vutils.save_image(grid, str(path))
+
+
+def save_caption_grid(path: Path, reconstructions: torch.Tensor, truths: torch.Tensor | None = None,
+                      captions: Sequence[str] = (), columns: int = 10, title: str = "") -> None:
+    """A readable grid: one column per image (``columns`` per band, more bands below), rows truth (when given) and
+    reconstruction, each image upscaled and captioned (e.g. its PSNR and recovered / true label)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = reconstructions.shape[0]
+    cols = min(n, columns)
+    bands = -(-n // cols)
+    rows_per = 2 if truths is not None else 1
+    fig, axes = plt.subplots(bands * rows_per, cols, figsize=(1.5 * cols + 0.6, 2.0 * bands * rows_per + 0.5),
+                             squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for i in range(n):
+        band, col = divmod(i, cols)
+        shown = [("truth", truths[i])] if truths is not None else []
+        shown.append(("reconstruction", reconstructions[i]))
+        for r, (label, img) in enumerate(shown):
+            ax = axes[band * rows_per + r, col]
+            pixels = img.detach().float().cpu().clamp(0, 1)
+            pixels = pixels.repeat(3, 1, 1) if pixels.shape[0] == 1 else pixels
+            ax.imshow(pixels.permute(1, 2, 0).numpy(), interpolation="nearest")
+            if col == 0:
+                ax.text(-0.08, 0.5, label, transform=ax.transAxes, rotation=90, ha="right", va="center", fontsize=8)
+            if label == "reconstruction" and i < len(captions):
+                ax.set_title(captions[i], fontsize=7, y=-0.32)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout(h_pad=2.0)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def save_line_plot(path: Path, x: Sequence[float], series: dict[str, Sequence[float]], xlabel: str,
+                   ylabel: str, title: str = "", logy: bool = False) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.2), dpi=120)
+    for name, ys in series.items():
+        ax.plot(list(x)[: len(ys)], list(ys), label=name)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if logy:
+        ax.set_yscale("log")
+    if title:
+        ax.set_title(title)
+    if len(series) > 1:
+        ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def save_bar_plot(path: Path, groups: Sequence[str], series: dict[str, Sequence[float]], ylabel: str,
+                  title: str = "") -> None:
+    """Grouped bars: one group per table row group (e.g. grid point), one bar per series (e.g. method)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    n = max(len(series), 1)
+    width = 0.8 / n
+    x = np.arange(len(groups))
+    fig, ax = plt.subplots(figsize=(max(5, 0.9 * len(groups) * max(1, n / 3) + 2), 3.6), dpi=120)
+    for i, (name, ys) in enumerate(series.items()):
+        ax.bar(x + (i - (n - 1) / 2) * width, list(ys), width, label=name)
+    ax.set_xticks(x)
+    ax.set_xticklabels(list(groups), rotation=30 if len(groups) > 3 else 0, ha="right" if len(groups) > 3 else "center",
+                       fontsize=7)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    ax.legend(fontsize=7, ncol=min(n, 4))
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def save_tradeoff_plot(path: Path, curves: dict[str, tuple[Sequence[float], Sequence[float], Sequence[str]]],
+                       xlabel: str, ylabel: str, title: str = "",
+                       reference: tuple[float, float] | None = None) -> None:
+    """One curve per series through its points ``(xs, ys)``, each point annotated with its label (e.g. a defence
+    at its strengths: leakage against accuracy); ``reference``: one starred point (e.g. no defence)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4.2), dpi=120)
+    for name, (xs, ys, labels) in curves.items():
+        line, = ax.plot(list(xs), list(ys), marker="o", ms=4, label=name)
+        for x, y, text in zip(xs, ys, labels):
+            ax.annotate(text, (x, y), fontsize=6, color=line.get_color(), xytext=(2, 2), textcoords="offset points")
+    if reference is not None:
+        ax.scatter([reference[0]], [reference[1]], marker="*", s=120, color="black", zorder=3, label="no defence")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    ax.legend(fontsize=6, ncol=2)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

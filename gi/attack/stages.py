@@ -1,0 +1,402 @@
+"""The label-first attack as a library: labels → features → reconstruction (docs/architecture.md "Data flow").
+
+The stage functions read captures (and aux data), never truth; the oracle label mode alone reads truth, by request.
+``gi run`` and ``gi attack CAPTURE`` call :func:`attack_stages` (or :func:`prepare_attack` then
+:func:`reconstruct_prepared`, to pack several jobs into one problem); :func:`gi.attack.run` is the Python entry.
+
+Every stage returns a record for ``metrics.json``'s ``stages``: ``{"name": "labels", "method": ..., "why": ...,
+"seconds": ...}``, ``{"name": "features", ...}``, ``{"name": "reconstruct", "optimizer": ..., ...}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gi.attack.recon.config import ReconConfig
+from gi.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+    from gi.attack.recon import Reconstruction
+    from gi.capture import Capture, Truth
+    from gi.label_result import LabelResult
+
+log = logging.getLogger("gi.attack")
+
+
+# --------------------------------------------------------------------------- label modes
+@dataclass
+class LabelConfig:
+    """``mode`` (a name of :data:`LABEL_MODES`): ``truth`` (oracle), ``recovered`` (``method`` of the label
+    registry; soft labels are soft targets, counts become per-slot one-hot labels), ``hard`` (one-hot labels of
+    ``hard_method``, iDLG by default), ``joint`` (DLG: labels optimised with the images from a random start),
+    ``recovered+joint`` (joint, initialised from ``method``'s labels). ``method: auto`` (the default) picks the
+    method from the capture (:mod:`labels.auto`). The attack's ``labels`` (fixed or joint) follows from ``mode``;
+    methods that need auxiliary samples get the ``aux`` section's. ``device``: where label recovery runs
+    (``cpu``, ``auto``, ``gpu``/``cuda``, ``cuda:N``; a GPU this machine lacks is refused at load)."""
+
+    mode: str = "recovered"
+    method: str = "auto"
+    hard_method: str = "idlg"
+    options: dict[str, Any] = field(default_factory=dict)
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        from gi.core.devices import torch_device
+
+        torch_device(self.device, "labels.device")
+
+
+def _truth_labels(lcfg: LabelConfig, capture: Capture, truth: Truth | None, aux: Any) -> LabelResult | None:
+    if truth is None:
+        raise ConfigError("labels.mode=truth needs the ground truth: gi attack reads it from truth=FILE; or use "
+                          "labels.mode=recovered")
+    return oracle_labels(truth)
+
+
+def _recovered_labels(lcfg: LabelConfig, capture: Capture, truth: Truth | None, aux: Any) -> LabelResult | None:
+    import labels
+
+    return labels.recover(capture, lcfg.method, aux=aux, device=lcfg.device, **lcfg.options)
+
+
+def _hard_labels(lcfg: LabelConfig, capture: Capture, truth: Truth | None, aux: Any) -> LabelResult | None:
+    """iDLG-style one-hot labels: the counts of ``hard_method`` (its soft labels, if any, become their argmax)."""
+    import torch
+
+    import labels
+    from gi.label_result import LabelResult
+
+    result = labels.recover(capture, lcfg.hard_method, aux=aux, device=lcfg.device)
+    counts = result.counts if result.soft is None else torch.bincount(result.soft.argmax(1),
+                                                                      minlength=capture.num_classes)
+    return LabelResult.from_counts(f"hard:{result.method}", counts, ok=result.ok, info=dict(result.info))
+
+
+def _no_labels(lcfg: LabelConfig, capture: Capture, truth: Truth | None, aux: Any) -> LabelResult | None:
+    return None
+
+
+@dataclass(frozen=True)
+class LabelMode:
+    """A label-knowledge mode: where its labels come from (``labels(lcfg, capture, truth, aux)`` → LabelResult or
+    None; only the oracle reads ``truth``) and whether the attack keeps them ``fixed`` or optimises them
+    ``joint``ly (DLG)."""
+
+    labels: Callable[[LabelConfig, Capture, Any, Any], Any]
+    kind: str
+
+
+LABEL_MODES: dict[str, LabelMode] = {
+    "truth": LabelMode(_truth_labels, "fixed"),
+    "recovered": LabelMode(_recovered_labels, "fixed"),
+    "hard": LabelMode(_hard_labels, "fixed"),
+    "joint": LabelMode(_no_labels, "joint"),
+    "recovered+joint": LabelMode(_recovered_labels, "joint"),
+}
+
+
+def oracle_labels(truth: Truth) -> LabelResult:
+    """The LabelResult an oracle would return: true soft targets and counts (scoring/ablation only)."""
+    from gi.label_result import LabelResult
+
+    return LabelResult.from_counts("truth", truth.counts, soft=truth.targets.clone(), info={"oracle": True})
+
+
+def attack_labels(lcfg: LabelConfig, capture: Capture, truth: Truth | None,
+                  aux: Any = None) -> tuple[LabelResult | None, str]:
+    """The label knowledge of ``lcfg.mode``: ``(LabelResult or None, "fixed" | "joint")``."""
+    mode = LABEL_MODES[lcfg.mode]
+    return mode.labels(lcfg, capture, truth, aux), mode.kind
+
+
+def derived_attack(lcfg: LabelConfig, attack: ReconConfig) -> ReconConfig:
+    """``attack`` with its ``labels`` (fixed or joint) set by ``lcfg.mode`` (a ConfigError for an unknown mode), and
+    ``feature_weight`` 0 for a mode without labels (DLG's joint labels from a random start give no f*)."""
+    if lcfg.mode not in LABEL_MODES:
+        raise ConfigError(f"labels.mode={lcfg.mode!r} is not allowed; valid: {list(LABEL_MODES)}")
+    kind = LABEL_MODES[lcfg.mode].kind
+    if attack.labels != kind:
+        attack = dataclasses.replace(attack, labels=kind)
+    if LABEL_MODES[lcfg.mode].labels is _no_labels and attack.feature_weight > 0:
+        attack = dataclasses.replace(attack, feature_weight=0.0)  # no labels, no last-layer features to match
+    return attack
+
+
+@dataclass
+class AttackResult:
+    """What the attack stages produced for N captures: the label results (None per capture for joint labels from
+    a random start), the label kind, the feature targets used (None when not matched), one Reconstruction per
+    capture and the stage records."""
+
+    label_results: list[LabelResult | None]
+    label_kind: str
+    features: list[torch.Tensor | None]
+    reconstructions: list[Reconstruction]
+    stages: list[dict[str, Any]]
+    warnings: list[str] = field(default_factory=list)
+
+
+def label_stage(lcfg: LabelConfig, captures: Sequence[Capture], truths: Sequence[Truth | None], aux: Any
+                ) -> tuple[list[LabelResult | None], str, dict[str, Any]]:
+    """The label stage over every capture: its results, the label kind and its stage record (method, why)."""
+    start, cpu = time.perf_counter(), time.process_time()
+    results, kinds = zip(*(attack_labels(lcfg, c, t, aux) for c, t in zip(captures, truths)))
+    seconds = time.perf_counter() - start
+    methods = sorted({r.method for r in results if r is not None}) or ["joint"]
+    whys = sorted({r.info.get("why") for r in results if r is not None and r.info.get("why")})
+    record = {"name": "labels", "mode": lcfg.mode, "method": methods[0] if len(methods) == 1 else methods,
+              "picked_by": lcfg.method if lcfg.method == "auto" and lcfg.mode in ("recovered", "recovered+joint")
+              else None, "why": whys[0] if len(whys) == 1 else (whys or None),
+              "ok": all(r.ok for r in results if r is not None), "seconds": seconds,
+              "cpu_seconds": time.process_time() - cpu}
+    log.info("labels: %s%s (%.2f s)", record["method"], f" ({record['why']})" if record["why"] else "", seconds)
+    return list(results), kinds[0], record
+
+
+def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_results: Sequence[LabelResult | None]
+                  ) -> tuple[list[torch.Tensor | None], list[Any] | None, dict[str, Any]]:
+    """The feature stage: f* of eq. 8 per capture when the labels give it (one sample; a batch with a last-layer
+    bias: :func:`gi.attack.recon.problem.feature_targets`), and ``fcn_analytic.invert``'s image wherever it applies
+    (one FedSGD sample of a fully-connected net, or of a conv body with invertible activations such as the DLG
+    LeNet). Returns the features (None each when not all captures have them), the inversions (None unless every
+    capture inverts) and the stage record."""
+
+    from fcn_analytic import invert
+    from gi.attack.recon.problem import feature_targets, labels_for_slots
+    from gi.core.errors import GIError
+
+    start, cpu = time.perf_counter(), time.process_time()
+    features: list[torch.Tensor | None] = []
+    for c, lr in zip(captures, label_results):
+        if lr is None or c.is_update:
+            features.append(None)
+            continue
+        soft = labels_for_slots(lr, c.num_samples, c.num_classes)
+        features.append(feature_targets(c, lr, soft))
+    available = bool(features) and all(f is not None for f in features)
+    source = None
+    if available:
+        source = "last_layer_features" if captures[0].num_samples == 1 else "grad_W_c / grad_b_c per slot"
+    inversions: list[Any] | None = [] if attack.analytic else None
+    for c, lr in zip(captures, label_results):  # joint labels (lr None): the DLG baseline, no analytic stage
+        if lr is None or c.num_samples != 1 or c.is_update or inversions is None:
+            inversions = None
+            break
+        try:  # an inversion that breaks the bound is neither answer nor start: the layers below are not solved
+            inversions.append(invert(c, lr, stop_above=unusable_above(attack)))
+        except GIError:
+            inversions = None
+    residual = None
+    if inversions:
+        residual = max(inversion_residual(inv) for inv in inversions)
+    record = {"name": "features", "available": available, "source": source,
+              "matched": available and attack.feature_weight > 0, "beta": attack.feature_weight,
+              "alpha": attack.last_layer_weight, "analytic_inversion": inversions is not None and bool(inversions),
+              "analytic_residual": residual, "seconds": time.perf_counter() - start,
+              "cpu_seconds": time.process_time() - cpu}
+    if inversions:  # per layer (last first), per capture: how it was solved and how consistent it came out
+        deepest = max(inversions, key=lambda inv: len(inv.layers))  # a stopped inversion reports fewer layers
+        record["analytic_layers"] = [
+            {"name": layer.name, "route": layer.route,
+             "residual": [inv.layers[k].residual if k < len(inv.layers) else None for inv in inversions],
+             "forward": [inv.layers[k].forward_error if k < len(inv.layers) else None for inv in inversions]}
+            for k, layer in enumerate(deepest.layers)]
+        stopped = [inv.info["stopped_at"] for inv in inversions if not inv.complete]
+        if stopped:
+            record["analytic_stopped"] = (f"{len(stopped)} capture(s) stopped at layer(s) "
+                                          f"{', '.join(sorted(set(stopped)))}: residual >= "
+                                          f"{unusable_above(attack):g}, neither answer nor "
+                                          "start, so the layers below were not solved")
+    if not attack.analytic:
+        record["analytic_why_not"] = "attack.analytic=false"
+    if not available:
+        record["why_not"] = ("joint labels from a random start, an update, or a bias-free batch: no analytic "
+                             "last-layer feature")
+    log.info("features: %s%s%s (%.2f s)", source or "not available",
+             f"; analytic inversion, residual {residual:.2e}" if residual is not None else "",
+             f" ({record['analytic_stopped']})" if "analytic_stopped" in record else "", record["seconds"])
+    return (features if available else [None] * len(captures)), (inversions or None), record
+
+
+def reconstruct_stage(attack: ReconConfig, captures: Sequence[Capture], label_results: Sequence[LabelResult | None],
+                      features: Sequence[torch.Tensor | None], inversions: list[Any] | None,
+                      callbacks: Sequence[Any] = ()) -> tuple[list[Reconstruction], dict[str, Any]]:
+    """Reconstruct every capture as one batched problem (:func:`gi.attack.recon.reconstruct_many`); captures whose
+    analytic inversion is consistent (largest layer residual below ``attack.analytic_tol``) are answered
+    directly, otherwise the optimisation starts from it."""
+    from gi.attack.recon import reconstruct_many
+
+    start, cpu = time.perf_counter(), time.process_time()
+    record: dict[str, Any] = {"name": "reconstruct", "optimizer": attack.optimizer, "objective": attack.objective,
+                              "preset": attack.preset, "iterations": attack.iterations, "restarts": attack.restarts,
+                              "captures": len(captures)}
+    residuals = [inversion_residual(inv) for inv in inversions] if inversions else [None] * len(captures)
+    direct = [i for i, r in enumerate(residuals) if r is not None and r < attack.analytic_tol]
+    rest = [i for i in range(len(captures)) if i not in direct]
+    recs: list[Any] = [None] * len(captures)
+    for i in direct:
+        recs[i] = analytic_reconstruction(inversions[i], label_results[i], captures[i])
+    if direct:
+        worst = max(residuals[i] for i in direct)
+        record.update(analytic_captures=len(direct),
+                      why=f"analytic inversion of {len(direct)} capture(s), largest layer residual {worst:.1e} < "
+                          f"attack.analytic_tol ({attack.analytic_tol:g})")
+    if not rest:
+        record.update(optimizer="analytic (fcn_analytic.invert)", iterations=0, restarts=0, skipped=True)
+    else:
+        cfg = attack
+        if features[0] is None and cfg.feature_weight > 0:
+            cfg = dataclasses.replace(cfg, feature_weight=0.0)
+            record["feature_weight"] = "0 (no features available)"
+        warm = [i for i in rest if residuals[i] is not None and residuals[i] < INIT_MAX_RESIDUAL]
+        cold = [i for i in rest if i not in warm]
+        if warm:
+            record["init"] = (f"analytic for {len(warm)} capture(s) (fcn_analytic.invert, residual "
+                              f"{min(residuals[i] for i in warm):.1e} or more >= attack.analytic_tol "
+                              f"{attack.analytic_tol:g})")
+        if cold and inversions:
+            record["init_not_analytic"] = (f"{len(cold)} capture(s): residual >= {INIT_MAX_RESIDUAL:g}, the "
+                                           f"inversion is no start (attack.init={cfg.init})")
+        for group, init in ((warm, "analytic"), (cold, cfg.init)):
+            if not group:
+                continue
+            out = reconstruct_many([captures[i] for i in group], [label_results[i] for i in group],
+                                   [features[i] for i in group], dataclasses.replace(cfg, init=init), callbacks,
+                                   priors=[inversions[i].image for i in group] if init == "analytic" and inversions
+                                   else None, ids=group)
+            for i, rec in zip(group, out):
+                recs[i] = rec
+                if residuals[i] is not None:
+                    rec.history.update(answered_by="optimised from the analytic inversion" if init == "analytic"
+                                       else "optimisation", analytic_residual=residuals[i])
+    used = sorted({r.history["output_error"] for r in recs if "output_error" in r.history})
+    if used:  # attack.output_error as resolved (auto: captured where the capture gives ∂L/∂z)
+        record["output_error"] = used[0] if len(used) == 1 else used
+    record["seconds"] = time.perf_counter() - start
+    record["cpu_seconds"] = time.process_time() - cpu  # this process's CPU time: on a loaded machine, the work
+    log.info("reconstruct: %s, %d capture(s)%s in %.1f s", record["optimizer"], len(captures),
+             f" ({len(direct)} answered by the analytic inversion)" if direct and rest else "", record["seconds"])
+    return recs, record
+
+
+# an inversion whose largest layer residual is at or above this is not used as a start either: rank-deficient
+# layers (a ReLU LeNet's dead units) gave residuals of 0.46–40 and 4.7–5.5 dB images, below a random image's 8 dB,
+# where gradient noise of 1e-2 of each gradient's std gave 0.11–0.12 and 13–18 dB (scripts/analytic_noise.py)
+INIT_MAX_RESIDUAL = 0.3
+
+
+def unusable_above(attack: ReconConfig) -> float:
+    """The largest layer residual at or above which an inversion is neither the answer (``attack.analytic_tol``)
+    nor the start (:data:`INIT_MAX_RESIDUAL`) of :func:`reconstruct_stage`: the features stage stops its walk there."""
+    return max(INIT_MAX_RESIDUAL, attack.analytic_tol)
+
+
+def inversion_residual(inversion: Any) -> float:
+    """The largest relative residual of an ``fcn_analytic.invert`` result over its layers: each layer's gradient
+    residual (rank-one for a Linear layer, the weight gradient's for a convolution) and its forward mismatch
+    (0 up to rounding when the inversion is exact)."""
+    from fcn_analytic import layer_error
+
+    return max(layer_error(r) for r in inversion.layers)
+
+
+def analytic_reconstruction(inversion: Any, label_result: LabelResult | None, capture: Capture) -> Reconstruction:
+    """A :class:`~gi.attack.recon.Reconstruction` holding ``fcn_analytic.invert``'s image (no optimisation)."""
+    import torch
+
+    from gi.attack.recon import Reconstruction
+    from gi.attack.recon.problem import labels_for_slots
+
+    image = inversion.image.float()
+    soft = labels_for_slots(label_result, capture.num_samples, capture.num_classes)
+    residual = inversion_residual(inversion)
+    return Reconstruction(images=image, all_images=image[None], labels=soft,
+                          objective=torch.tensor([residual]), best_restart=0,
+                          history={"step": [], "objective": [], "warnings": [], "answered_by": "analytic inversion",
+                                   "analytic_residual": residual},
+                          seconds=float(inversion.info["seconds"]), iterations=0, all_labels=soft[None])
+
+
+@dataclass
+class PreparedAttack:
+    """The attack stages of N captures up to the reconstruction: the labels and features are done, ``attack`` is
+    the attack config with the label kind applied (:func:`prepare_attack`)."""
+
+    attack: ReconConfig
+    captures: list[Capture]
+    label_results: list[LabelResult | None]
+    label_kind: str
+    matched: list[torch.Tensor | None]
+    inversions: list[Any] | None
+    stages: list[dict[str, Any]]
+
+
+def prepare_attack(lcfg: LabelConfig, attack: ReconConfig, captures: Sequence[Capture],
+                   truths: Sequence[Truth | None] | None = None, aux: Any = None) -> PreparedAttack:
+    """labels → features over ``captures``: everything of :func:`attack_stages` but the reconstruction."""
+    truths = list(truths) if truths is not None else [None] * len(captures)
+    label_results, kind, lrec = label_stage(lcfg, captures, truths, aux)
+    if attack.labels != kind:
+        attack = dataclasses.replace(attack, labels=kind)
+    features, inversions, frec = feature_stage(attack, captures, label_results)
+    matched = features if attack.feature_weight > 0 else [None] * len(captures)
+    return PreparedAttack(attack, list(captures), label_results, kind, matched, inversions, [lrec, frec])
+
+
+def attack_stages(lcfg: LabelConfig, attack: ReconConfig, captures: Sequence[Capture],
+                  truths: Sequence[Truth | None] | None = None, aux: Any = None,
+                  callbacks: Sequence[Any] = ()) -> AttackResult:
+    """labels → features → reconstruct over ``captures`` (one global model: one batched problem)."""
+    return reconstruct_prepared([prepare_attack(lcfg, attack, captures, truths, aux)], callbacks)[0]
+
+
+def can_pack(a: PreparedAttack, b: PreparedAttack) -> bool:
+    """Whether two prepared attacks can be one reconstruction problem: the same attack config and features
+    matched alike, captures of one global model (:func:`gi.attack.recon.problem.same_model`), no analytic answer."""
+    from gi.attack.recon.problem import same_model
+
+    return a.attack == b.attack and a.inversions is None and b.inversions is None and \
+        (a.matched[0] is None) == (b.matched[0] is None) and same_model(a.captures[0], b.captures[0])
+
+
+def reconstruct_prepared(prepared: Sequence[PreparedAttack], callbacks: Sequence[Any] = ()) -> list[AttackResult]:
+    """The reconstruct stage of several prepared attacks that :func:`can_pack` together (several jobs' captures
+    as one packed problem, issue 15), split back into one :class:`AttackResult` each. The reconstruct record
+    is the packed problem's, with ``packed_jobs``."""
+    first = prepared[0]
+    if any(not can_pack(first, p) for p in prepared[1:]):
+        raise ConfigError("reconstruct_prepared: these attacks cannot share one problem (different attack configs, "
+                          "models or analytic answers); reconstruct them one by one")
+    captures = [c for p in prepared for c in p.captures]
+    labels = [lr for p in prepared for lr in p.label_results]
+    matched = [f for p in prepared for f in p.matched]
+    recs, rrec = reconstruct_stage(first.attack, captures, labels, matched, first.inversions, callbacks)
+    if len(prepared) > 1:
+        rrec["packed_jobs"] = len(prepared)
+    out, start = [], 0
+    for p in prepared:
+        mine = recs[start:start + len(p.captures)]
+        start += len(p.captures)
+        warnings = sorted({w for r in mine for w in r.history.get("warnings", [])})
+        out.append(AttackResult(p.label_results, p.label_kind, p.matched, mine, [*p.stages, dict(rrec)], warnings))
+    return out
+
+
+def final_counts(rec: Reconstruction) -> torch.Tensor:
+    import torch
+
+    return torch.bincount(rec.labels.argmax(1), minlength=rec.labels.shape[1])
+
+
+def used_labels(rec: Reconstruction, mode: str) -> LabelResult:
+    """The labels the reconstruction ended with, as a LabelResult (soft rows and their argmax counts)."""
+    from gi.label_result import LabelResult
+
+    return LabelResult.from_counts(mode, final_counts(rec), soft=rec.labels.double())
