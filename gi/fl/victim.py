@@ -35,6 +35,7 @@ from gi.fl.local import local_schedule, local_train
 from gi.fl.protocol import Protocol
 from gi.fl.schemes import SCHEMES, get_scheme
 from gi.losses import loss_for
+from gi.models import builder_of
 
 Tensor = torch.Tensor
 State = dict[str, Tensor]
@@ -173,7 +174,7 @@ def _make_capture(model: torch.nn.Module, run: ClientRun, protocol: Protocol, hi
         meta["defences"] = defences.record(proto, steps * int(meta.get("round", 1)), rate)
     return Capture(model_spec=dict(spec), model_state=state, protocol=proto,
                    update=defences.apply("shared", run.update, defences.Context(proto, generator)), history=history,
-                   meta=meta, last_layer_name=last_layer)
+                   meta=meta, last_layer_name=last_layer, factory=builder_of(model))
 
 
 def _make_truth(images: Tensor, labels: Tensor, num_classes: int, run: ClientRun, indices: Tensor,
