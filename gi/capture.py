@@ -303,7 +303,21 @@ class Capture:
         for name in (weight, bias):
             if name in shared:
                 self._check_shared(name, shared[name])
+        self._check_head()
         return shared[weight], shared.get(bias)
+
+    def _check_head(self) -> None:
+        """The named last layer has the shapes of a classifier head, an ``nn.Linear`` to the logits: weight
+        ``(num_classes, D)``, bias ``(num_classes,)``, in the shared tensors and the state. A header whose
+        ``last_layer`` names another layer (a convolution, a hidden Linear) is a :class:`CaptureError`."""
+        c = self.model_spec.get("num_classes")
+        for name, ndim, want in zip(self.last_layer_keys, (2, 1), (f"({c}, D)", f"({c},)")):
+            for group, tensors in (("shared", self.shared), ("model_state", self.model_state)):
+                t = tensors.get(name)
+                if t is not None and (t.ndim != ndim or int(t.shape[0]) != c):
+                    raise CaptureError(f"last_layer={self.last_layer_name!r} is not a classifier head: {group} "
+                                       f"{name!r} has shape {tuple(t.shape)}, an nn.Linear to the {c} logits has "
+                                       f"{want}; name the nn.Linear whose output is the logits")
 
     def _check_shared(self, name: str, t: Tensor) -> None:
         if not t.is_floating_point():
@@ -340,6 +354,7 @@ class Capture:
                                f"{'an update' if self.is_update else 'gradients'}")
         for name, tensor in self.shared.items():
             self._check_shared(name, tensor)
+        self._check_head()
         bn = {f"{m}.{part}": t for m, pair in self.bn_stats.items() for part, t in zip(("mean", "var"), pair)}
         for group, tensors in (("model_state", self.model_state), ("history", self.history), ("bn_stats", bn)):
             for name, tensor in tensors.items():
@@ -351,6 +366,14 @@ class Capture:
         """:meth:`check`, plus names and shapes against the rebuilt model; raise :class:`CaptureError`."""
         self.check()
         model = model if model is not None else self.model()
+        try:
+            head = model.get_submodule(self.last_layer_name)
+        except AttributeError:
+            head = None
+        if not isinstance(head, torch.nn.Linear):
+            raise CaptureError(f"last_layer={self.last_layer_name!r} is not an nn.Linear of the model (it is a "
+                               f"{type(head).__name__}); label recovery and feature matching read the classifier "
+                               "head, the nn.Linear whose output is the logits")
         params = dict(model.named_parameters())
         state = model.state_dict()
         for name, tensor in self.shared.items():
@@ -553,7 +576,7 @@ def capture_gradients(
     import copy
 
     from gi.core.devices import torch_device
-    from gi.losses import as_soft_targets, loss_for
+    from gi.losses import as_soft_targets, check_class_ids, loss_for
     from gi.models import builder_of
 
     if protocol.is_update:
@@ -574,6 +597,7 @@ def capture_gradients(
 
     from gi.fl import defences
 
+    check_class_ids(targets, spec["num_classes"])
     soft = as_soft_targets(targets, spec["num_classes"])
     model.train(protocol.model_mode == "train")
     state = _state_of(model)  # before BN updates

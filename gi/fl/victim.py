@@ -34,7 +34,7 @@ from gi.fl.defences.secagg import merge
 from gi.fl.local import local_schedule, local_train
 from gi.fl.protocol import Protocol
 from gi.fl.schemes import SCHEMES, get_scheme
-from gi.losses import loss_for
+from gi.losses import check_class_ids, loss_for
 from gi.models import builder_of
 
 Tensor = torch.Tensor
@@ -225,10 +225,11 @@ def simulate_client(
     if images.min() < 0 or images.max() > 1:
         raise CaptureError("images must be pixels in [0, 1]; normalisation is the model's first layer")
     described = describe_model(model, last_layer, example=images[:1].to(next(iter(model.parameters())).device))
-    num_classes = int(described[0]["num_classes"])
+    data_classes, num_classes = num_classes, int(described[0]["num_classes"])
     indices = torch.arange(len(labels)) if indices is None else torch.as_tensor(indices, dtype=torch.long)
     if indices.numel() == 0:
         raise CaptureError("client has no samples (empty indices)")
+    check_class_ids(labels[indices], num_classes, data_classes)
     params = {k: p.detach() for k, p in model.named_parameters() if p.requires_grad}
     hist = _history_for(protocol, history, params)
     worker, x, h = model, images[indices], hist
