@@ -463,7 +463,9 @@ class Capture:
         (docs/architecture.md sign convention) of ``model`` at θᵗ (its current weights and buffers) over
         ``num_samples`` samples. ``last_layer`` names the last ``nn.Linear`` (found when omitted,
         :func:`gi.models.find_last_layer`; ``in_shape`` (C, H, W) lets it probe by a forward pass and is what a
-        reconstruction needs). Names and shapes are checked against the model: :class:`CaptureError`."""
+        reconstruction needs: without it, and without a model that records it (a zoo model's spec), the capture
+        serves the label stage and ``gi.reconstruct`` refuses it in one line). Names and shapes are checked
+        against the model: :class:`CaptureError`."""
         if protocol.is_update:
             raise CaptureError(f"from_gradients builds FedSGD captures; protocol.scheme={protocol.scheme!r} shares "
                                "an update: use Capture.from_update")

@@ -203,3 +203,42 @@ def test_labels_beyond_the_models_logits_name_both_numbers(tmp_path):
     ten = build("mlp", 10, in_shape=(3, SIZE, SIZE), seed=0)  # fewer classes in the data than logits: fine
     capture, truth = gi.capture_gradients(ten, x[:2], data.labels[:2], gi.Protocol())
     assert capture.num_classes == 10 and truth.counts.tolist()[:2] == [1, 1]
+
+
+# --------------------------------------------------------------------------- captures without an input shape
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 2, 3, padding=1), nn.ReLU(), nn.Flatten())
+        self.head = nn.Linear(2 * SIZE * SIZE, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+def _gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+    loss = nn.functional.cross_entropy(model.eval()(x), y)
+    return dict(zip([n for n, _ in model.named_parameters()], torch.autograd.grad(loss, list(model.parameters()))))
+
+
+def test_a_capture_without_in_shape_is_refused_at_the_reconstruct_door_in_one_line(tmp_path, capsys):
+    from gi.cli import main
+    from gi.recon import ReconConfig
+
+    torch.manual_seed(0)
+    model = _Net()
+    x, y = _images(1)
+    capture = Capture.from_gradients(model, _gradients(model, x, y), gi.Protocol(), num_samples=1)
+    assert capture.model_spec["in_shape"] is None and labels.recover(capture, "idlg").ok  # labels need no shape
+    with pytest.raises(CaptureError, match=r"^the capture records no input shape[^\n]*in_shape=\(C, H, W\)[^\n]*$"):
+        gi.reconstruct(capture, labels.recover(capture, "idlg"), config=ReconConfig(iterations=1, progress=False))
+    capture.save(tmp_path / "c.safetensors")
+    code = main(["attack", str(tmp_path / "c.safetensors"), f"out={tmp_path / 'out'}", "attack.iterations=1",
+                 "attack.progress=false", "trust_factory=true"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("gi attack: error: the capture records no input shape")  # not TypeError
+    zoo = _model()  # a zoo model records its input shape: from_gradients takes it from there
+    from_zoo = Capture.from_gradients(zoo, _gradients(zoo, x, y), gi.Protocol(), num_samples=1)
+    assert from_zoo.model_spec["in_shape"] == [3, SIZE, SIZE]
+    given = Capture.from_gradients(model, _gradients(model, x, y), gi.Protocol(), 1, in_shape=(3, SIZE, SIZE))
+    assert given.model_spec["in_shape"] == [3, SIZE, SIZE]
