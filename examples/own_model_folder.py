@@ -5,7 +5,9 @@ convolutions) with a BatchNorm layer and a head named ``head.out``. No input nor
 module computes is what is attacked (put a normalisation layer in your module if your data needs one).
 
 The capture records how to rebuild the model in another process (the import string
-``examples.own_model_folder:make_net`` plus its JSON keyword arguments) and the last layer's name.
+``examples.own_model_folder:make_net`` plus its JSON keyword arguments) and the last layer's name. Loading it
+back never imports what the file names on its own word: the reader passes the factory
+(``gi.Capture.load(path, factory=make_net)``, ``gi attack CAPTURE model=examples.own_model_folder:make_net``).
 
 Run from the repository root (``PYTHONPATH=.`` makes ``examples`` importable)::
 
@@ -109,7 +111,8 @@ def main(argv: list[str] | None = None) -> dict:
         capture, truth = gi.capture_gradients(model, data.images[i:i + 1], data.labels[i:i + 1], protocol)
         path = work / f"capture-{i}.safetensors"
         capture.save(path)
-        captures.append(gi.Capture.load(path))               # what another process would read
+        captures.append(gi.Capture.load(path, factory=make_net))  # what another process would read, rebuilt
+                                                                   # by our factory (never the file's own word)
         results.append(labels.recover(captures[-1], "auto"))  # one sample: the soft-label search (gi run's default)
         truths.append(truth)
     # every capture of the one global model in one batched problem (as gi run packs its images), + features

@@ -309,9 +309,7 @@ def invert(capture: Capture, label_result: LabelResult | None = None, features: 
     if n != 1:
         raise GIError(f"analytic inversion reads one sample's gradient; this capture holds {n}")
     with torch.device("meta"):  # structure only: no 55M-parameter allocation or initialisation
-        from gi.world.models import from_spec
-
-        model = from_spec(capture.model_spec)
+        model = capture.architecture()
     layers = analytic_layers(model)
     if features is None:
         features, source = feature_source(capture, label_result)

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -179,6 +180,13 @@ class Capture:
     ``last_layer_name`` names the model's last ``nn.Linear`` (the logits; :func:`gi.world.models.find_last_layer`),
     whose shared ``<name>.weight`` / ``<name>.bias`` every label method reads (``fc`` for zoo models and for
     files saved before the name was recorded).
+
+    Trust (never saved): a ``factory`` model spec is rebuilt only by ``factory`` (a callable this process holds or
+    an import string the user gave: captures made in-process from a module keep its builder,
+    :func:`gi.world.models.builder_of`), a factory registered in the user's code (:func:`gi.world.models.register_factory`),
+    or, with ``trust_factory=True``, the import string the file names (that runs code the file names: only for
+    files from a trusted source). Every stage reads the model through :meth:`model` / :meth:`architecture`, so
+    the trust set when loading (:meth:`load`) holds for all of them.
     """
 
     model_spec: dict[str, Any]
@@ -190,6 +198,8 @@ class Capture:
     meta: dict[str, Any] = field(default_factory=dict)
     bn_stats: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)
     last_layer_name: str = "fc"
+    factory: Callable[..., torch.nn.Module] | str | None = field(default=None, repr=False, compare=False)
+    trust_factory: bool = field(default=False, repr=False, compare=False)
 
     # ------------------------------------------------------------------ views
     @property
@@ -226,17 +236,32 @@ class Capture:
             n = self.protocol.batch_size
         return int(n)
 
-    def model(self, device: str | torch.device = "cpu") -> torch.nn.Module:
-        """The global model θᵗ, rebuilt from spec (its provider, :data:`gi.world.models.PROVIDERS`) and state, in the
-        protocol's mode (eval/train), with its last layer's name recorded (``gi_last_layer``)."""
-        from gi.world.models import from_spec
+    def architecture(self) -> torch.nn.Module:
+        """The model's architecture rebuilt from its spec by its provider (:func:`gi.world.models.from_spec`), under this
+        capture's trust (``factory``, ``trust_factory``; class docstring); the weights are not loaded. Callers
+        that need only the structure build it under ``torch.device("meta")``."""
+        from gi.world.models import from_spec, provider_of
 
         try:
-            model = from_spec(self.model_spec)
-        except CaptureError:
-            raise
+            return from_spec(self.model_spec, factory=self.factory, trust_factory=self.trust_factory)
+        except CaptureError as exc:
+            if provider_of(self.model_spec) != "zoo":
+                raise
+            raise CaptureError(f"capture model_spec {self.model_spec} cannot be rebuilt: {exc}") from None
         except (ConfigError, KeyError, TypeError, ValueError) as exc:
             raise CaptureError(f"capture model_spec {self.model_spec} cannot be rebuilt: {exc}") from None
+
+    def model(self, device: str | torch.device = "cpu") -> torch.nn.Module:
+        """The global model θᵗ, rebuilt from spec (its provider, :data:`gi.world.models.PROVIDERS`, under the capture's
+        trust: :meth:`architecture`) and state, in the protocol's mode (eval/train), with its last layer's name
+        recorded (``gi_last_layer``). A zoo spec is first built on the meta device and its shapes checked against
+        the state, so a spec read from a file allocates no more than the file holds."""
+        from gi.world.models import attach, provider_of
+
+        if provider_of(self.model_spec) == "zoo":
+            with torch.device("meta"):
+                self._check_fits(self.architecture().state_dict())
+        model = self.architecture()
         try:
             missing, unexpected = model.load_state_dict(self.model_state, strict=False)
         except RuntimeError as exc:  # shape mismatches
@@ -248,10 +273,24 @@ class Capture:
                 f"missing {list(missing)[:3]}, unexpected {list(unexpected)[:3]}"
             )
         model.train(self.protocol.model_mode == "train")
+        if provider_of(self.model_spec) == "factory":  # its captures keep the provenance and this trust
+            from gi.world.models import trusted_factory
+
+            attach(model, self.model_spec).gi_factory = trusted_factory(self.model_spec, self.factory,
+                                                                        self.trust_factory)
         model.gi_last_layer = self.last_layer_name
         if not hasattr(model, "num_classes"):
             model.num_classes = self.num_classes
         return model.to(device)
+
+    def _check_fits(self, state: dict[str, Tensor]) -> None:
+        """Every tensor of the model's ``state`` (shapes only) is in the capture's state with that shape."""
+        for name, t in state.items():
+            have = self.model_state.get(name)
+            if have is None or tuple(have.shape) != tuple(t.shape):
+                got = "missing" if have is None else f"of shape {tuple(have.shape)}"
+                raise CaptureError(f"capture state does not fit model {self.model_spec.get('name')!r}: "
+                                   f"{name!r} is {got}, the model's has {tuple(t.shape)}")
 
     def shared_last_layer(self) -> tuple[Tensor, Tensor | None]:
         """The shared last-layer tensors ``(W (C, D), b (C,) or None)`` as shared, checked: present, floating
@@ -264,7 +303,21 @@ class Capture:
         for name in (weight, bias):
             if name in shared:
                 self._check_shared(name, shared[name])
+        self._check_head()
         return shared[weight], shared.get(bias)
+
+    def _check_head(self) -> None:
+        """The named last layer has the shapes of a classifier head, an ``nn.Linear`` to the logits: weight
+        ``(num_classes, D)``, bias ``(num_classes,)``, in the shared tensors and the state. A header whose
+        ``last_layer`` names another layer (a convolution, a hidden Linear) is a :class:`CaptureError`."""
+        c = self.model_spec.get("num_classes")
+        for name, ndim, want in zip(self.last_layer_keys, (2, 1), (f"({c}, D)", f"({c},)")):
+            for group, tensors in (("shared", self.shared), ("model_state", self.model_state)):
+                t = tensors.get(name)
+                if t is not None and (t.ndim != ndim or int(t.shape[0]) != c):
+                    raise CaptureError(f"last_layer={self.last_layer_name!r} is not a classifier head: {group} "
+                                       f"{name!r} has shape {tuple(t.shape)}, an nn.Linear to the {c} logits has "
+                                       f"{want}; name the nn.Linear whose output is the logits")
 
     def _check_shared(self, name: str, t: Tensor) -> None:
         if not t.is_floating_point():
@@ -301,6 +354,7 @@ class Capture:
                                f"{'an update' if self.is_update else 'gradients'}")
         for name, tensor in self.shared.items():
             self._check_shared(name, tensor)
+        self._check_head()
         bn = {f"{m}.{part}": t for m, pair in self.bn_stats.items() for part, t in zip(("mean", "var"), pair)}
         for group, tensors in (("model_state", self.model_state), ("history", self.history), ("bn_stats", bn)):
             for name, tensor in tensors.items():
@@ -312,6 +366,14 @@ class Capture:
         """:meth:`check`, plus names and shapes against the rebuilt model; raise :class:`CaptureError`."""
         self.check()
         model = model if model is not None else self.model()
+        try:
+            head = model.get_submodule(self.last_layer_name)
+        except AttributeError:
+            head = None
+        if not isinstance(head, torch.nn.Linear):
+            raise CaptureError(f"last_layer={self.last_layer_name!r} is not an nn.Linear of the model (it is a "
+                               f"{type(head).__name__}); label recovery and feature matching read the classifier "
+                               "head, the nn.Linear whose output is the logits")
         params = dict(model.named_parameters())
         state = model.state_dict()
         for name, tensor in self.shared.items():
@@ -344,12 +406,24 @@ class Capture:
         _atomic_save(tensors, meta, path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> Capture:
+    def load(cls, path: str | os.PathLike, factory: Callable[..., torch.nn.Module] | str | None = None,
+             trust_factory: bool = False) -> Capture:
+        """Read a capture written by :meth:`save`; nothing in the file is unpickled, imported or called. Its model
+        spec is checked (a zoo spec against the zoo's schema, :func:`gi.world.models.check_spec`). A ``factory`` spec
+        rebuilds only with ``factory`` (your callable, or an import string you give), a factory registered in
+        your code (:func:`gi.world.models.register_factory`), or ``trust_factory=True``, which imports and calls the
+        factory the file names with the file's arguments: arbitrary code, only for files you trust."""
+        from gi.world.models import check_spec
+
         tensors, meta = _read(path, "capture")
         parts = _split(tensors, path)
         spec = _field(meta, "model_spec", dict, path)
         if not isinstance(spec.get("num_classes"), int) or not isinstance(spec.get("name"), str):
             raise CaptureError(f"{path}: model_spec needs a str 'name' and an int 'num_classes', got {spec}")
+        try:
+            check_spec(spec)
+        except CaptureError as exc:
+            raise CaptureError(f"{path}: {exc}") from None
         try:
             protocol = Protocol.from_dict(_field(meta, "protocol", dict, path))
         except ConfigError as exc:
@@ -367,6 +441,8 @@ class Capture:
             bn_stats=_bn_pairs({**{k.split("/", 1)[1]: v for k, v in parts["history"].items()  # older files kept
                                    if k.startswith("bn_stats/")}, **parts["bn_stats"]}, path),  # them in history
             last_layer_name=last_layer,
+            factory=factory,
+            trust_factory=trust_factory is True,
         )
 
     def to(self, device: str | torch.device) -> Capture:
@@ -387,15 +463,19 @@ class Capture:
         (docs/architecture.md sign convention) of ``model`` at θᵗ (its current weights and buffers) over
         ``num_samples`` samples. ``last_layer`` names the last ``nn.Linear`` (found when omitted,
         :func:`gi.world.models.find_last_layer`; ``in_shape`` (C, H, W) lets it probe by a forward pass and is what a
-        reconstruction needs). Names and shapes are checked against the model: :class:`CaptureError`."""
+        reconstruction needs: without it, and without a model that records it (a zoo model's spec), the capture
+        serves the label stage and ``gi.reconstruct`` refuses it in one line). Names and shapes are checked
+        against the model: :class:`CaptureError`."""
         if protocol.is_update:
             raise CaptureError(f"from_gradients builds FedSGD captures; protocol.scheme={protocol.scheme!r} shares "
                                "an update: use Capture.from_update")
+        from gi.world.models import builder_of
+
         shared = _checked_message(model, gradients, "gradients")
         spec, name = describe_model(model, last_layer, in_shape)
         n = _positive(num_samples)
-        return cls(model_spec=spec, model_state=state_of(model), protocol=protocol, gradients=shared,
-                   meta={"num_samples": n}, last_layer_name=name).check()
+        return cls(model_spec=spec, model_state=_state_of(model), protocol=protocol, gradients=shared,
+                   meta={"num_samples": n}, last_layer_name=name, factory=builder_of(model)).check()
 
     @classmethod
     def from_update(cls, model_before: torch.nn.Module | dict[str, Tensor],
@@ -406,6 +486,8 @@ class Capture:
         parameters; ``model_before`` is θᵗ, the global model the client started from. Each side is a module or a
         state dict; ``model`` gives the architecture when both are state dicts (default: whichever is a module,
         loaded with θᵗ). ``num_samples`` is the client's N_k (its local schedule depends on it)."""
+        from gi.world.models import builder_of
+
         if not protocol.is_update:
             raise CaptureError(f"from_update builds update captures; protocol.scheme={protocol.scheme!r} shares a "
                                "gradient: use Capture.from_gradients")
@@ -435,7 +517,7 @@ class Capture:
         n = _positive(num_samples)
         proto = dataclasses.replace(protocol, num_samples=n)
         return cls(model_spec=spec, model_state=theta, protocol=proto, update=update, meta={"num_samples": n},
-                   last_layer_name=name).check()
+                   last_layer_name=name, factory=builder_of(arch)).check()
 
 
 @dataclass

@@ -18,6 +18,10 @@ EPILOG = """examples:
   gi run configs/default.yaml attack.analytic=false   ... without the analytic inversion: the optimisation alone
   gi attack runs/demo/capture.safetensors       the label-first attack on a saved capture (no truth needed)
   gi attack runs/demo truth=runs/demo           ... scored against the truth gi run saved
+  gi attack CAPTURE model=mypkg.nets:make       ... a capture of your own model: rebuilt by your factory; a
+                                                capture file never imports or runs code on its own word
+                                                (trust_factory=true runs the factory the file names: only
+                                                for files from a trusted source)
   gi labels configs/labels/<table>.yaml         label-recovery benchmark table
   gi ablate configs/ablate/<table>.yaml         label-knowledge ablation (soft-label paper Tables 3, 4)
   gi ablate CONFIG out=runs/t3                  ... interrupted? the same command again reuses finished rows
@@ -144,7 +148,9 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str, bool | str]]
     # name: (handler, help, takes a config: True, False, "optional" or the name of its positional argument)
     "run": (_cmd_run, "end-to-end reconstruction: data, victim, labels, images, scores", True),
     "attack": (_cmd_attack, "the label-first attack (labels, features, images) on a saved capture; scored with "
-               "truth=FILE", "capture"),
+               "truth=FILE. A capture of your own model is rebuilt only by model=pkg.mod:fn (your factory), a "
+               "factory registered in your code (gi.world.models.register_factory), or trust_factory=true, which imports "
+               "and runs the code the file names: only for files from a trusted source", "capture"),
     "labels": (_cmd_labels, "label-recovery benchmark: a table (CSV/Markdown/JSON) and a plot", True),
     "ablate": (_cmd_ablate, "label-knowledge ablation: the same captures under every label mode and α/β variant", True),
     "defend": (_cmd_defend, "defences x strengths on one federation: label and image leakage, utility, ε; "

@@ -81,6 +81,18 @@ def check_call(method: str, captures: list[Capture], options: dict[str, Any]) ->
         capture.shared_last_layer()
 
 
+def uninformative(capture: Capture) -> str | None:
+    """Why ``capture``'s last layer carries no label information, or None. An all-zero shared last layer
+    (weight and bias: a zero gradient, or an update that moved nothing) is explained by every label set
+    equally; every method would answer with an arbitrary class, so :func:`recover` answers ``ok=False``."""
+    weight, bias = capture.shared_last_layer()
+    if bool(weight.any()) or (bias is not None and bool(bias.any())):
+        return None
+    what = "update" if capture.is_update else "gradient"
+    return (f"the shared last layer ({', '.join(k for k in capture.last_layer_keys if k in capture.shared)}) is all "
+            f"zero: a zero {what} carries no label information")
+
+
 def label_device(device: Any) -> str | None:
     """``device`` (``cpu``, ``gpu``/``cuda``, ``cuda:N``, ``mps``, ``auto``, a torch.device or None) checked
     (:func:`gi.core.devices.torch_device`): None means run where the capture's tensors are (the CPU)."""
@@ -117,6 +129,11 @@ def recover(capture: Capture, method: str, aux: Any = None, device: Any = None, 
     dev = label_device(device)
     check_call(method, [capture], options)
     start = time.perf_counter()
+    reason = uninformative(capture)
+    if reason is not None:
+        result = LabelResult.failure(method, capture.num_classes, reason)
+        result.info["seconds"] = time.perf_counter() - start
+        return result
     if dev not in (None, "cpu"):
         capture = capture.to(dev)
     with on_device(dev):
@@ -131,6 +148,8 @@ def recover_many(captures: list[Capture], method: str, aux: Any = None, device: 
     dev = label_device(device)
     check_call(method, list(captures) if method in BATCH_METHODS else [], options)  # options once; the loop
     if method in BATCH_METHODS:                                                    # path's recover checks each
+        if any(uninformative(c) is not None for c in captures):  # recover answers those with ok=False
+            return [recover(c, method, aux=aux, device=dev, **options) for c in captures]
         start = time.perf_counter()
         moved = [c.to(dev) for c in captures] if dev not in (None, "cpu") else captures
         with on_device(dev):

@@ -456,7 +456,8 @@ def as_gradient_capture(capture: Capture, scheme_aware: bool = False) -> Capture
                                    local_epochs=1, local_steps=None)
     meta = {**capture.meta, "num_samples": view.labelled}
     return Capture(model_spec=capture.model_spec, model_state=capture.model_state, protocol=protocol,
-                   gradients=grads, history={}, meta=meta, last_layer_name=capture.last_layer_name)
+                   gradients=grads, history={}, meta=meta, last_layer_name=capture.last_layer_name,
+                   factory=capture.factory, trust_factory=capture.trust_factory)
 
 
 def _on_update(method: str, name: str) -> Callable[..., LabelResult]:

@@ -3,7 +3,7 @@
 ``gi.attack.run(capture)`` recovers the labels (``labels.method: auto`` picks the method from the capture), the
 last-layer features (and, where the net allows, the whole input analytically), then reconstructs the images with
 the attack recipe of ``preset`` (``auto``: the preset registered for the capture's zoo model, else ``default``).
-It never reads ground truth: score the result with :func:`gi.metrics.score` against your own
+It never reads ground truth: score the result with :func:`gi.analysis.metrics.score` against your own
 :class:`gi.Truth`.
 """
 

@@ -71,10 +71,8 @@ def in_model_order(capture: Capture) -> Capture:
     loaded capture reconstructs exactly as the capture gi run held in memory."""
     import torch
 
-    from gi.world.models import from_spec
-
     with torch.device("meta"):
-        order = list(from_spec(capture.model_spec).state_dict())
+        order = list(capture.architecture().state_dict())
 
     def ordered(d: dict[str, Any] | None) -> dict[str, Any] | None:
         if d is None:
@@ -109,7 +107,13 @@ class AttackConfig:
     ``capture``: a capture file or a ``gi run`` output directory; ``truth``: the matching truth file or directory
     (optional: only then are images scored); ``labels`` and ``attack`` as in ``gi run`` (``attack.preset``
     defaults to ``default``); ``aux_data`` + ``aux``: the attacker's labelled samples (``aux.per_class`` per class
-    of the dataset ``aux_data``; none by default)."""
+    of the dataset ``aux_data``; none by default).
+
+    A capture of a ``factory`` model (your own ``nn.Module``) names its factory in the file; it is never imported
+    on the file's word. ``model``: the import string of your factory (``pkg.mod:fn``), called with the file's
+    keyword arguments; or register it in your code (:func:`gi.world.models.register_factory`); or ``trust_factory:
+    true``, which imports and calls whatever factory the file names, with the file's arguments: arbitrary code
+    from the file, only for captures from a trusted source (:meth:`gi.Capture.load`)."""
 
     ATTACK_PRESET: ClassVar[str | None] = DEFAULT
 
@@ -124,6 +128,8 @@ class AttackConfig:
     aux: AuxConfig = field(default_factory=AuxConfig)
     aux_data: DataConfig | None = None
     lpips_vgg: bool = False
+    model: str | None = None
+    trust_factory: bool = False
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any] | None, where: str = "") -> Any:
@@ -139,6 +145,10 @@ class AttackConfig:
         self.attack = derived_attack(self.labels, self.attack)
         if self.aux.per_class > 0 and self.aux_data is None:
             raise ConfigError("aux.per_class > 0 needs aux_data.name (the dataset the aux samples come from)")
+        if self.model is not None and (self.model.count(":") != 1 or self.model.startswith(":")
+                                       or self.model.endswith(":")):
+            raise ConfigError(f"model={self.model!r}: expected the import string of your model factory, "
+                              "'package.module:callable' (it rebuilds a factory capture's model)")
 
 
 def load_attack_config(capture: str, overrides: list[str] | None = None, path: str | Path | None = None
@@ -173,7 +183,7 @@ def run_attack(cfg: AttackConfig) -> AttackRun:
     from gi.world.setup import draw_aux, load_data
 
     files = capture_files(cfg.capture)
-    captures = [in_model_order(Capture.load(f)) for f in files]
+    captures = [in_model_order(Capture.load(f, factory=cfg.model, trust_factory=cfg.trust_factory)) for f in files]
     truths = None
     if cfg.truth is not None:
         truth_files = capture_files(cfg.truth, "truth")

@@ -281,6 +281,19 @@ def _torchvision_source(cls_name: str, name: str) -> Callable[[str, Any], tuple[
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 LABELS_CSV = "labels.csv"
 _GREY_MODES = ("1", "L", "LA", "I", "I;16", "F")
+_SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N")
+_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")  # a label that reads as a number
+
+
+def _eight_bit(img: Any) -> Any:
+    """A 16-bit grey image (modes ``I;16*``; a PNG's ``I``) as 8-bit ``L``, scaled by 255/65535: Pillow's own
+    ``convert("L")`` clips such values at 255, which turns the image white. Other images pass unchanged."""
+    from PIL import Image
+
+    if img.mode not in _SIXTEEN_BIT and not (img.mode == "I" and img.format == "PNG"):
+        return img.copy()
+    values = np.asarray(img).astype(np.float64)
+    return Image.fromarray(np.clip(np.rint(values * (255.0 / 65535.0)), 0, 255).astype(np.uint8), "L")
 
 
 def _folder_files(root: Path) -> tuple[list[tuple[Path, str]], bool]:
@@ -291,9 +304,11 @@ def _folder_files(root: Path) -> tuple[list[tuple[Path, str]], bool]:
         import csv
 
         with open(csv_path, newline="") as f:
-            rows = [r for r in csv.reader(f) if r and any(c.strip() for c in r)]
-        if rows and [c.strip().lower() for c in rows[0][:2]] == ["file", "label"]:
-            rows = rows[1:]
+            reader = csv.reader(f)
+            numbered = [(reader.line_num, r) for r in reader if r and any(c.strip() for c in r)]
+        if numbered and [c.strip().lower() for c in numbered[0][1][:2]] == ["file", "label"]:
+            numbered = numbered[1:]
+        rows = [r for _, r in numbered]
         bad = [r for r in rows if len(r) != 2]
         if not rows or bad:
             raise ConfigError(f"{csv_path}: needs rows 'file,label' (two columns); got {bad[:1] or 'no rows'}")
@@ -301,7 +316,13 @@ def _folder_files(root: Path) -> tuple[list[tuple[Path, str]], bool]:
         missing = [str(p.name) for p, _ in files if not p.is_file()]
         if missing:
             raise ConfigError(f"{csv_path} names file(s) that are not in {root}: {missing[:3]}")
-        return files, all(label.isdigit() for _, label in files)
+        numeric = [_NUMBER.fullmatch(label) is not None for _, label in files]
+        if any(numeric):  # class ids: every label a non-negative integer
+            for (line, row), (_, label) in zip(numbered, files):
+                if not re.fullmatch(r"[0-9]+", label):
+                    raise ConfigError(f"{csv_path} line {line} ({','.join(row)!r}): label {label!r} is not a class "
+                                      "id; labels.csv holds class ids (integers >= 0) or class names, not both")
+        return files, any(numeric)
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     files = [(p, c) for c in classes for p in sorted((root / c).iterdir())
              if p.suffix.lower() in IMAGE_SUFFIXES]
@@ -321,7 +342,7 @@ def _read_folder_cached(root: Path, size: tuple[int, int] | None) -> tuple[Tenso
         try:
             with Image.open(path) as img:
                 img.load()
-                pictures.append(img.copy())
+                pictures.append(_eight_bit(img))
         except OSError as exc:
             raise ConfigError(f"cannot read image {path}: {exc}") from None
     grey = all(p.mode in _GREY_MODES for p in pictures)
@@ -352,8 +373,10 @@ def read_folder(split: str, root: Any, size: Size = None) -> tuple[Tensor, Tenso
 
     ``root`` holds the torchvision ``ImageFolder`` layout (``root/<class>/<image>``, classes sorted by name) or a
     flat folder with ``labels.csv`` (``file,label``; integer labels are class ids, other labels class names,
-    sorted). A ``root/<split>`` subfolder is used when present. Grey files stay grey (1 channel) unless some are
-    colour (then all are RGB). Images of different sizes need ``size`` (int or (H, W)), which resizes each.
+    sorted; a label that reads as a number but is not an integer >= 0 is a ConfigError naming its line). A
+    ``root/<split>`` subfolder is used when present. Grey files stay grey (1 channel) unless some are colour (then
+    all are RGB); 16-bit grey files are scaled to 8 bits by 255/65535. Images of different sizes need ``size``
+    (int or (H, W)), which resizes each.
     """
     if root is None:
         raise ConfigError("data.name=folder needs data.root=<folder of images> (class subfolders, or a flat folder "

@@ -23,9 +23,27 @@ def as_soft_targets(targets: Tensor, num_classes: int, dtype: torch.dtype = torc
         return F.one_hot(targets.long(), num_classes).to(dtype)
     if targets.ndim == 2 and targets.shape[1] == num_classes:
         return targets.to(dtype)
+    why = (f": the data has {targets.shape[1]} classes, the model {num_classes} logits" if targets.ndim == 2 else "")
     raise ConfigError(
-        f"targets must be class ids (B,) or soft labels (B, {num_classes}); got shape {tuple(targets.shape)}"
+        f"targets must be class ids (B,) or soft labels (B, {num_classes}); got shape {tuple(targets.shape)}{why}"
     )
+
+
+def check_class_ids(labels: Tensor, num_classes: int, data_classes: int | None = None) -> None:
+    """Class ids ``(B,)`` checked against a model's ``num_classes`` logits before any work: ids below 0, or at or
+    above the number of logits, are a :class:`ConfigError` naming the number of classes in the data
+    (``data_classes``, else the largest id + 1) and the model's logits. Soft targets pass (their width is checked
+    by :func:`as_soft_targets`)."""
+    if labels.ndim != 1 or labels.numel() == 0 or labels.is_floating_point():
+        return
+    low, high = int(labels.min()), int(labels.max())
+    if low < 0:
+        raise ConfigError(f"labels must be class ids >= 0; got {low}")
+    if high >= num_classes:
+        data = data_classes if data_classes is not None and data_classes > high else high + 1
+        raise ConfigError(f"the data has {data} classes (labels up to {high}) but the model has {num_classes} "
+                          f"logits; build the model with num_classes >= {data} (model.num_classes, or the "
+                          "factory's own option)")
 
 
 def soft_cross_entropy(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:

@@ -6,8 +6,12 @@ w.r.t. pixel-space inputs in [0, 1]), ``body`` maps images to the penultimate fe
 the last linear layer. Any other classifier ``nn.Module`` works too: its last layer is found by
 :func:`find_last_layer` (or named), its last-layer features are the input of that layer
 (:func:`features_and_logits`), and normalisation is the module's own business (none is added). A capture
-records how to rebuild its model with a *provider* (:data:`PROVIDERS`): ``zoo`` (a :func:`build` spec) or
-``factory`` (an import string ``"package.module:callable"`` plus JSON keyword arguments, :func:`from_factory`).
+records how to rebuild its model with a *provider* (:data:`PROVIDERS`): ``zoo`` (a :func:`build` spec, checked
+against the zoo's schema before anything is built, :func:`check_zoo_spec`) or ``factory`` (an import string
+``"package.module:callable"`` plus JSON keyword arguments, :func:`from_factory`). A factory named by a spec is
+never imported or called on the spec's word alone: only a factory the user passes, one registered in the user's
+code (:func:`register_factory`) or, with ``trust_factory=True``, the spec's own import string
+(:func:`trusted_factory`; docs/architecture.md "Models and providers").
 """
 
 from __future__ import annotations
@@ -442,13 +446,18 @@ a spec with ``provider: name`` (weights come from the capture's state)."""
 
 
 def provider_of(spec: dict[str, Any]) -> str:
-    """A spec's provider: its ``provider`` key, else ``factory`` when it has one, else ``zoo`` (older captures)."""
-    return str(spec.get("provider") or ("factory" if "factory" in spec else "zoo"))
+    """A spec's provider: its ``provider`` key, else ``zoo`` (older captures). A spec without the key is never a
+    factory spec, whatever other keys it holds."""
+    name = spec.get("provider", "zoo")
+    if not isinstance(name, str):
+        raise CaptureError(f"model spec 'provider' must be a str, got {type(name).__name__}")
+    return name
 
 
 def import_factory(path: str) -> Callable[..., Any]:
     """``"package.module:callable"`` (dots after the colon reach attributes) → the callable; a
-    :class:`CaptureError` naming the import string and the fix when it cannot be imported."""
+    :class:`CaptureError` naming the import string and the fix when it cannot be imported. Imports run module
+    code: only for an import string the user gave or trusted (:func:`trusted_factory`)."""
     module_name, sep, attr = str(path).partition(":")
     if not sep or not module_name or not attr:
         raise CaptureError(f"model factory {path!r} is not an import string 'package.module:callable'")
@@ -465,18 +474,177 @@ def import_factory(path: str) -> Callable[..., Any]:
     return obj
 
 
+# --------------------------------------------------------------------------- trusted factories
+FACTORIES: dict[str, Callable[..., nn.Module]] = {}
+"""Factories registered by the user's code (:func:`register_factory`): import string → the callable this process
+already holds. A spec naming one of them is rebuilt with it without any import."""
+
+Factory = Callable[..., nn.Module] | str
+
+
+def register_factory(path: str, fn: Callable[..., nn.Module] | None = None) -> Any:
+    """Trust ``fn`` to rebuild the models of specs whose ``factory`` is ``path`` (``"package.module:callable"``):
+    ``register_factory("pkg.nets:make", make)``, or ``@register_factory("pkg.nets:make")`` on the function.
+    Captures of such a model then load and attack without ``trust_factory``; nothing is imported by name."""
+    if not isinstance(path, str) or path.count(":") != 1 or path.startswith(":") or path.endswith(":"):
+        raise ConfigError(f"register_factory needs an import string 'package.module:callable', got {path!r}")
+
+    def wrap(f: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+        if not callable(f):
+            raise ConfigError(f"register_factory({path!r}, ...) needs a callable, got {type(f).__name__}")
+        if FACTORIES.get(path, f) is not f:
+            raise ValueError(f"model factory {path!r} registered twice")
+        FACTORIES[path] = f
+        return f
+
+    return wrap if fn is None else wrap(fn)
+
+
+def untrusted_factory_message(path: Any) -> str:
+    """The one-line refusal for a spec naming a factory nobody trusted: what the file names and the three ways to
+    trust it."""
+    return (f"the capture's model is built by the factory {path!r}, named in the file; a capture's file is never "
+            "trusted to name code to import or run. To rebuild it, pass your own factory (gi attack CAPTURE "
+            "model=pkg.mod:fn; Capture.load(path, factory=fn)), register it in your code "
+            f"(gi.world.models.register_factory({path!r}, fn)), or trust this file (gi attack CAPTURE trust_factory=true; "
+            "Capture.load(path, trust_factory=True): imports and calls whatever the file names, with its arguments)")
+
+
+def check_factory_spec(spec: dict[str, Any]) -> None:
+    """A ``factory`` spec's shape (a str ``factory``, JSON-object ``kwargs``), checked without importing anything."""
+    path, kwargs = spec.get("factory"), spec.get("kwargs") or {}
+    if not isinstance(path, str):
+        raise CaptureError(f"a factory model spec needs a str 'factory' import string, got {path!r}")
+    if not isinstance(kwargs, dict):
+        raise CaptureError(f"model spec kwargs must be a JSON object, got {type(kwargs).__name__}")
+
+
+def trusted_factory(spec: dict[str, Any], factory: Factory | None = None,
+                    trust_factory: bool = False) -> Callable[..., nn.Module]:
+    """The callable that rebuilds a ``factory`` spec, from a trusted source only: ``factory`` (the user's callable,
+    or an import string the user gave), else the one registered for the spec's import string
+    (:data:`FACTORIES`), else, with ``trust_factory``, the spec's import string imported. Otherwise a one-line
+    :class:`CaptureError` (:func:`untrusted_factory_message`), before anything is imported."""
+    check_factory_spec(spec)
+    path = spec["factory"]
+    if factory is not None:
+        fn = import_factory(factory) if isinstance(factory, str) else factory
+        if not callable(fn):
+            raise ConfigError(f"factory= must be a callable or an import string, got {type(fn).__name__}")
+        return fn
+    if path in FACTORIES:
+        return FACTORIES[path]
+    if trust_factory is True:
+        return import_factory(path)
+    raise CaptureError(untrusted_factory_message(path))
+
+
+# --------------------------------------------------------------------------- the zoo's spec schema
+MAX_CLASSES = 100_000
+MAX_CHANNELS = 64
+MAX_SIDE = 4096
+MAX_OPTION_INT = 65_536
+MAX_OPTION_LIST = 64
+_ZOO_KEYS = ("provider", "name", "num_classes", "activation", "in_shape", "bias_last", "init", "norm", "seed")
+
+
+def _int(value: Any, key: str, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise CaptureError(f"zoo model spec {key}={value!r}: expected an int in [{low}, {high}]")
+
+
+def _choice(value: Any, key: str, valid: Any) -> None:
+    if value is not None and (not isinstance(value, str) or value not in valid):
+        raise CaptureError(f"zoo model spec {key}={value!r}: expected null or one of {sorted(valid)}")
+
+
+def _option_kind(name: str, option: str) -> str:
+    """``int``, ``bool``, ``ints`` or ``str`` for a body option, from its annotation or its default."""
+    p = inspect.signature(BODIES[name][0]).parameters[option]
+    ann = p.annotation if p.annotation is not inspect.Parameter.empty else None
+    if isinstance(ann, str):
+        return {"int": "int", "bool": "bool", "Sequence[int]": "ints", "str | None": "str"}[ann]
+    default = p.default
+    return ("bool" if isinstance(default, bool) else "int" if isinstance(default, int)
+            else "ints" if isinstance(default, tuple | list) else "str")
+
+
+OPTION_CHOICES: dict[str, tuple[str, ...]] = {"stem": ("cifar", "imagenet")}
+
+
+def check_zoo_spec(spec: dict[str, Any]) -> None:
+    """A ``zoo`` spec checked against the zoo's own schema before anything is built: only :func:`build`'s keys and
+    the body's options (:func:`body_options`), a known model, activation, init and norm, and bounded ints
+    (num_classes, in_shape, the options' widths: far beyond every model of the papers). Raises
+    :class:`CaptureError` naming the key."""
+    if not isinstance(spec, dict):
+        raise CaptureError(f"model spec must be a JSON object, got {type(spec).__name__}")
+    if "provider" not in spec and ("factory" in spec or "kwargs" in spec):
+        raise CaptureError(f"model spec names factory {spec.get('factory')!r} but no 'provider': a spec without "
+                           "'provider' is a zoo spec, never a factory one (captures of a factory model record "
+                           "provider: factory)")
+    name = spec.get("name")
+    if not isinstance(name, str) or name not in BODIES:
+        raise CaptureError(f"zoo model spec names model {name!r}; the zoo has {sorted(BODIES)}")
+    options = body_options(name)
+    unknown = sorted(set(spec) - set(_ZOO_KEYS) - set(options))
+    if unknown:
+        how = "" if "provider" in spec else " (the spec has no 'provider' key, so it is a zoo spec)"
+        raise CaptureError(f"model {name!r} takes no option(s) {unknown}{how}; valid: "
+                           f"{sorted({*_ZOO_KEYS, *options})}")
+    _int(spec.get("num_classes"), "num_classes", 2, MAX_CLASSES)
+    shape = spec.get("in_shape", [3, 32, 32])
+    if not isinstance(shape, list | tuple) or len(shape) != 3:
+        raise CaptureError(f"zoo model spec in_shape={shape!r}: expected [C, H, W]")
+    for key, value, high in zip(("in_shape[0]", "in_shape[1]", "in_shape[2]"), shape,
+                                (MAX_CHANNELS, MAX_SIDE, MAX_SIDE)):
+        _int(value, key, 1, high)
+    _choice(spec.get("activation"), "activation", ACTIVATIONS)
+    _choice(spec.get("init"), "init", WEIGHT_INITS)
+    _choice(spec.get("norm"), "norm", NORMALIZATIONS)
+    if not isinstance(spec.get("bias_last", True), bool):
+        raise CaptureError(f"zoo model spec bias_last={spec['bias_last']!r}: expected true or false")
+    if spec.get("seed") is not None:
+        _int(spec["seed"], "seed", 0, 2**63 - 1)
+    for option in options:
+        if option not in spec:
+            continue
+        value, kind = spec[option], _option_kind(name, option)
+        if kind == "int":
+            _int(value, option, 0, MAX_OPTION_INT)
+        elif kind == "bool" and not isinstance(value, bool):
+            raise CaptureError(f"zoo model spec {option}={value!r}: expected true or false")
+        elif kind == "ints":
+            if not isinstance(value, list | tuple) or len(value) > MAX_OPTION_LIST:
+                raise CaptureError(f"zoo model spec {option}={value!r}: expected a list of at most "
+                                   f"{MAX_OPTION_LIST} ints")
+            for i, v in enumerate(value):
+                _int(v, f"{option}[{i}]", 1, MAX_OPTION_INT)
+        elif kind == "str":
+            _choice(value, option, OPTION_CHOICES.get(option, ()))
+
+
+def check_spec(spec: dict[str, Any]) -> None:
+    """A spec read from a file checked before anything is built or imported: a zoo spec against the zoo's schema
+    (:func:`check_zoo_spec`), a factory spec's shape (:func:`check_factory_spec`)."""
+    name = provider_of(spec)
+    if name == "zoo":
+        check_zoo_spec(spec)
+    elif name == "factory":
+        check_factory_spec(spec)
+
+
 @register_provider("zoo")
 def _zoo(spec: dict[str, Any]) -> nn.Module:
+    check_zoo_spec(spec)
     return build(**{k: v for k, v in spec.items() if k != "provider"})
 
 
-@register_provider("factory")
-def _factory(spec: dict[str, Any]) -> nn.Module:
+def call_factory(spec: dict[str, Any], fn: Callable[..., nn.Module]) -> nn.Module:
+    """``fn(**spec["kwargs"])`` checked to be an ``nn.Module``; ``fn`` comes from :func:`trusted_factory`."""
     path, kwargs = spec.get("factory"), spec.get("kwargs") or {}
-    if not isinstance(kwargs, dict):
-        raise CaptureError(f"model spec kwargs must be a JSON object, got {type(kwargs).__name__}")
     try:
-        model = import_factory(path)(**kwargs)
+        model = fn(**kwargs)
     except CaptureError:
         raise
     except Exception as exc:
@@ -486,11 +654,24 @@ def _factory(spec: dict[str, Any]) -> nn.Module:
     return model
 
 
-def from_spec(spec: dict[str, Any]) -> nn.Module:
-    """Rebuild a model from its ``spec`` with its provider (weights come separately, from a state dict)."""
+@register_provider("factory")
+def _factory(spec: dict[str, Any]) -> nn.Module:
+    """A factory spec rebuilt by its registered factory only (:func:`from_spec` takes the other trusted sources)."""
+    return call_factory(spec, trusted_factory(spec))
+
+
+def from_spec(spec: dict[str, Any], factory: Factory | None = None, trust_factory: bool = False) -> nn.Module:
+    """Rebuild a model from its ``spec`` with its provider (weights come separately, from a state dict). A
+    ``factory`` spec is rebuilt by ``factory`` (the user's callable or import string), a registered factory or,
+    with ``trust_factory``, its own import string (:func:`trusted_factory`); never on the spec's word alone."""
     name = provider_of(spec)
     if name not in PROVIDERS:
         raise CaptureError(f"model spec names provider {name!r}; known providers: {sorted(PROVIDERS)}")
+    if name == "factory":
+        return call_factory(spec, trusted_factory(spec, factory, trust_factory))
+    if factory is not None:
+        raise CaptureError(f"a factory was given, but the model spec's provider is {name!r} (model "
+                           f"{spec.get('name')!r}), which rebuilds it without one; drop the factory")
     return PROVIDERS[name](spec)
 
 
@@ -508,7 +689,10 @@ def from_factory(factory: str, last_layer: str | None = None, **kwargs: Any) -> 
     """``factory(**kwargs)`` imported from ``"package.module:callable"``, with its provenance attached
     (:func:`attach`), so captures of it can be rebuilt in another process where the factory is importable."""
     spec = factory_spec(factory, **kwargs)
-    return attach(_factory(spec), spec, last_layer)
+    fn = import_factory(factory)  # the caller named it: importing it is the caller's choice
+    model = attach(call_factory(spec, fn), spec, last_layer)
+    model.gi_factory = fn
+    return model
 
 
 def attach(model: nn.Module, spec: dict[str, Any] | None = None, last_layer: str | None = None) -> nn.Module:
@@ -529,3 +713,18 @@ def spec_of(model: nn.Module) -> dict[str, Any]:
         return dict(spec)
     cls = type(model)
     return factory_spec(f"{cls.__module__}:{cls.__qualname__}")
+
+
+def builder_of(model: nn.Module) -> Callable[..., nn.Module] | None:
+    """The callable this process holds that rebuilds ``model``'s factory spec (:func:`spec_of`): the factory
+    :func:`from_factory` imported at the caller's request, else the model's own class when the spec names it.
+    In-memory captures of the model keep it (``Capture.factory``), so they rebuild without ``trust_factory``;
+    a saved and loaded capture does not have it. None for other specs."""
+    spec = spec_of(model)
+    if provider_of(spec) != "factory":
+        return None
+    fn = getattr(model, "gi_factory", None)
+    if callable(fn):
+        return fn
+    cls = type(model)
+    return cls if spec.get("factory") == f"{cls.__module__}:{cls.__qualname__}" else None

@@ -10,8 +10,8 @@ from gi.core.errors import ConfigError
 
 
 def _capture(model_name: str, activation: str | None = None, n: int = 1):
-    data = gi.data.load("cifar10-samples")
-    model = gi.models.build(model_name, 10, activation=activation, init="uniform", seed=0)
+    data = gi.world.data.load("cifar10-samples")
+    model = gi.world.models.build(model_name, 10, activation=activation, init="uniform", seed=0)
     return gi.capture_gradients(model, data.images[:n], data.labels[:n], gi.Protocol())
 
 
@@ -21,7 +21,7 @@ def test_run_answers_a_sigmoid_lenet_capture_analytically_as_gi_attack_does():
     assert [s["name"] for s in result.stages] == ["labels", "features", "reconstruct"]
     assert result.reconstructions[0].history["answered_by"] == "analytic inversion"
     assert int(result.label_results[0].counts.argmax()) == int(truth.labels[0])
-    assert float(gi.metrics.psnr(result.reconstructions[0].images, truth.images)) > 40  # exact: ~100 dB
+    assert float(gi.analysis.metrics.psnr(result.reconstructions[0].images, truth.images)) > 40  # exact: ~100 dB
 
 
 def test_run_takes_preset_keys_and_a_label_method_and_optimises_when_nothing_inverts():

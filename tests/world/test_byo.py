@@ -122,7 +122,7 @@ def test_saved_capture_keeps_the_last_layer_and_old_files_read_fc(tmp_path):
     x, y = batch()
     capture, _ = gi.capture_gradients(model, x, y, gi.Protocol())
     capture.save(tmp_path / "c.safetensors")
-    back = Capture.load(tmp_path / "c.safetensors")
+    back = Capture.load(tmp_path / "c.safetensors", trust_factory=True)  # our own file
     assert back.last_layer_name == "head.out" and back.model_spec == capture.model_spec
     rebuilt = back.model()
     assert isinstance(rebuilt, Net) and not rebuilt.training and rebuilt.gi_last_layer == "head.out"
@@ -211,14 +211,15 @@ def test_factory_provider_rebuilds_and_errors_name_the_import(tmp_path, monkeypa
     model = from_factory("userpkg_byo.nets:make", hidden=16, seed=1)
     assert model.spec == {"provider": "factory", "name": "userpkg_byo.nets:make", "factory": "userpkg_byo.nets:make",
                           "kwargs": {"hidden": 16, "seed": 1}}
-    again = from_spec(model.spec)
+    again = from_spec(model.spec, trust_factory=True)
     assert [p.shape for p in again.parameters()] == [p.shape for p in model.parameters()]
     with pytest.raises(CaptureError, match=r"'nosuch_pkg_byo.nets:make'.*PYTHONPATH"):
-        from_spec({"factory": "nosuch_pkg_byo.nets:make", "kwargs": {}})
+        from_spec({"provider": "factory", "factory": "nosuch_pkg_byo.nets:make", "kwargs": {}}, trust_factory=True)
     with pytest.raises(CaptureError, match="not an import string"):
-        from_spec({"factory": "nocolon", "kwargs": {}})
+        from_spec({"provider": "factory", "factory": "nocolon", "kwargs": {}}, trust_factory=True)
     with pytest.raises(CaptureError, match=r"make'\(\*\*\{'bogus': 1\}\) failed"):
-        from_spec({"factory": "userpkg_byo.nets:make", "kwargs": {"bogus": 1}})
+        from_spec({"provider": "factory", "factory": "userpkg_byo.nets:make", "kwargs": {"bogus": 1}},
+                  trust_factory=True)
     with pytest.raises(ConfigError, match="JSON"):
         from_factory("userpkg_byo.nets:make", hidden=object())
     with pytest.raises(CaptureError, match="provider 'nope'"):
@@ -241,7 +242,7 @@ def test_capture_is_attacked_in_a_new_process_where_the_factory_imports(tmp_path
     script = textwrap.dedent(f"""
         import sys
         import gi, labels
-        c = gi.Capture.load({str(tmp_path / "cap.safetensors")!r})
+        c = gi.Capture.load({str(tmp_path / "cap.safetensors")!r}, trust_factory=True)  # our own file
         try:
             c.model()
         except gi.CaptureError as exc:
@@ -505,7 +506,8 @@ def test_gi_attack_in_a_new_process_recovers_a_user_model_captures_labels(tmp_pa
         truth.save(tmp_path / f"c{i}" / "truth.safetensors")
         env = {**os.environ, "PYTHONPATH": str(ROOT), "GI_THREADS": "1"}
         out = subprocess.run([sys.executable, "-m", "gi.cli", "attack", str(tmp_path / f"c{i}"), "attack.iterations=3",
-                              "attack.progress=false", f"truth={tmp_path / f'c{i}'}", f"out={tmp_path / f'a{i}'}"],
+                              "attack.progress=false", f"truth={tmp_path / f'c{i}'}", f"out={tmp_path / f'a{i}'}",
+                              "model=examples.own_model_folder:make_net"],
                              env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
         assert out.returncode == 0, out.stderr[-2000:]
         metrics = __import__("json").loads((tmp_path / f"a{i}" / "metrics.json").read_text())

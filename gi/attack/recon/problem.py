@@ -223,7 +223,9 @@ def check_inputs(captures: Sequence[Capture], label_results: Sequence[LabelResul
                  features: Sequence[Tensor | None] | None
                  ) -> tuple[list[Capture], list[LabelResult | None], list[Tensor | None]]:
     """The arguments of :func:`build_problem` as lists of one length (None: one None per capture), each capture
-    checked to be a :class:`Capture` with exactly one shared message."""
+    checked to be a :class:`Capture` with exactly one shared message and the images' shape ``in_shape`` (C, H, W)
+    in its model spec (a capture made by ``Capture.from_gradients`` / ``from_update`` without ``in_shape`` of a
+    model that does not record it has none: a one-line :class:`CaptureError` saying how to give it)."""
     captures = list(captures)
     if not captures:
         raise ConfigError("reconstruct_many needs at least one capture")
@@ -237,6 +239,13 @@ def check_inputs(captures: Sequence[Capture], label_results: Sequence[LabelResul
             raise CaptureError(f"reconstruct needs a gi.Capture, got {type(c).__name__}")
         if (c.gradients is None) == (c.update is None):
             raise CaptureError("a capture needs exactly one of gradients (FedSGD) and update (FedAvg) to match")
+        shape = c.model_spec.get("in_shape")
+        if not isinstance(shape, list | tuple) or len(shape) != 3 or not all(
+                isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in shape):
+            raise CaptureError(f"the capture records no input shape (model_spec in_shape={shape!r}); the "
+                               "reconstruction needs the images' (C, H, W): pass in_shape=(C, H, W) to "
+                               "gi.Capture.from_gradients / from_update (gi.capture_gradients and the victim read "
+                               "it from the images)")
     return captures, label_results, features
 
 

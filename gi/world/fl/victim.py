@@ -34,7 +34,8 @@ from gi.world.fl.defences.secagg import merge
 from gi.world.fl.local import local_schedule, local_train
 from gi.world.fl.protocol import Protocol
 from gi.world.fl.schemes import SCHEMES, get_scheme
-from gi.world.losses import as_soft_targets, loss_for
+from gi.world.losses import as_soft_targets, check_class_ids, loss_for
+from gi.world.models import builder_of
 
 Tensor = torch.Tensor
 State = dict[str, Tensor]
@@ -174,7 +175,7 @@ def _make_capture(model: torch.nn.Module, run: ClientRun, protocol: Protocol, hi
         meta["defences"] = defences.record(proto, steps * int(meta.get("round", 1)), rate)
     return Capture(model_spec=dict(spec), model_state=state, protocol=proto,
                    update=defences.apply("shared", run.update, defences.Context(proto, generator)), history=history,
-                   meta=meta, last_layer_name=last_layer)
+                   meta=meta, last_layer_name=last_layer, factory=builder_of(model))
 
 
 def _make_truth(images: Tensor, labels: Tensor, num_classes: int, run: ClientRun, indices: Tensor,
@@ -225,10 +226,11 @@ def simulate_client(
     if images.min() < 0 or images.max() > 1:
         raise CaptureError("images must be pixels in [0, 1]; normalisation is the model's first layer")
     described = describe_model(model, last_layer, example=images[:1].to(next(iter(model.parameters())).device))
-    num_classes = int(described[0]["num_classes"])
+    data_classes, num_classes = num_classes, int(described[0]["num_classes"])
     indices = torch.arange(len(labels)) if indices is None else torch.as_tensor(indices, dtype=torch.long)
     if indices.numel() == 0:
         raise CaptureError("client has no samples (empty indices)")
+    check_class_ids(labels[indices], num_classes, data_classes)
     params = {k: p.detach() for k, p in model.named_parameters() if p.requires_grad}
     hist = _history_for(protocol, history, params)
     worker, x, h = model, images[indices], hist
@@ -399,6 +401,7 @@ def capture_gradients(
     if images.min() < 0 or images.max() > 1:
         raise CaptureError("images must be pixels in [0, 1]; normalisation is the model's first layer")
     spec, name = describe_model(model, last_layer, example=images[:1].to(next(iter(model.parameters())).device))
+    check_class_ids(targets, spec["num_classes"])
     if target_device is not None and torch.device(target_device) != next(iter(model.parameters())).device:
         model = copy.deepcopy(model).to(target_device)
     run_device = next(iter(model.parameters())).device
@@ -422,7 +425,7 @@ def capture_gradients(
         n = protocol.num_samples or int(x.shape[0])
         meta["defences"] = defences.record(protocol, 1, int(x.shape[0]) / max(int(n), int(x.shape[0])))
     capture = Capture(model_spec=dict(spec), model_state=state, protocol=protocol, gradients=shared, meta=meta,
-                      last_layer_name=name)
+                      last_layer_name=name, factory=builder_of(model))
     counts = torch.bincount(soft.argmax(1), minlength=spec["num_classes"])
     truth = Truth(images=images.detach().clone().cpu(), labels=soft.argmax(1), targets=soft.detach().clone(),
                   counts=counts)

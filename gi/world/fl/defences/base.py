@@ -52,6 +52,7 @@ class Defence:
     valid_text: str
     params: Mapping[str, Any] = field(default_factory=dict)
     account: Callable[..., dict[str, Any]] | None = None
+    check: Callable[[Mapping[str, Any], str], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -81,9 +82,12 @@ DEFENCES: dict[str, Defence] = {}
 
 def register_defence(name: str, stage: str, summary: str, strength: str, valid: Callable[[float], bool] | None = None,
                      valid_text: str = ">= 0", account: Callable[..., dict[str, Any]] | None = None,
+                     check: Callable[[Mapping[str, Any], str], None] | None = None,
                      **params: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: register ``fn(value, spec, ctx)`` as defence ``name`` at ``stage`` (module docstring); ``strength``
-    says what the strength is, ``valid`` checks it (default: >= 0), keyword ``params`` are its options and defaults."""
+    says what the strength is, ``valid`` checks it (default: >= 0), keyword ``params`` are its options and defaults;
+    ``check(params, where)`` checks the options' values (defaults filled) when the protocol is built, raising a
+    ConfigError that names ``where.params.<key>`` and the allowed range."""
     if stage not in STAGES:
         raise ValueError(f"defence {name!r}: stage {stage!r} is not one of {list(STAGES)}")
 
@@ -91,7 +95,7 @@ def register_defence(name: str, stage: str, summary: str, strength: str, valid: 
         if name in DEFENCES:
             raise ValueError(f"defence {name!r} registered twice")
         DEFENCES[name] = Defence(name, stage, summary, fn, strength, valid or (lambda s: s >= 0), valid_text,
-                                 dict(params), account)
+                                 dict(params), account, check)
         return fn
 
     return wrap
@@ -133,6 +137,8 @@ def check_entries(entries: Any) -> list[dict[str, Any]]:
                     isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool)):
                 raise ConfigError(f"{where}.params.{key}={value!r}: expected a {type(default).__name__} like the "
                                   f"default {default!r}")
+        if d.check is not None:
+            d.check({**d.params, **params}, where)
         out.append({"name": name, "strength": strength, "params": dict(params)})
     return out
 

@@ -22,13 +22,34 @@ from gi.world.fl.defences.base import Context, Spec, register_defence
 ACCOUNTANTS = ("rdp", "prv")
 
 
+def check_params(params: Any, where: str = "dp-sgd") -> None:
+    """dp-sgd's options checked when the protocol is built: ``0 < delta < 1`` (the δ of (ε, δ)-DP is a
+    probability; Abadi et al. 2016 take it below 1/N), ``max_grad_norm > 0`` (the clipping bound C), a known
+    ``accountant``. A :class:`ConfigError` names the key and the allowed range."""
+    from gi.core.errors import ConfigError
+
+    delta, clip, accountant = params.get("delta"), params.get("max_grad_norm"), params.get("accountant")
+    if isinstance(delta, bool) or not isinstance(delta, int | float) or not 0 < float(delta) < 1:
+        raise ConfigError(f"{where}.params.delta={delta!r}: dp-sgd's δ must lie in (0, 1), e.g. 1e-5 (below "
+                          "1/N for N samples)")
+    if isinstance(clip, bool) or not isinstance(clip, int | float) or not float(clip) > 0:
+        raise ConfigError(f"{where}.params.max_grad_norm={clip!r}: expected > 0 (the per-sample clipping bound C)")
+    if accountant not in ACCOUNTANTS:
+        raise ConfigError(f"{where}.params.accountant={accountant!r}; valid: {list(ACCOUNTANTS)}")
+
+
 def epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float, accountant: str = "rdp") -> float:
     """ε of ``steps`` DP-SGD steps at ``sample_rate`` and ``noise_multiplier`` for ``delta``, from Opacus'
-    ``accountant`` (``rdp`` or ``prv``); ``inf`` without noise."""
-    if accountant not in ACCOUNTANTS:
-        from gi.core.errors import ConfigError
+    ``accountant`` (``rdp`` or ``prv``); ``inf`` without noise. ``delta`` must lie in (0, 1) and ``sample_rate``
+    in (0, 1] (:class:`ConfigError` otherwise). ε is never below 0: the accountants' conversions return ε < 0
+    when δ is large (then δ ≥ 1 − e^ε), and (ε, δ)-DP with ε < 0 implies (0, δ)-DP, the bound reported."""
+    from gi.core.errors import ConfigError
 
-        raise ConfigError(f"dp-sgd params.accountant={accountant!r}; valid: {list(ACCOUNTANTS)}")
+    check_params({"delta": delta, "max_grad_norm": 1.0, "accountant": accountant})
+    if isinstance(sample_rate, bool) or not 0 < float(sample_rate) <= 1:
+        raise ConfigError(f"dp-sgd sample rate q={sample_rate!r}: expected in (0, 1] (batch size / client samples)")
+    if noise_multiplier < 0:
+        raise ConfigError(f"dp-sgd noise multiplier z={noise_multiplier!r}: expected >= 0")
     if noise_multiplier <= 0 or steps <= 0:
         return math.inf if steps > 0 else 0.0
     try:
@@ -42,7 +63,16 @@ def epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: floa
 
     acc = create_accountant(accountant)
     acc.history = [(float(noise_multiplier), float(min(sample_rate, 1.0)), int(steps))]
-    return float(acc.get_epsilon(delta=float(delta)))
+    try:
+        eps = float(acc.get_epsilon(delta=float(delta)))
+    except (ArithmeticError, RuntimeError, ValueError) as exc:
+        raise ConfigError(f"dp-sgd: Opacus' {accountant} accountant cannot compute ε for z={noise_multiplier}, "
+                          f"q={sample_rate}, steps={steps}, delta={delta} ({type(exc).__name__}: {exc}); try "
+                          "accountant: rdp or a smaller delta") from None
+    if math.isnan(eps):
+        raise ConfigError(f"dp-sgd: Opacus' {accountant} accountant gave ε = NaN for z={noise_multiplier}, "
+                          f"q={sample_rate}, steps={steps}, delta={delta}")
+    return max(eps, 0.0)
 
 
 def _account(spec: Spec, steps: int, sample_rate: float) -> dict[str, Any]:
@@ -53,7 +83,7 @@ def _account(spec: Spec, steps: int, sample_rate: float) -> dict[str, Any]:
 
 @register_defence("dp-sgd", "per-example", "per-example clipping to max_grad_norm and N(0, z²C²) on every local "
                   "step (Opacus accountant: ε at delta)", "z, the noise multiplier", account=_account,
-                  max_grad_norm=1.0, delta=1e-5, accountant="rdp")
+                  check=check_params, max_grad_norm=1.0, delta=1e-5, accountant="rdp")
 def dp_sgd(per_sample: dict[str, Any], spec: Spec, ctx: Context) -> dict[str, Any]:
     import torch
 
