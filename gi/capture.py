@@ -183,7 +183,8 @@ class Capture:
 
     Trust (never saved): a ``factory`` model spec is rebuilt only by ``factory`` (a callable this process holds or
     an import string the user gave: captures made in-process from a module keep its builder,
-    :func:`gi.world.models.builder_of`), a factory registered in the user's code (:func:`gi.world.models.register_factory`),
+    :func:`gi.world.models.builder_of`), a factory registered in the user's code
+    (:func:`gi.models.register_factory`),
     or, with ``trust_factory=True``, the import string the file names (that runs code the file names: only for
     files from a trusted source). Every stage reads the model through :meth:`model` / :meth:`architecture`, so
     the trust set when loading (:meth:`load`) holds for all of them.
@@ -237,7 +238,8 @@ class Capture:
         return int(n)
 
     def architecture(self) -> torch.nn.Module:
-        """The model's architecture rebuilt from its spec by its provider (:func:`gi.world.models.from_spec`), under this
+        """The model's architecture rebuilt from its spec by its provider (:func:`gi.world.models.from_spec`), under
+        this
         capture's trust (``factory``, ``trust_factory``; class docstring); the weights are not loaded. Callers
         that need only the structure build it under ``torch.device("meta")``."""
         from gi.world.models import from_spec, provider_of
@@ -411,7 +413,7 @@ class Capture:
         """Read a capture written by :meth:`save`; nothing in the file is unpickled, imported or called. Its model
         spec is checked (a zoo spec against the zoo's schema, :func:`gi.world.models.check_spec`). A ``factory`` spec
         rebuilds only with ``factory`` (your callable, or an import string you give), a factory registered in
-        your code (:func:`gi.world.models.register_factory`), or ``trust_factory=True``, which imports and calls the
+        your code (:func:`gi.models.register_factory`), or ``trust_factory=True``, which imports and calls the
         factory the file names with the file's arguments: arbitrary code, only for files you trust."""
         from gi.world.models import check_spec
 
@@ -474,7 +476,7 @@ class Capture:
         shared = _checked_message(model, gradients, "gradients")
         spec, name = describe_model(model, last_layer, in_shape)
         n = _positive(num_samples)
-        return cls(model_spec=spec, model_state=_state_of(model), protocol=protocol, gradients=shared,
+        return cls(model_spec=spec, model_state=state_of(model), protocol=protocol, gradients=shared,
                    meta={"num_samples": n}, last_layer_name=name, factory=builder_of(model)).check()
 
     @classmethod

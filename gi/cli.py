@@ -149,7 +149,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str, bool | str]]
     "run": (_cmd_run, "end-to-end reconstruction: data, victim, labels, images, scores", True),
     "attack": (_cmd_attack, "the label-first attack (labels, features, images) on a saved capture; scored with "
                "truth=FILE. A capture of your own model is rebuilt only by model=pkg.mod:fn (your factory), a "
-               "factory registered in your code (gi.world.models.register_factory), or trust_factory=true, which imports "
+               "factory registered in your code (gi.models.register_factory), or trust_factory=true, which imports "
                "and runs the code the file names: only for files from a trusted source", "capture"),
     "labels": (_cmd_labels, "label-recovery benchmark: a table (CSV/Markdown/JSON) and a plot", True),
     "ablate": (_cmd_ablate, "label-knowledge ablation: the same captures under every label mode and α/β variant", True),

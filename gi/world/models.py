@@ -506,7 +506,7 @@ def untrusted_factory_message(path: Any) -> str:
     return (f"the capture's model is built by the factory {path!r}, named in the file; a capture's file is never "
             "trusted to name code to import or run. To rebuild it, pass your own factory (gi attack CAPTURE "
             "model=pkg.mod:fn; Capture.load(path, factory=fn)), register it in your code "
-            f"(gi.world.models.register_factory({path!r}, fn)), or trust this file (gi attack CAPTURE trust_factory=true; "
+            f"(gi.models.register_factory({path!r}, fn)), or trust this file (gi attack CAPTURE trust_factory=true; "
             "Capture.load(path, trust_factory=True): imports and calls whatever the file names, with its arguments)")
 
 
