@@ -1,1 +1,1 @@
-"""Runnable examples (README "Use your own model, data and captures"); each is also run small by the tests."""
+"""Runnable examples (docs/usage.md "Your own model, data and captures"); each is also run small by the tests."""

@@ -1,4 +1,4 @@
-"""``auto``: the label stage picks its method from the capture (issue 12, point 1).
+"""``auto``: the label stage picks its method from the capture.
 
 The picker is a table of rules (:data:`RULES`), tried in order; the first whose condition holds names the method,
 its options and the reason. It reads only what the server sees (the capture's protocol and batch size) and

@@ -60,7 +60,7 @@ def register_batch(name: str) -> Callable[[BatchMethod], BatchMethod]:
 
 
 def describe() -> dict[str, str]:
-    """One line per registered method (for ``gi labels --help`` and the README)."""
+    """One line per registered method (for ``gi labels --help`` and docs/usage.md)."""
     return dict(sorted(_DOCS.items()))
 
 

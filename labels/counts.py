@@ -1,4 +1,4 @@
-"""Real-valued class estimates → non-negative integer counts that sum to B (issue 4 §3).
+"""Real-valued class estimates → non-negative integer counts that sum to B.
 
 Every count-based label method ends here, so rounding is done once and done right: the estimate is
 clipped at zero, scaled onto the simplex ``{n ≥ 0, Σn = B}``, and rounded by the largest-remainder

@@ -37,7 +37,7 @@ Switches for the paper's ablations and for realistic partitions:
   alone (``g_k`` = the aux data's per-class gradient at θᵗ, no calibrator, so ``η_k`` is proportional to the
   class's sample count: ``ΔW/α ≈ Σ_k (visits of class k)·g_k``) attributes at least ``min_count`` samples to
   c, ``n̂_c = η_c / Σ_k η_k · N`` with N the client's distinct samples. Measured on Dirichlet splits of
-  Fashion-MNIST (README, "Paper tables") it fails: the coefficients of truly absent classes move by 10–55 samples
+  Fashion-MNIST (docs/results/paper-tables.md) it fails: the coefficients of truly absent classes move by 10–55 samples
   with the client's drift from θᵗ, so it re-admits them and recall falls to 0–0.06. It is exact only with exact
   bases (one full-batch step, the client's own samples as aux) and is kept to reproduce that measurement.
 """

@@ -8,8 +8,9 @@ the model without our ``Normalize`` layer, the CIFAR mean/std in its metadata, i
 TV 5e-4 by default: its CIFAR notebook's value).
 
 This script measures the cost of a step only. Time to a PSNR level (which recipe gets there first) is
-``gi bench configs/bench/ttq-lenet.yaml`` (and ``ttq-resnet18.yaml``, ``ttq-batch8.yaml``): README, "Time to
-quality vs breaching". breaching is not a dependency of this project: install its wheel (and hydra-core) into a
+``gi bench configs/bench/ttq-lenet.yaml`` (and ``ttq-resnet18.yaml``, ``ttq-batch8.yaml``):
+docs/results/time-to-quality.md. breaching is not a dependency of this project: install its wheel (and hydra-core) into
+a
 separate folder and put it on PYTHONPATH, e.g.
 
     pip download --no-deps breaching==0.1.2 -d /tmp/w && pip install --no-deps --target /tmp/br /tmp/w/*.whl

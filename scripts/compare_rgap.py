@@ -7,7 +7,7 @@ the order of the two alternating per image. Ours: labels ``auto`` (the soft-labe
 it: its own ``torch.nn.Sequential`` cnn6 carrying our weights, the normalised-space candidate mapped back with
 the dataset mean / std, the true labels given. PSNR in pixel space against the image; CPU seconds of the attack,
 both on one thread (torch's and the BLAS threads of scipy / numpy limited to 1).
-README "Time to quality vs breaching" reports it:
+docs/results/time-to-quality.md reports it:
 
     PYTHONPATH=$PWD:/tmp/br python scripts/compare_rgap.py [images=0,1,...,9] [seed=0]
 """

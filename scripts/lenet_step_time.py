@@ -1,4 +1,4 @@
-"""Milliseconds per L-BFGS step of the default job on ONE capture (README "Time to quality vs breaching", issue 12):
+"""Milliseconds per L-BFGS step of the default job on ONE capture (docs/results/time-to-quality.md, issue 12):
 the label and feature stages' CPU seconds, then the reconstruction's steady state (one start, memory full) split
 into the objective with its backward pass and the optimiser step, for several L-BFGS variants, alternating rounds in
 one process on one thread (process CPU time, so other jobs on a shared machine disturb it little).

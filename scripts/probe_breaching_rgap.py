@@ -1,9 +1,9 @@
 """Does breaching 0.1.2's own R-GAP (``attack=rgap``, its ``RecursiveAttacker``) run on the DLG LeNet of
 configs/default.yaml (image 0 of cifar10-samples, model seed 0)?
 
-README "Time to quality vs breaching": it stops at once with an ``UnboundLocalError``: its recursion computes a
+docs/results/time-to-quality.md: it stops at once with an ``UnboundLocalError``: its recursion computes a
 layer's pre-activation only after a LeakyReLU or Identity (the sigmoid of the DLG LeNet leaves it unset), and it
-reads bias-free gradients. Run with breaching on the path (install: README):
+reads bias-free gradients. Run with breaching on the path (install: docs/usage.md):
 
     PYTHONPATH=$PWD:/tmp/br python scripts/probe_breaching_rgap.py
 """

@@ -1,4 +1,4 @@
-"""Probe of the captured output error on ResNet-18 (README "Time to quality vs breaching", ResNet-18): one capture
+"""Probe of the captured output error on ResNet-18 (docs/results/time-to-quality-resnet18.md): one capture
 of ``configs/bench/ttq-resnet18.yaml``'s job, the dummy gradients simulated with the protocol's cross-entropy of the
 recovered soft labels (``ce``) or with the captured ∂L/∂z = ∇b frozen (``delta``,
 ``gi.world.losses.output_error_loss``),

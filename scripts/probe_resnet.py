@@ -1,4 +1,4 @@
-"""Probes behind the ``resnet`` attack preset (gi/attack/recon/presets.py; README "Time to quality vs breaching",
+"""Probes behind the ``resnet`` attack preset (gi/attack/recon/presets.py; docs/results/time-to-quality.md,
 ResNet-18): one ResNet-18 capture of ``configs/bench/ttq-resnet18.yaml``'s job, a shared *prefix* of signed-Adam
 steps at a constant lr, then *branches* that continue from the same state (a lr decay, L-BFGS, another TV
 weight), so a schedule's tail is compared without re-running its head. PSNR of the best iterate by the attack

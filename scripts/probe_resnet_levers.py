@@ -1,4 +1,4 @@
-"""Probes of the levers of issue 12's ResNet-18 line (README "Time to quality vs breaching", ResNet-18, "Levers
+"""Probes of the levers of issue 12's ResNet-18 line (docs/results/time-to-quality-resnet18.md, "Levers
 tried"): on one capture of ``configs/bench/ttq-resnet18.yaml``'s job, signed Adam on the ``resnet`` preset's
 objective with some of it changed, PSNR of the best iterate by the attack objective against CPU seconds of the
 process (labels and features included, scoring excluded), every 10 iterations, one thread, until ``BUDGET`` CPU

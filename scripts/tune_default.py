@@ -1,4 +1,4 @@
-"""Tune the default attack recipe (README "Default job") on the captures of a run config (default:
+"""Tune the default attack recipe (docs/results/default-job.md) on the captures of a run config (default:
 ``configs/default.yaml``, the 20 cifar10-samples, each its own capture), run through the pipeline's own attack
 stages (labels auto -> features -> reconstruct, one batched problem) with the given attack keys over the preset.
 Prints, per seed, PSNR mean / median (torch's: the lower middle value) / min, CPU and wall seconds per image, and

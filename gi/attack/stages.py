@@ -368,7 +368,7 @@ def can_pack(a: PreparedAttack, b: PreparedAttack) -> bool:
 
 def reconstruct_prepared(prepared: Sequence[PreparedAttack], callbacks: Sequence[Any] = ()) -> list[AttackResult]:
     """The reconstruct stage of several prepared attacks that :func:`can_pack` together (several jobs' captures
-    as one packed problem, issue 15), split back into one :class:`AttackResult` each. The reconstruct record
+    as one packed problem), split back into one :class:`AttackResult` each. The reconstruct record
     is the packed problem's, with ``packed_jobs``."""
     first = prepared[0]
     if any(not can_pack(first, p) for p in prepared[1:]):

@@ -1,4 +1,4 @@
-"""YAML configs mapped onto dataclasses, strictly and typed (docs/architecture.md, "Conventions"; issue 14).
+"""YAML configs mapped onto dataclasses, strictly and typed (docs/architecture.md, "Conventions").
 
 * Loading (:func:`load_yaml`): UTF-8 only; YAML 1.2 floats (``1e-3`` is a float, PyYAML's YAML 1.1 would read a
   string); aliases may expand to at most :data:`MAX_NODES` nodes (a 481-byte file must not become a 20 MB

@@ -1,4 +1,4 @@
-"""The attack side of ``gi run`` and all of ``gi attack``: labels → features → reconstruction (issue 12).
+"""The attack side of ``gi run`` and all of ``gi attack``: labels → features → reconstruction.
 
 docs/architecture.md, "Data flow": the stage functions here read captures (and aux data), never truth; the oracle
 label mode alone reads truth, by request. ``gi run`` (:mod:`gi.experiments.run`) makes captures from real

@@ -8,7 +8,7 @@ fresh process, so the peak resident memory (``ru_maxrss``) belongs to it alone: 
 peak, ``attack_rss_mb`` what the reconstruction added to the peak after the model and capture were set up; on a
 GPU ``peak_cuda_mb`` is ``torch.cuda.max_memory_allocated``.
 
-``packed.captures`` > 0 adds the throughput entry of issue 15: that many captures of one model (one real image
+``packed.captures`` > 0 adds the packed-throughput entry: that many captures of one model (one real image
 each, FedSGD, oracle labels) reconstructed as one problem (:func:`gi.attack.recon.reconstruct_many`) and one by one
 (:func:`gi.reconstruct`), alternated ``packed.rounds`` times in one process. It reports the wall time of each
 (Trainer set-up included: it is part of what a user waits for), the images per second, the speed-up,

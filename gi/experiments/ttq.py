@@ -1,4 +1,4 @@
-"""``gi bench`` kind ``time-to-quality`` (issue 12, point 5): PSNR against seconds, this toolkit's default job vs
+"""``gi bench`` kind ``time-to-quality``: PSNR against seconds, this toolkit's default job vs
 breaching (Geiping et al.) wired the way its authors wire it.
 
 For every capture of a ``gi run`` job (``job``: a ``gi run`` config such as ``configs/default.yaml``, plus

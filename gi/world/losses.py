@@ -1,4 +1,4 @@
-"""Client losses, in one place (issue 2 §4).
+"""Client losses, in one place.
 
 Every loss takes logits ``(B, C)`` and targets that are either class ids ``(B,)`` or soft labels
 ``(B, C)`` (rows on the simplex), and reduces by the mean over the batch, which is the FedSGD
@@ -89,7 +89,7 @@ def output_error_loss(logits: Tensor, output_error: Tensor) -> Tensor:
     sample with a last-layer bias, ``z = W f + b`` gives ``∂L/∂b = ∂L/∂z``, so δ is the shared bias gradient
     (iDLG's observation, Zhao et al. 2020, read as a vector instead of a sign). Matching with δ frozen takes the
     softmax out of the attack objective: for a ReLU net the dummy gradient is then piecewise affine in the image
-    (README, "ResNet-18, one image": "The captured output error").
+    (docs/results/time-to-quality-resnet18.md: "The captured output error").
     """
     return (logits * output_error).sum(1).mean()
 

@@ -1,4 +1,4 @@
-"""The victim setup: one typed schema of who is attacked and how (issue 11), and the one place that builds it.
+"""The victim setup: one typed schema of who is attacked and how, and the one place that builds it.
 
 Schema (dataclasses loaded through :func:`gi.core.config.from_dict`: every value type-checked, unknown keys
 refused):

@@ -15,10 +15,10 @@
 #    RESNET_ITS iterations, TRIALS batches; NOBN=0 skips the BN-off run); acceptance (CPU line, measured here for
 #    want of CPU time): recovered within 0.5 dB of the oracle and >= 3 dB above joint. RESNET_OVERRIDES adds
 #    `gi ablate` overrides to both runs, e.g. RESNET_OVERRIDES="attack.lr=0.025 attack.regularizers.tv=4e-3"
-#    (space-separated, none with spaces): the recipe is the open question there (README, "Realistic networks").
+#    (space-separated, none with spaces): the recipe is the open question there (docs/results/realistic-networks.md).
 # STEPS picks the steps (default 123, plus 4 with RESNET=1; e.g. STEPS=4 for the ResNet ablation alone, a second
 # call on the warm machine). Every step runs even when an earlier one fails; the exit code counts failures. Record
-# the card's name (printed first) with the numbers in README.md "Throughput / GPU".
+# the card's name (printed first) with the numbers in docs/results/throughput-gpu.md.
 set -u
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/gi-gpu}; mkdir -p "$out"; failed=0

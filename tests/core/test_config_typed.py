@@ -1,4 +1,4 @@
-"""Typed configuration (issue 14, item 1): every value is checked against its field's type hint at load time,
+"""Typed configuration: every value is checked against its field's type hint at load time,
 with one-line ConfigErrors that name the key, the value and the expected type; YAML 1.2 floats; dotted keys in
 grids; bounded aliases; value ranges; ``defaults:`` composition; every shipped config loads."""
 

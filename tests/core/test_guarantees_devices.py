@@ -1,4 +1,4 @@
-"""Devices and label metrics: a bad request is a one-line error before any work (issue 14)."""
+"""Devices and label metrics: a bad request is a one-line error before any work."""
 
 import subprocess
 import sys

@@ -1,4 +1,4 @@
-"""The command's process (issue 14): GI_THREADS means the same in the Python API as on the command line (torch's
+"""The command's process: GI_THREADS means the same in the Python API as on the command line (torch's
 CPU threads of the whole job, the reconstruction included), and `gi --help` / config errors answer without
 importing torch, Lightning, matplotlib or torchvision."""
 

@@ -1,4 +1,4 @@
-"""The label-first default job (issue 12): the label-method picker, the stages record, presets, several captures
+"""The label-first default job: the label-method picker, the stages record, presets, several captures
 per run, gi attack on a saved capture (the same labels and images as gi run), piped progress, warnings."""
 
 import csv

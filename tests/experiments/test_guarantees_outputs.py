@@ -1,5 +1,5 @@
 """Outputs never clobber each other: one writer per output directory, no-clobber publish, atomic overwrite,
-bad `out=` / `name=` rejected before any work, stale staging of dead processes removed (issue 14)."""
+bad `out=` / `name=` rejected before any work, stale staging of dead processes removed."""
 
 from __future__ import annotations
 

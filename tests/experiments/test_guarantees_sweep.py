@@ -1,5 +1,5 @@
 """Sweeps: a job is identified by its fully resolved config (other overrides re-run it), and every failed job,
-whatever it raised, is recorded and makes the sweep exit non-zero with a summary line (issue 14)."""
+whatever it raised, is recorded and makes the sweep exit non-zero with a summary line."""
 
 from __future__ import annotations
 

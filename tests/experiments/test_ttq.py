@@ -1,4 +1,4 @@
-"""gi bench kind time-to-quality (issue 12 point 5): crossing / ratio math exactly, the clock, our-side curve through
+"""gi bench kind time-to-quality: crossing / ratio math exactly, the clock, our-side curve through
 the default job's stage functions, breaching's wiring (model without Normalize), the missing-breaching error."""
 
 from __future__ import annotations

@@ -128,7 +128,7 @@ def test_dlg_lenet_on_real_images_is_inverted_from_its_labels():
         cap, x = _capture(model, ds.images[i:i + 1], int(ds.labels[i]))
         result = labels.recover(cap, "auto")
         inv = fcn_analytic.invert(cap, result)
-        assert float(psnr(inv.image, x)) > 90  # float precision (the README's default job: 95–112 dB)
+        assert float(psnr(inv.image, x)) > 90  # float precision (docs/results/default-job.md: 95–112 dB)
         assert [layer.name for layer in inv.layers] == ["fc", "body.4", "body.2", "body.0"]
         assert all(layer.route == "least-squares (cholesky)" for layer in inv.layers[1:])
         assert _worst(inv) < 1e-4

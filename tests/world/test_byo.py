@@ -1,4 +1,4 @@
-"""Bring your own model, data and captures (issue 13): any nn.Module classifier, its last layer, providers,
+"""Bring your own model, data and captures: any nn.Module classifier, its last layer, providers,
 captures from real training code, folder datasets, devices."""
 
 from __future__ import annotations
@@ -462,8 +462,9 @@ def test_capture_to_moves_every_tensor():
 
 @pytest.mark.slow  # 5 × 3000 iterations: ~1.5 min on an idle 2-core box, several under load
 def test_own_model_reconstruction_reaches_25_db_mean_over_5_images(tmp_path):
-    """Acceptance of issue 13: a LeNet-sized user CNN (BatchNorm, head.out) on PNG files written here, captures
-    saved and re-loaded, labels exact, mean PSNR >= 25 dB over 5 images (README: the measured numbers)."""
+    """A LeNet-sized user CNN (BatchNorm, head.out) on PNG files written here, captures
+    saved and re-loaded, labels exact, mean PSNR >= 25 dB over 5 images (docs/results/own-model.md: the measured
+    numbers)."""
     from examples.own_model_folder import main
 
     summary = main(["--images", "5", "--out", str(tmp_path)])  # the default preset, 5 captures packed

@@ -1,5 +1,5 @@
 """Flower (optional extra ``flower``): CapturingFedAvg records real Flower client updates as gi Captures, RLU reads
-them exactly (issue 13); the example runs small."""
+them exactly; the example runs small."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Oracle hygiene: the attacker's auxiliary set never contains the victim's samples (checked by pixel equality),
-in `gi run`, `gi ablate` and the label-benchmark scenarios that draw aux and victim from one split (issue 14)."""
+in `gi run`, `gi ablate` and the label-benchmark scenarios that draw aux and victim from one split."""
 
 from __future__ import annotations
 

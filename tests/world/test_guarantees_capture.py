@@ -1,4 +1,4 @@
-"""Every malformed capture file, header or spec is a CaptureError naming the field or tensor (issue 14)."""
+"""Every malformed capture file, header or spec is a CaptureError naming the field or tensor."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""One typed victim-setup schema (issue 11, item 3): gi run, gi ablate, gi sweep and the gi labels scenarios share
+"""One typed victim-setup schema: gi run, gi ablate, gi sweep and the gi labels scenarios share
 gi.world.setup's sections; derived settings are derived, never stored over a user's value; old spellings
 still load, with a notice, to the same settings."""
 

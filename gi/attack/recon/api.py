@@ -146,9 +146,10 @@ def reconstruct_many(
 
 RETRY_GROWTH = 4  # the k-th retry of a stalled capture runs restarts x 4**k new starts (culled as configured)
 # a retry culls its starts no earlier than RETRY_MIN_CULL and keeps RETRY_LBFGS_HISTORY L-BFGS pairs (unless
-# attack.lbfgs_history says otherwise): the recipe that rescued the plateau case at 2c34bdc (Fashion-MNIST seed 0
-# image 8, README "Default job": 93.0 dB), independent of the first fit's cull and memory. Since the one-row step
-# path (1ecb2b2) that image stays on the plateau with it too (objective 4.8; README); culled at 25 with 400 pairs
+# attack.lbfgs_history says otherwise): the recipe that rescued the plateau case (Fashion-MNIST seed 0
+# image 8, docs/results/default-job.md: 93.0 dB), independent of the first fit's cull and memory. Since the one-row step
+# path that image stays on the plateau with it too (objective 4.8; docs/results/default-job.md); culled at 25 with 400
+# pairs
 # (the one-capture memory of gi.attack.recon.optim.lbfgs_history) 9.2 dB, at 100 with 400 pairs objective 6.2
 RETRY_MIN_CULL = 100
 RETRY_LBFGS_HISTORY = 100
@@ -208,7 +209,7 @@ def pack_size(capture: Capture, cfg: ReconConfig, captures: int) -> int:
 def stalled(rec: Reconstruction, ratio: float) -> bool:
     """Whether a fit stalled: its best restart's final objective kept more than ``ratio`` of that restart's first
     logged objective (the start). On the DLG plateau the objective stays within ~10× of its start; a capture
-    whose gradients are matched ends many decades below it (README, "Default job")."""
+    whose gradients are matched ends many decades below it (docs/results/default-job.md)."""
     logged = rec.history.get("objective") or []
     if not logged:
         return False

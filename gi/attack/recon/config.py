@@ -64,7 +64,7 @@ class ReconConfig:
     (gradient or forward) is below it; other captures are optimised from that image (0: always optimise), or
     from ``init`` when the residual is 0.3 or more (``gi.attack.stages.INIT_MAX_RESIDUAL``: rank-deficient).
     Default 1e-2: a clean capture inverts to ~1e-7 (fully connected) or 3e-6–8e-6 (the DLG LeNet, 95–112 dB on
-    the cifar10-samples, README "Default job"); Gaussian noise of 1e-4 / 1e-3 of each gradient's std gives ~2e-3
+    the cifar10-samples, docs/results/default-job.md); Gaussian noise of 1e-4 / 1e-3 of each gradient's std gives ~2e-3
     (50–56 dB) / ~2e-2 (27–36 dB), so captures above 1e-2 are worse than ~40 dB and are optimised.
     ``analytic``: false leaves ``fcn_analytic.invert`` out of ``gi run`` / ``gi attack`` altogether (no
     inversion, the optimisation alone from ``init``: the ablation of the analytic stage).
@@ -73,7 +73,8 @@ class ReconConfig:
     threads). ``bn_stats``: where the ``bn`` regulariser's targets come from (``shared``: batch statistics in
     ``capture.history`` when the threat model grants them, ``running``: the model's running statistics,
     DeepInversion's choice). ``compile``: ``torch.compile`` the vectorised (``vmap``) objective: 1.6× faster
-    steps for 20 packed LeNet captures on a CPU, after a first call that compiles for minutes (README,
+    steps for 20 packed LeNet captures on a CPU, after a first call that compiles for minutes
+    (docs/results/throughput-gpu.md,
     "Throughput"); off by default. ``true`` is torch's ``default`` mode; a string names the mode
     (:data:`COMPILE_MODES`: ``reduce-overhead`` replays CUDA graphs of the step on a GPU).
     ``pack``: captures per packed problem in :func:`gi.attack.recon.reconstruct_many`

@@ -36,14 +36,15 @@ Tensor = torch.Tensor
 # concatenation and three dot products replace some ten ops per layer. Aten ops per step counted with
 # torch.profiler (scripts/step_ops.py), one CPU thread: ResNet-18 (62 layers, 11M entries), one restart, 11 523
 # per layer against 4 576 concatenated (breaching 6 616), but 418 against 554 ms (the 44 MB copy costs more than
-# the launches it saves); on an H200, 55.8 against 34.2 ms (README "Throughput / GPU"). 20 packed DLG LeNet
+# the launches it saves); on an H200, 55.8 against 34.2 ms (docs/results/throughput-gpu.md). 20 packed DLG LeNet
 # captures under vmap: 2 052 against 1 122 ops, but on the CPU 33.2 against 31.0 ms (within noise) and the packed
 # iterates then drift from the one-at-a-time ones (signed Adam flips the sign of near-zero gradient entries: 0.09
 # mean absolute pixel difference after 30 steps, against < 1e-6 per layer), so a CPU keeps vmap per layer.
 FLAT_MAX = 4_000_000
 # convolution multiply-adds per objective call up to which a CPU step uses PyTorch's native convolutions instead of
-# oneDNN (mkldnn), whose per-call overhead outweighs its kernels on tiny convolutions. Measured (README "Time to
-# quality vs breaching", scripts/lenet_step_time.py, one thread): the DLG LeNet (0.7M MACs per 32 px image) with 1
+# oneDNN (mkldnn), whose per-call overhead outweighs its kernels on tiny convolutions. Measured
+# (docs/results/time-to-quality.md, scripts/lenet_step_time.py, one thread): the DLG LeNet (0.7M MACs per 32 px image)
+# with 1
 # image per call 5.7-8.6 ms native vs 9.5-11.2 ms oneDNN per objective + backward, 4 images 14.8-17.4 vs 16.5-21.1,
 # 5 images about even, 20 images 58-67 vs 38-56; ResNet-18 (0.56G MACs per image) 1.0-1.3 s native vs 0.37-0.43 s.
 NATIVE_CONV_MACS = 4_000_000
@@ -368,7 +369,7 @@ class GradientInversion(L.LightningModule):
         # Lightning puts modules in train mode; the victim model keeps the protocol's mode
         self.net.train(self.problem.protocol.model_mode == "train")
         # the raw torch optimisers and schedulers: Lightning's wrappers cost a profiler-visible share of a small
-        # net's step (issue 15) and add nothing here (full precision, one process per problem set)
+        # net's step and add nothing here (full precision, one process per problem set)
         opts, scheds = self.optimizers(use_pl_optimizer=False), self.lr_schedulers()
         self.raw_optimizers = opts if isinstance(opts, list) else [opts]
         self.raw_schedulers = scheds if isinstance(scheds, list) else [scheds]

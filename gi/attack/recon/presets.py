@@ -7,7 +7,8 @@ one). ``auto`` is not a recipe of its own: it names the preset registered for th
 (:data:`MODEL_PRESETS`, :func:`register_model_preset`; ``resnet`` for the ResNets) and ``default`` for every other
 model; the config records the preset it resolved to.
 
-``default``: the recipe chosen by measurement on ``cifar10-samples`` and ``fashion-mnist`` only (README,
+``default``: the recipe chosen by measurement on ``cifar10-samples`` and ``fashion-mnist`` only
+(docs/results/default-job.md,
 "Default job"): per-problem L-BFGS (lr 1, no line search) on the L2 gradient distance with a small TV prior,
 4 starts culled after 25 iterations to the one with the lowest attack objective. ``fast``: one start, fewer
 iterations. ``strong``: more restarts and iterations (not tuned). ``ig``: Inverting Gradients (Geiping et al.
@@ -48,7 +49,7 @@ def register_model_preset(model: str, name: str) -> None:
 LBFGS = {"optimizer": "lbfgs", "lr": 1.0, "schedule": "constant", "objective": "l2", "signed": False,
          "init": "uniform", "labels": "fixed"}
 
-# Measured on the 20 cifar10-samples, DLG LeNet, one image per capture, seeds 0 and 1 (README "Default job",
+# Measured on the 20 cifar10-samples, DLG LeNet, one image per capture, seeds 0 and 1 (docs/results/default-job.md,
 # scripts/tune_default.py): one restart of 2000 iterations failed where L-BFGS (no line search) sat on a plateau
 # (objective ~2e2, oscillating) for hundreds of iterations: 3 of 6 starts of image 12 (seed 0) did, the others
 # fell 10x in 50 iterations. So: 4 starts, culled after 100 iterations to the one with the lowest objective
@@ -56,16 +57,17 @@ LBFGS = {"optimizer": "lbfgs", "lr": 1.0, "schedule": "constant", "objective": "
 # 2600 iterations lift the slowest converging images (PSNR still rising at 2000). Pooled over both seeds:
 # 1 start x 2000: 36.7 / 34.6 / 11.5 dB (mean / median / min); 2 starts culled at 200, 2600: 41.2 / 39.6 /
 # 12.7 dB; 4 starts culled at 100, 2600: 42.2 / 39.7 / 27.2 dB, 8.3-9.2 CPU s per image at load ~10.
-# retries 1 (restart on a stall, README "Default job"): Fashion-MNIST seed 0, image 8 had all 4 starts on the
+# retries 1 (restart on a stall, docs/results/default-job.md): Fashion-MNIST seed 0, image 8 had all 4 starts on the
 # plateau (kept 0.17 of its start; recovered images keep < 1e-6); one retry from 16 starts culled at 100 recovers
 # it (min 6.64 -> 93.02 dB over the 10 images); a capture that does not stall costs nothing extra.
-# cull_after 25 (was 100; branch s8-lenet, issue 12 time to 30 dB): the packed default job, seeds 0 and 1, kept
+# cull_after 25 (was 100; chosen on time to 30 dB): the packed default job, seeds 0 and 1, kept
 # its distribution (45.47 / 43.52 / 27.63 and 38.99 / 37.08 / 27.52 dB against 45.55 / 44.73 / 27.63 and
 # 38.89 / 37.20 / 27.52), and one capture's 4-row phase (~32 ms per step against ~11 ms for one row) shrinks from
 # 100 steps to 25: image 0 alone reaches 30 dB in 500 iterations either way (scripts/ttq_probe.py). One capture
 # alone also gets 400 L-BFGS pairs (gi.attack.recon.optim.lbfgs_history): 500 instead of 725 iterations to 30 dB there.
 # Fashion-MNIST seed 0: unchanged for nine images; image 8 stalls as before, and its retry (culled at 100, 100
-# pairs, gi.attack.recon.api.RETRY_*) no longer rescues it, on a6b8222's code either (README "Default job").
+# pairs, gi.attack.recon.api.RETRY_*) no longer rescues it, on the earlier step code either
+# (docs/results/default-job.md).
 register_preset("default", {**LBFGS, "iterations": 2600, "restarts": 4, "cull_after": 25, "retries": 1,
                             "regularizers": {"tv": 1.0e-4}, "feature_weight": 1.0, "last_layer_weight": 1.0})
 register_preset("fast", {**LBFGS, "iterations": 300, "restarts": 1, "regularizers": {"tv": 1.0e-4},
@@ -76,7 +78,7 @@ register_preset("ig", {"optimizer": "adam", "lr": 0.1, "signed": True, "schedule
                        "objective": "cosine", "iterations": 4800, "restarts": 1, "regularizers": {"tv": 1.0e-4},
                        "init": "uniform", "feature_weight": 0.0, "last_layer_weight": 1.0})
 
-# ResNets (README "Time to quality vs breaching", ResNet-18): measured on cifar10-samples only (image 0 for the
+# ResNets (docs/results/time-to-quality-resnet18.md): measured on cifar10-samples only (image 0 for the
 # choices, scripts/probe_resnet.py), untrained CIFAR-stem ResNet-18, one image, one CPU thread (~0.4 s per iteration
 # for either optimiser). The default's L-BFGS climbs slowly there (18.3 dB after 150 CPU-s with one start; its 4
 # starts spend 100 iterations x 4 = a third of a 5-minute budget), L-BFGS on the cosine distance slower (15.8 dB).
@@ -85,8 +87,10 @@ register_preset("ig", {"optimizer": "adam", "lr": 0.1, "signed": True, "schedule
 # iterations and then stalls; decaying x0.1 there (multistep over 1067 iterations: 400, 667) gives 33.5 dB at
 # 288 s. L-BFGS from the same state instead: 32.6 dB. The features term (beta = 1) slowed the climb (24.5 vs
 # 26.3 dB at 480 iterations), so beta = 0 (f* is still computed and recorded). Its time-to-quality against
-# breaching, whose schedule fitted alike makes it the same attack: README, ResNet-18 paragraph. Tried against it
-# and worse (README "Levers tried", scripts/probe_resnet_levers.py): a feature-inversion warm start (the untrained
+# breaching, whose schedule fitted alike makes it the same attack: docs/results/time-to-quality-resnet18.md. Tried
+# against it
+# and worse (docs/results/time-to-quality-resnet18.md, "Levers tried", scripts/probe_resnet_levers.py): a
+# feature-inversion warm start (the untrained
 # net's f* does not pin the image: 12.7 dB), matching fewer layers (1.8x cheaper steps, 13 dB), lr 0.01 / 0.05 /
 # 0.1, a grey start, the layer-wise cosine, the first decay at 300 instead of 400 (30.9 vs 33.1 dB at 300 s).
 # What did help: the captured output error (output_error auto: the dummy gradients use the capture's dL/dz = the
@@ -95,11 +99,13 @@ register_preset("ig", {"optimizer": "adam", "lr": 0.1, "signed": True, "schedule
 # vs 24.03 dB); images 2 and 3 ~27.2 and ~25.3 dB at 260 s against 24.3 and 24.6 dB for the simulated error.
 # In the bench over cifar10-samples 0-9 (same start per image): simulated 24.94 / 25.56 / 13.74 dB (mean / median /
 # min), captured 28.87 / 28.85 / 23.24 dB; the simulated error stalls at 14-19 dB on 3 images, the captured on
-# none at seed 0 (at seed 1 it stalls on 2 of 10, near 18 dB). Against breaching: README, ResNet-18 paragraph.
-# The first decay at 533 instead of 400 under the captured error: not better (images 1 and 5, README).
+# none at seed 0 (at seed 1 it stalls on 2 of 10, near 18 dB). Against breaching:
+# docs/results/time-to-quality-resnet18.md.
+# The first decay at 533 instead of 400 under the captured error: not better (images 1 and 5,
+# docs/results/time-to-quality-resnet18.md).
 # TV 4e-3 instead of 2e-3 (2e-3 was tuned under the simulated error): ours alone, seed 0, cifar10-samples 0-9,
 # 28.87 / 28.84 / 23.24 -> 29.52 / 29.10 / 25.10 dB (better on 7 of 10); against breaching side by side, the gain
-# at seed 1 went from +1.55 / +1.46 / -6.75 to +3.13 / +1.99 / -0.28 dB (README, ResNet-18 paragraph). Two
+# at seed 1 went from +1.55 / +1.46 / -6.75 to +3.13 / +1.99 / -0.28 dB (docs/results/time-to-quality-resnet18.md). Two
 # restarts culled at iteration 100 did not lift the two seed-1 images that stall (1 and 6: 18.02, 25.49 dB).
 register_preset("resnet", {"optimizer": "adam", "lr": 0.025, "signed": True, "schedule": "multistep",
                            "objective": "cosine", "iterations": 1067, "restarts": 1, "cull_after": 0,

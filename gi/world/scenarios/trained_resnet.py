@@ -1,4 +1,4 @@
-"""A trained ResNet-18 with BatchNorm as the victim (issue 15): label-first counts on realistic batches.
+"""A trained ResNet-18 with BatchNorm as the victim: label-first counts on realistic batches.
 
 torchvision's ResNet-18 (CIFAR stem, BatchNorm after every convolution) trained by the project on Fashion-MNIST
 resized to 32×32 (:class:`TrainedResNetSetup`'s defaults: 3000 training images, 2 epochs of SGD, a few minutes on

@@ -1,4 +1,4 @@
-"""The client-side defence registry: one :class:`Defence` per name in :data:`DEFENCES` (issue 16).
+"""The client-side defence registry: one :class:`Defence` per name in :data:`DEFENCES`.
 
 A protocol lists its defences in order (``Protocol.defences``: ``{name, strength, params}`` entries; the legacy
 ``dp_clip`` / ``dp_sigma`` / ``dp_scale`` fields map onto ``clip``, ``gaussian`` and ``gaussian-step`` first). Each
