@@ -620,6 +620,31 @@ def _result(kind: str, s: _Sample, lam: float, loss: float, stage: str, yhat: Te
                                    features=None if features is None else features.view(1, -1), info=info)
 
 
+def _search_options(pso: dict[str, Any] | None, lbfgs: dict[str, Any] | None, bound: float
+                    ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The swarm's and L-BFGS's options over their defaults; unknown keys and a bound ≤ 1 are ConfigErrors."""
+    for name, given, valid in (("pso", pso, PSO_DEFAULTS), ("lbfgs", lbfgs, LBFGS_DEFAULTS)):
+        unknown = sorted(set(given or {}) - set(valid))
+        if unknown:
+            raise ConfigError(f"unknown soft-lambda {name} option(s) {unknown}; valid: {sorted(valid)}")
+    if bound <= 1:
+        raise ConfigError(f"soft-lambda bound must be > 1 (|λ*| ≥ τ), got {bound}")
+    return {**PSO_DEFAULTS, **(pso or {})}, {**LBFGS_DEFAULTS, **(lbfgs or {})}
+
+
+def _rejection(lam: float, yhat: Tensor, out_of_bound: bool, ambiguous: bool, unconverged: bool, bound: float,
+               unconverged_reason: str) -> str | None:
+    """Why a searched λ is not accepted (appendix B.2–B.3), or None when it is."""
+    if not math.isfinite(lam) or not torch.isfinite(yhat).all():
+        return "no finite λ found"
+    if out_of_bound:
+        return f"λ reached the search bound |λ| = {bound}·τ (appendix B.2)"
+    if ambiguous:
+        return ("two different labels reach the threshold at ±λ and the feature sign cannot tell them apart "
+                "(appendix B.3)")
+    return unconverged_reason if unconverged else None
+
+
 def recover_soft_labels(captures: Sequence[Capture], aux: Any = None, kind: str | None = None, route: str = "auto",
                         stages: Sequence[str] = ("grid", "pso"), accept: str = "threshold",
                         threshold: float = THRESHOLD, bound: float = 1e6, grid_step: float = 0.002,
@@ -640,14 +665,7 @@ def recover_soft_labels(captures: Sequence[Capture], aux: Any = None, kind: str 
     """
     stages = [stages] if isinstance(stages, str) else list(stages)
     _check_options(kind, route, stages, accept, ratio)
-    pso_opts = {**PSO_DEFAULTS, **(pso or {})}
-    lbfgs_opts = {**LBFGS_DEFAULTS, **(lbfgs or {})}
-    for name, given, valid in (("pso", pso, PSO_DEFAULTS), ("lbfgs", lbfgs, LBFGS_DEFAULTS)):
-        unknown = sorted(set(given or {}) - set(valid))
-        if unknown:
-            raise ConfigError(f"unknown soft-lambda {name} option(s) {unknown}; valid: {sorted(valid)}")
-    if bound <= 1:
-        raise ConfigError(f"soft-lambda bound must be > 1 (|λ*| ≥ τ), got {bound}")
+    pso_opts, lbfgs_opts = _search_options(pso, lbfgs, bound)
     generator = torch.Generator().manual_seed(int(seed))
     results: list[LabelResult | None] = [None] * len(captures)
     groups: dict[tuple, list[int]] = {}
@@ -697,16 +715,10 @@ def recover_soft_labels(captures: Sequence[Capture], aux: Any = None, kind: str 
             yhat = pseudo_label(lam[j].view(1, 1), p).view(-1)
             converged = bool(losses[j] < threshold)
             out_of_bound = bool(abs(float(lam[j])) >= bound * samples[i].tau * (1 - 1e-9))
-            ok, reason = True, None
-            if not math.isfinite(float(lam[j])) or not torch.isfinite(yhat).all():
-                ok, reason = False, "no finite λ found"
-            elif out_of_bound:
-                ok, reason = False, f"λ reached the search bound |λ| = {bound}·τ (appendix B.2)"
-            elif bool(ambiguous[j]):
-                ok, reason = False, "two different labels reach the threshold at ±λ and the feature sign cannot " \
-                                    "tell them apart (appendix B.3)"
-            elif not converged and accept == "threshold" and how != "bias":
-                ok, reason = False, f"loss {float(losses[j]):.3g} ≥ threshold {threshold:g} after stages {stages}"
+            reason = _rejection(float(lam[j]), yhat, out_of_bound, bool(ambiguous[j]),
+                                not converged and accept == "threshold" and how != "bias", bound,
+                                f"loss {float(losses[j]):.3g} ≥ threshold {threshold:g} after stages {stages}")
+            ok = reason is None
             extra = {"route": how, "converged": converged, "out_of_bound": out_of_bound, "requested_kind": k}
             results[i] = _result(kk, samples[i], float(lam[j]), float(losses[j]), stage_names[j], yhat, ok, reason,
                                  extra)

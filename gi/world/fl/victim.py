@@ -274,6 +274,22 @@ def _accuracy(model: torch.nn.Module, images: Tensor, labels: Tensor, batch: int
     return correct / max(len(labels), 1)
 
 
+def _client_partition(labels: Tensor, num_clients: int, alpha: float | None, rng: torch.Generator | None,
+                      partition: Sequence[Tensor] | None, min_size: int | None) -> list[Tensor]:
+    """The clients' index tensors: ``partition`` as given, else a Dirichlet(``alpha``) split of ``labels``."""
+    if partition is None:
+        if alpha is None:
+            raise ConfigError("run_federation needs alpha (Dirichlet concentration) or an explicit partition")
+        from gi.world.fl.partition import dirichlet_partition
+
+        kwargs = {} if min_size is None else {"min_size": min_size}
+        partition = dirichlet_partition(labels, num_clients, alpha, rng, **kwargs)
+    out = [torch.as_tensor(p, dtype=torch.long) for p in partition]
+    if len(out) != num_clients:
+        raise ConfigError(f"partition has {len(out)} clients, num_clients={num_clients}")
+    return out
+
+
 def run_federation(
     model: torch.nn.Module,
     dataset: Any,
@@ -305,16 +321,7 @@ def run_federation(
     captures of one round share one ``model_state`` dict (θᵗ): treat it as read-only.
     """
     images, labels, num_classes = _as_arrays(dataset)
-    if partition is None:
-        if alpha is None:
-            raise ConfigError("run_federation needs alpha (Dirichlet concentration) or an explicit partition")
-        from gi.world.fl.partition import dirichlet_partition
-
-        kwargs = {} if min_size is None else {"min_size": min_size}
-        partition = dirichlet_partition(labels, num_clients, alpha, rng, **kwargs)
-    partition = [torch.as_tensor(p, dtype=torch.long) for p in partition]
-    if len(partition) != num_clients:
-        raise ConfigError(f"partition has {len(partition)} clients, num_clients={num_clients}")
+    partition = _client_partition(labels, num_clients, alpha, rng, partition, min_size)
     if keep_states not in ("captured", "all"):
         raise ConfigError(f"keep_states={keep_states!r}; valid: ['all', 'captured']")
     capture_rounds = set(int(r) for r in capture_rounds)
