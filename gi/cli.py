@@ -75,11 +75,11 @@ def _cmd_attack(args: argparse.Namespace) -> int:
 
 
 def _cmd_labels(args: argparse.Namespace) -> int:
-    from gi.experiments.labels import load_label_bench_config, run_bench
+    from gi.experiments.labels import load_label_bench_config, run_label_bench
 
     cfg = load_label_bench_config(args.config, args.overrides)
     _apply_threads()
-    out = run_bench(cfg)
+    out = run_label_bench(cfg)
     print(f"wrote {out}")
     return 0
 

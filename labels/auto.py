@@ -1,6 +1,6 @@
 """``auto``: the label stage picks its method from the capture.
 
-The picker is a table of rules (:data:`RULES`), tried in order; the first whose condition holds names the method,
+The picker is a table of rules (:data:`PICK_RULES`), tried in order; the first whose condition holds names the method,
 its options and the reason. It reads only what the server sees (the capture's protocol and batch size) and
 whether the attacker holds auxiliary samples:
 
@@ -39,7 +39,7 @@ class Rule:
     options: dict[str, Any] = field(default_factory=dict)
 
 
-RULES: list[Rule] = [
+PICK_RULES: list[Rule] = [
     Rule(lambda c, aux: c.is_update and aux is not None, "rlu",
          "a FedAvg-style update with aux data: RLU's least squares on the bias update"),
     Rule(lambda c, aux: c.is_update, "ilrg-update",
@@ -56,12 +56,12 @@ RULES: list[Rule] = [
 
 
 def candidates(capture: Capture, aux: Any = None) -> list[Rule]:
-    """The rules of :data:`RULES` whose condition holds for ``capture`` (and ``aux``), in order."""
-    return [rule for rule in RULES if rule.when(capture, aux)]
+    """The rules of :data:`PICK_RULES` whose condition holds for ``capture`` (and ``aux``), in order."""
+    return [rule for rule in PICK_RULES if rule.when(capture, aux)]
 
 
 def pick(capture: Capture, aux: Any = None) -> Rule:
-    """The first rule of :data:`RULES` whose condition holds for ``capture`` (and ``aux``)."""
+    """The first rule of :data:`PICK_RULES` whose condition holds for ``capture`` (and ``aux``)."""
     return candidates(capture, aux)[0]
 
 

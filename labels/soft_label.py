@@ -68,7 +68,7 @@ KINDS: dict[str, tuple[int, str]] = {"onehot": (1, "square"), "smoothing": (1, "
 PROTOCOL_KINDS = {"onehot": "onehot", "smoothing": "smoothing", "smoothing-alt": "smoothing", "mixup": "mixup"}
 AUTO_ORDER = ("onehot", "smoothing", "mixup")  # most to least restrictive
 LINKS = {"ce": "softmax", "bce": "sigmoid"}  # loss → output activation φ of eq. 4
-STAGES = ("grid", "pso", "lbfgs")
+SEARCH_STAGES = ("grid", "pso", "lbfgs")
 ROUTES = ("auto", "bias", "lambda")
 ACCEPTS = ("threshold", "lowest")
 RATIOS = ("projection", "column")
@@ -82,7 +82,7 @@ _TENSORS = ("u", "bias", "rho", "tau", "rho_neg", "target")
 
 
 @dataclass
-class Problem:
+class LambdaProblem:
     """The per-sample C-vectors of eq. 4, stacked: everything the λ search needs.
 
     ``u = W g_r`` (N, C); ``bias`` the model's last-layer bias or zeros (N, C); ``rho`` the ratios
@@ -102,16 +102,16 @@ class Problem:
     target: Tensor | None = None
     rho_neg: Tensor | None = None
 
-    def _map(self, fn) -> Problem:
+    def _map(self, fn) -> LambdaProblem:
         return replace(self, **{k: fn(getattr(self, k)) for k in _TENSORS if getattr(self, k) is not None})
 
-    def take(self, idx: Tensor) -> Problem:
+    def take(self, idx: Tensor) -> LambdaProblem:
         return self._map(lambda t: t[idx])
 
-    def to(self, dtype: torch.dtype) -> Problem:
+    def to(self, dtype: torch.dtype) -> LambdaProblem:
         return self._map(lambda t: t.to(dtype))
 
-    def with_kind(self, kind: str) -> Problem:
+    def with_kind(self, kind: str) -> LambdaProblem:
         exclude, form = KINDS[kind]
         return replace(self, exclude=exclude, form=form)
 
@@ -122,7 +122,7 @@ class Problem:
 
 # Internally candidates run along the last axis, (N, C, K): reductions over the C classes are then
 # strided over a contiguous K axis, several times faster than over a short last axis.
-def _yhat(lam: Tensor, prob: Problem, grad: bool = False) -> tuple[Tensor, Tensor | None]:
+def _yhat(lam: Tensor, prob: LambdaProblem, grad: bool = False) -> tuple[Tensor, Tensor | None]:
     """Eq. 4 for candidates ``lam`` (N, K): ``ŷ = φ((λu + b)/τ) − τρ/λ`` as (N, C, K), and dŷ/dλ if ``grad``."""
     lam3 = lam.unsqueeze(1)
     tau = prob.tau.unsqueeze(1)
@@ -142,7 +142,7 @@ def _yhat(lam: Tensor, prob: Problem, grad: bool = False) -> tuple[Tensor, Tenso
     return yhat, (dp + rho / lam3**2 if grad else None)
 
 
-def pseudo_label(lam: Tensor, prob: Problem) -> Tensor:
+def pseudo_label(lam: Tensor, prob: LambdaProblem) -> Tensor:
     """Eq. 4 for candidates ``lam`` (N, K): ``ŷ = φ((λu + b)/τ) − τρ/λ``, shape (N, K, C)."""
     return _yhat(lam, prob)[0].transpose(1, 2)
 
@@ -157,7 +157,7 @@ def _mask(yhat: Tensor, exclude: int) -> Tensor:
     return mask
 
 
-def _residual(yhat: Tensor, prob: Problem, dy: Tensor | None = None) -> tuple[Tensor, Tensor | None, Tensor]:
+def _residual(yhat: Tensor, prob: LambdaProblem, dy: Tensor | None = None) -> tuple[Tensor, Tensor | None, Tensor]:
     """Residuals (N, C, K) whose sum of squares over C, divided by ``count`` (N, 1, K), is the loss; and
     their λ-derivative when ``dy`` is given."""
     if prob.form == "target":
@@ -173,12 +173,12 @@ def _residual(yhat: Tensor, prob: Problem, dy: Tensor | None = None) -> tuple[Te
     return res, mask * (dy - (mask * dy).sum(1, keepdim=True) / count), count
 
 
-def _loss(yhat: Tensor, prob: Problem) -> Tensor:
+def _loss(yhat: Tensor, prob: LambdaProblem) -> Tensor:
     res, _, count = _residual(yhat, prob)
     return LOSS_SCALE * (res.pow(2).sum(1, keepdim=True) / count).squeeze(1)
 
 
-def label_loss(yhat: Tensor, prob: Problem) -> Tensor:
+def label_loss(yhat: Tensor, prob: LambdaProblem) -> Tensor:
     """Eq. 5 × 1000 for pseudo-labels ``yhat`` (N, K, C): the population variance of all but the top
     ``exclude`` entries, shape (N, K).
 
@@ -188,7 +188,7 @@ def label_loss(yhat: Tensor, prob: Problem) -> Tensor:
     return _loss(yhat.transpose(1, 2), prob)
 
 
-def loss_at(lam: Tensor, prob: Problem) -> Tensor:
+def loss_at(lam: Tensor, prob: LambdaProblem) -> Tensor:
     """Loss (N, K) at candidates (N, K), evaluated in chunks of samples to bound memory."""
     per = max(1, _CHUNK // max(1, lam.shape[1] * prob.u.shape[1]))
     if prob.n <= per:
@@ -219,7 +219,7 @@ def lambda_grid(lo: float, hi: float, step: float = 0.002, switch: float = 10.0)
     return torch.cat([small[small < switch], large])
 
 
-def _grid_candidates(prob: Problem, lo: float, hi: float, step: float, keep: int) -> tuple[Tensor, Tensor,
+def _grid_candidates(prob: LambdaProblem, lo: float, hi: float, step: float, keep: int) -> tuple[Tensor, Tensor,
                                                                                             Tensor]:
     """Evaluate :func:`lambda_grid` (× τ) on both signs for every sample; return the ``keep`` best local
     minima per sample as brackets ``(sign (N, M), t_lo (N, M), t_hi (N, M))`` in ``t = log|λ|``."""
@@ -247,7 +247,7 @@ def _grid_candidates(prob: Problem, lo: float, hi: float, step: float, keep: int
     return sign, t_lo, t_hi
 
 
-def _golden(prob: Problem, sign: Tensor, a: Tensor, b: Tensor, iters: int) -> Tensor:
+def _golden(prob: LambdaProblem, sign: Tensor, a: Tensor, b: Tensor, iters: int) -> Tensor:
     """Batched golden-section search of the loss on ``λ = sign·exp(t)``, t ∈ [a, b]; returns λ (N, M)."""
     g = (math.sqrt(5) - 1) / 2
     c, d = b - g * (b - a), a + g * (b - a)
@@ -263,7 +263,7 @@ def _golden(prob: Problem, sign: Tensor, a: Tensor, b: Tensor, iters: int) -> Te
     return sign * torch.where(fc < fd, c, d).exp()
 
 
-def _gauss_newton(prob: Problem, lam: Tensor, steps: int = 4, lo: Tensor | None = None,
+def _gauss_newton(prob: LambdaProblem, lam: Tensor, steps: int = 4, lo: Tensor | None = None,
                   hi: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Gauss–Newton polishing of λ (N, M) on the zero-residual least squares; a step is kept only where it
     lowers the loss and keeps |λ| inside ``[lo, hi]``. Returns ``(λ, loss)``."""
@@ -283,7 +283,7 @@ def _gauss_newton(prob: Problem, lam: Tensor, steps: int = 4, lo: Tensor | None 
     return lam, loss
 
 
-def search_grid(prob: Problem, lo: float, hi: float, step: float = 0.002, keep: int = 6,
+def search_grid(prob: LambdaProblem, lo: float, hi: float, step: float = 0.002, keep: int = 6,
                 golden_iters: int = 40) -> tuple[Tensor, Tensor]:
     """Grid → golden section → Gauss–Newton for every sample at once; |λ|/τ ∈ [lo, hi].
 
@@ -309,7 +309,7 @@ def pso_windows(coe: float, interval: float, bound: float) -> list[tuple[float, 
     return wins
 
 
-def search_pso(prob: Problem, windows: Sequence[tuple[float, float]], pop: int = 500, iters: int = 40,
+def search_pso(prob: LambdaProblem, windows: Sequence[tuple[float, float]], pop: int = 500, iters: int = 40,
                w: float = 0.8, c1: float = 0.5, c2: float = 0.5,
                generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
     """Particle swarm (Kennedy & Eberhart 1995) in every window for every sample at once (§3.3).
@@ -351,7 +351,7 @@ def search_pso(prob: Problem, windows: Sequence[tuple[float, float]], pop: int =
 
 
 # ---------------------------------------------------------------------------------------------- L-BFGS
-def search_lbfgs(prob: Problem, threshold: float, lr: float = 0.5, iterations: int = 200, bound: float = 100.0,
+def search_lbfgs(prob: LambdaProblem, threshold: float, lr: float = 0.5, iterations: int = 200, bound: float = 100.0,
                  coe: float = 4.0, initial: float = 1.0) -> tuple[Tensor, Tensor]:
     """The reference L-BFGS search (Algorithm 1), one sample at a time: λ in units of ``g_r/coe``, start +1
     for ``iterations/2`` outer steps, then −1; stop below ``threshold``; leave a side when |λ| > ``bound``;
@@ -406,7 +406,7 @@ def _first_below(table: Tensor, threshold: float) -> Tensor:
     return torch.where(below.any(1), below.to(torch.uint8).argmax(1), table.argmin(1))
 
 
-def _choose(prob: Problem, lam: Tensor, loss: Tensor, stages: list[str], threshold: float, sign: Tensor,
+def _choose(prob: LambdaProblem, lam: Tensor, loss: Tensor, stages: list[str], threshold: float, sign: Tensor,
             hi: Tensor) -> _Choice:
     """Pick per sample the lowest-loss candidate (N, M) that is an interior minimum below ``threshold``.
 
@@ -441,7 +441,7 @@ class _Sample:
     row: int  # r: the row of ∇W with the largest |row sum|
     g: Tensor  # g_r (D,)
     u: Tensor  # W g_r (C,)
-    rho: Tensor  # ∇W_i / g_r (C,), see Problem
+    rho: Tensor  # ∇W_i / g_r (C,), see LambdaProblem
     rho_neg: Tensor | None
     bias: Tensor  # the model's last-layer bias or zeros (C,)
     x_bias: Tensor | None  # the feature ∇Wᵀ∇b/‖∇b‖² when ∇b is shared (D,)
@@ -532,13 +532,13 @@ def _read(capture: Capture, ratio: str = "projection", cache: dict | None = None
                    LINKS[protocol.loss], warnings)
 
 
-def _problem(samples: list[_Sample], kind: str) -> tuple[Problem, Tensor, Tensor]:
+def _problem(samples: list[_Sample], kind: str) -> tuple[LambdaProblem, Tensor, Tensor]:
     """Stack the samples' vectors; returns the problem, g_r (N, D) and the feature-sign flags (N,): ±1 when
     every non-zero entry of g_r has that sign (λ of that sign gives non-negative features), else 0."""
     g = torch.stack([s.g for s in samples])
     rho_neg = None if samples[0].rho_neg is None else torch.stack([s.rho_neg for s in samples])
     exclude, form = KINDS[kind]
-    prob = Problem(torch.stack([s.u for s in samples]), torch.stack([s.bias for s in samples]),
+    prob = LambdaProblem(torch.stack([s.u for s in samples]), torch.stack([s.bias for s in samples]),
                    torch.stack([s.rho for s in samples]), torch.tensor([[s.tau] for s in samples], dtype=torch.float64),
                    samples[0].link, exclude, form, rho_neg=rho_neg)
     nz = (g != 0).sum(1) >= 2
@@ -556,14 +556,14 @@ def _check_options(kind: str | None, route: str, stages: Sequence[str], accept: 
         raise ConfigError(f"soft-lambda kind={kind!r} is not allowed; valid: {[*KINDS, 'auto']}")
     if route not in ROUTES:
         raise ConfigError(f"soft-lambda route={route!r} is not allowed; valid: {list(ROUTES)}")
-    bad = [s for s in stages if s not in STAGES]
+    bad = [s for s in stages if s not in SEARCH_STAGES]
     if bad or not stages:
-        raise ConfigError(f"soft-lambda stages={list(stages)!r}: each must be one of {list(STAGES)}")
+        raise ConfigError(f"soft-lambda stages={list(stages)!r}: each must be one of {list(SEARCH_STAGES)}")
     if accept not in ACCEPTS:
         raise ConfigError(f"soft-lambda accept={accept!r} is not allowed; valid: {list(ACCEPTS)}")
 
 
-def _search(prob: Problem, sign: Tensor, stages: Sequence[str], threshold: float, bound: float, grid_step: float,
+def _search(prob: LambdaProblem, sign: Tensor, stages: Sequence[str], threshold: float, bound: float, grid_step: float,
             candidates: int, pso: dict[str, Any], lbfgs: dict[str, Any], generator: torch.Generator,
             kind: str) -> _Choice:
     """Run the stages in order; each later stage only sees the samples still above the threshold."""
@@ -725,7 +725,7 @@ def recover_soft_labels(captures: Sequence[Capture], aux: Any = None, kind: str 
     return results  # type: ignore[return-value]
 
 
-def _beyond_bound_onehot(prob: Problem, sign: Tensor, lam: Tensor, loss: Tensor, bound: float,
+def _beyond_bound_onehot(prob: LambdaProblem, sign: Tensor, lam: Tensor, loss: Tensor, bound: float,
                          threshold: float) -> Tensor:
     """One-hot samples whose λ* lies beyond the bound (appendix B.2–B.3): the prediction is right and nearly
     saturated (p_y → 1), so the loss keeps falling towards |λ| → ∞ on the side where the feature ``λ·g_r`` is
@@ -737,7 +737,7 @@ def _beyond_bound_onehot(prob: Problem, sign: Tensor, lam: Tensor, loss: Tensor,
     return (sign != 0) & ~(loss < threshold) & (edge_loss <= loss)
 
 
-def _bias_route(batch: list[_Sample], prob: Problem, g: Tensor, kinds: list[str],
+def _bias_route(batch: list[_Sample], prob: LambdaProblem, g: Tensor, kinds: list[str],
                 threshold: float) -> tuple[Tensor, Tensor, list[str], Tensor, list[str]]:
     """x = ∇Wᵀ∇b/‖∇b‖², λ = ⟨x, g_r⟩/‖g_r‖²; the label ``φ(Wx + b) − τ∇b`` equals ŷ(λ) (eq. 4)."""
     x = torch.stack([s.x_bias for s in batch])
@@ -746,20 +746,21 @@ def _bias_route(batch: list[_Sample], prob: Problem, g: Tensor, kinds: list[str]
     return lam, losses, ["bias"] * len(batch), torch.zeros(len(batch), dtype=torch.bool), chosen
 
 
-def _kind_losses(prob: Problem, lam: Tensor, kinds: list[str], threshold: float) -> tuple[Tensor, list[str]]:
+def _kind_losses(prob: LambdaProblem, lam: Tensor, kinds: list[str], threshold: float) -> tuple[Tensor, list[str]]:
     """Loss of each kind at λ (N, 1); per sample the most restrictive kind below threshold, else the lowest."""
     table = torch.cat([loss_at(lam, prob.with_kind(k)) for k in kinds], 1)  # (N, K)
     first = _first_below(table, threshold)
     return table.gather(1, first.unsqueeze(1)).squeeze(1), [kinds[int(f)] for f in first]
 
 
-def _lambda_route(prob: Problem, sign: Tensor, kinds: list[str], stages: list[str], threshold: float, bound: float,
+def _lambda_route(prob: LambdaProblem, sign: Tensor, kinds: list[str], stages: list[str], threshold: float,
+                  bound: float,
                   grid_step: float, candidates: int, pso: dict[str, Any], lbfgs: dict[str, Any],
                   generator: torch.Generator) -> tuple[Tensor, Tensor, list[str], Tensor, list[str]]:
     """Search every kind; with several kinds (``auto``) the first stage runs for all of them first and the
     later, costly stages only for the samples that no kind solved."""
 
-    def run(p: Problem, sgn: Tensor, which: list[str]) -> list[_Choice]:
+    def run(p: LambdaProblem, sgn: Tensor, which: list[str]) -> list[_Choice]:
         return [_search(p.with_kind(k), sgn, which, threshold, bound, grid_step, candidates, pso, lbfgs, generator,
                         k) for k in kinds]
 

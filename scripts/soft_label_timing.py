@@ -38,7 +38,7 @@ def main() -> None:
     for index, (point, setup) in enumerate(grid_points(cfg)):
         if args.only not in point:
             continue
-        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + index)  # as gi.experiments.labels.run_bench
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + index)  # as gi.experiments.labels.run_label_bench
         trials = [t for i in range(cfg.trials) for t in get_scenario(cfg.scenario)(copy.deepcopy(setup), gen, i)]
         captures = [t.capture for t in trials]
         walls, cpus = [], []

@@ -273,7 +273,7 @@ def _slug(text: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in text)
 
 
-def save_bar_plot(path: Path, rows: list[dict[str, Any]], key: str = "psnr") -> None:
+def save_ablation_plot(path: Path, rows: list[dict[str, Any]], key: str = "psnr") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -320,7 +320,7 @@ def run_ablation(cfg: AblateConfig) -> Path:
         md = write_markdown_table(tmp / "table.md", table, title=f"gi ablate: {cfg.name}")
         write_json(tmp / "metrics.json", {"name": cfg.name, "table": table, "seconds": time.perf_counter() - t0,
                                           "torch": torch.__version__})
-        save_bar_plot(tmp / "psnr.png", table)
+        save_ablation_plot(tmp / "psnr.png", table)
         print(md)
     shutil.rmtree(cache, ignore_errors=True)
     return out

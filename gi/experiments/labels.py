@@ -167,7 +167,7 @@ def _paper_value(cfg: LabelBenchConfig, point: str, method: str) -> float | None
     return None
 
 
-def run_bench(cfg: LabelBenchConfig) -> Path:
+def run_label_bench(cfg: LabelBenchConfig) -> Path:
     """Run the benchmark and write its output directory; returns the directory."""
     import torch
     from tqdm.auto import tqdm

@@ -511,7 +511,7 @@ def scorer(truth: Any) -> Callable[[Any], float]:
     return score
 
 
-def summarize(cfg: TTQConfig, curves: list[Curve]) -> dict[str, Any]:
+def summarize_curves(cfg: TTQConfig, curves: list[Curve]) -> dict[str, Any]:
     """Per capture: time to every level per contender (its best variant, :func:`best_of`; None: censored, at its
     ``seconds``), the ratio to ``gi`` and the PSNR at ``equal_time``; over captures: median and min ratio, PSNRs at
     equal time."""
@@ -632,7 +632,7 @@ def run_ttq(cfg: TTQConfig) -> Path:
                     print(f"capture {curve.capture:2d} {f'{name} {variant}'.strip():>18s}: {curve.psnr[-1]:6.2f} dB "
                           f"after {secs[-1]:7.1f} s ({curve.iterations[-1]} it; {reached})  "
                           f"load {os.getloadavg()[0]:.2f}", flush=True)
-        summary = summarize(cfg, curves)
+        summary = summarize_curves(cfg, curves)
         meta = {"created": stamp, "git": git_commit(), "torch": torch.__version__,
                 "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
                 "load_average_end": list(os.getloadavg()), "threads": torch.get_num_threads()}
@@ -724,7 +724,7 @@ def merge_runs(parts: Sequence[str | Path], out: str | Path, overwrite: bool = F
         write_json(tmp / "curves.json", [dataclasses.asdict(c) for c in curves])
         keep = ("created", "git", "torch", "python", "machine", "cpus", "load_average_end", "threads")
         write_json(tmp / "summary.json", {"parts": [{"path": str(p), **{k: m.get(k) for k in keep}}
-                                                    for p, m in zip(parts, metas)], **summarize(cfg, curves)})
+                                                    for p, m in zip(parts, metas)], **summarize_curves(cfg, curves)})
         save_plot(tmp / "ttq.png", cfg, curves, f"{cfg.name}: {cfg.job} ({len(seen)} captures)")
     return Path(out)
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from gi.core.errors import ConfigError
-from gi.experiments.labels import LabelBenchConfig, grid_points, run_bench, summarize_rows
+from gi.experiments.labels import LabelBenchConfig, grid_points, run_label_bench, summarize_rows
 from gi.world.fl.protocol import Protocol
 from gi.world.fl.victim import capture_gradients
 from gi.world.models import build
@@ -25,7 +25,7 @@ def test_bench_writes_tables_with_every_method_on_the_same_captures(tmp_path):
     cfg = LabelBenchConfig(name="t", scenario="test-single-onehot", trials=4, out=str(tmp_path / "b"),
                       grid={"activation": ["sigmoid", "relu"]}, methods=["idlg", "yin"],
                       metrics=["ins_acc", "cls_acc"], paper={"*": {"idlg": 1.0}}, progress=False)
-    out = run_bench(cfg)
+    out = run_label_bench(cfg)
     summary = json.loads((out / "summary.json").read_text())["rows"]
     assert len(summary) == 4  # 2 grid points × 2 methods
     idlg = [r for r in summary if r["method"] == "idlg"]
@@ -59,7 +59,7 @@ def test_variants_pool_and_proportion_plot(tmp_path):
                            grid={"activation": ["sigmoid", "relu"]}, pool=["activation"], methods=["idlg", "again"],
                            variants={"again": {"method": "idlg"}}, metrics=["ins_acc", "absent_recall"],
                            proportion_class=0, progress=False)
-    out = run_bench(cfg)
+    out = run_label_bench(cfg)
     summary = json.loads((out / "summary.json").read_text())["rows"]
     assert [(r["point"], r["method"], r["n"]) for r in summary] == [("all", "idlg", 4), ("all", "again", 4)]
     assert summary[0]["ins_acc"] == summary[1]["ins_acc"] == 1.0
@@ -122,7 +122,7 @@ def test_numeric_grid_is_plotted_as_lines(tmp_path, monkeypatch):
     cfg = LabelBenchConfig(name="l", scenario="test-single-onehot", trials=1, out=str(tmp_path / "l"),
                            grid={"activation": ["sigmoid", "relu"], "steps": [1, 2, 3]}, methods=["idlg"],
                            metrics=["ins_acc"], progress=False)
-    out = run_bench(cfg)
+    out = run_label_bench(cfg)
     assert (out / "plot.png").is_file()
     assert seen["x"] == [1, 2, 3] and seen["xlabel"] == "steps"
     rows = {r["point"]: r["ins_acc"] for r in json.loads((out / "summary.json").read_text())["rows"]}

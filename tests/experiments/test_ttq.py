@@ -21,7 +21,7 @@ from gi.experiments.ttq import (
     psnr_at,
     ratio,
     run_ttq,
-    summarize,
+    summarize_curves,
     time_to,
     without_normalize,
 )
@@ -58,7 +58,7 @@ def test_summary_per_capture_and_over_captures():
             for i, (t, p) in enumerate(pts):
                 c.add(i, {"wall": t + 0.5, "cpu": t}, p)
             curves.append(c)
-    s = summarize(cfg, curves)
+    s = summarize_curves(cfg, curves)
     r0, r1 = s["rows"]
     assert r0["gi"]["time_to_25"] == 3.0 and r0["breaching"]["time_to_25"] == 30.0
     assert r0["ratio_breaching_30"] == {"value": 20.0, "kind": "exact"}

@@ -9,8 +9,8 @@ quantisation), :mod:`~gi.world.fl.defences.training` (oversampling, label smooth
 
 from gi.world.fl.defences import dpsgd, noise, secagg, sparsify, training  # noqa: F401  (registration)
 from gi.world.fl.defences.base import (
+    DEFENCE_STAGES,
     DEFENCES,
-    STAGES,
     Context,
     Defence,
     Spec,
@@ -26,6 +26,6 @@ from gi.world.fl.defences.base import (
 )
 from gi.world.fl.defences.client import defended_gradient
 
-__all__ = ["DEFENCES", "STAGES", "Context", "Defence", "Spec", "apply", "at", "check_entries", "data_indices",
+__all__ = ["DEFENCES", "DEFENCE_STAGES", "Context", "Defence", "Spec", "apply", "at", "check_entries", "data_indices",
            "defended_gradient",
            "group_size", "model_defences", "record", "register_defence", "specs"]

@@ -35,7 +35,7 @@ from typing import Any
 
 from gi.core.errors import ConfigError
 
-STAGES = ("data", "model", "batch", "per-example", "step", "shared", "aggregate")
+DEFENCE_STAGES = ("data", "model", "batch", "per-example", "step", "shared", "aggregate")
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,8 @@ def register_defence(name: str, stage: str, summary: str, strength: str, valid: 
     says what the strength is, ``valid`` checks it (default: >= 0), keyword ``params`` are its options and defaults;
     ``check(params, where)`` checks the options' values (defaults filled) when the protocol is built, raising a
     ConfigError that names ``where.params.<key>`` and the allowed range."""
-    if stage not in STAGES:
-        raise ValueError(f"defence {name!r}: stage {stage!r} is not one of {list(STAGES)}")
+    if stage not in DEFENCE_STAGES:
+        raise ValueError(f"defence {name!r}: stage {stage!r} is not one of {list(DEFENCE_STAGES)}")
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         if name in DEFENCES:
