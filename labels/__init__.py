@@ -6,9 +6,7 @@ imports them all, so ``labels.recover(capture, name)`` sees every method.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
+from gi.core.registry import import_members
 from labels.base import BATCH_METHODS, METHODS, LabelResult, describe, recover, recover_many, register
 from labels.counts import largest_remainder, round_counts
 from labels.rounds import average_rounds, recover_rounds
@@ -27,6 +25,4 @@ __all__ = [
     "round_counts",
 ]
 
-for _mod in pkgutil.iter_modules(__path__):
-    if _mod.name not in {"base", "counts", "rounds"} and not _mod.name.startswith("_"):
-        importlib.import_module(f"labels.{_mod.name}")
+import_members(__name__, __path__)

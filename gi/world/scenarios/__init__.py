@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +21,7 @@ import torch
 
 from gi.capture import Capture, Truth
 from gi.core.errors import ConfigError
-from gi.core.registry import registrar
+from gi.core.registry import import_members, registrar
 from gi.world.setup import upgrade, upgrade_key
 
 
@@ -95,6 +93,4 @@ def get_scenario(name: str) -> Scenario:
     return SCENARIOS[name]
 
 
-for _mod in pkgutil.iter_modules(__path__):
-    if not _mod.name.startswith("_"):
-        importlib.import_module(f"gi.world.scenarios.{_mod.name}")
+import_members(__name__, __path__)

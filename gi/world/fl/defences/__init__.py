@@ -7,7 +7,7 @@ quantisation), :mod:`~gi.world.fl.defences.training` (oversampling, label smooth
 :mod:`~gi.world.fl.defences.secagg` (secure aggregation). Importing this package loads no torch.
 """
 
-from gi.world.fl.defences import dpsgd, noise, secagg, sparsify, training  # noqa: F401  (registration)
+from gi.core.registry import import_members
 from gi.world.fl.defences.base import (
     DEFENCE_STAGES,
     DEFENCES,
@@ -29,3 +29,5 @@ from gi.world.fl.defences.client import defended_gradient
 __all__ = ["DEFENCES", "DEFENCE_STAGES", "Context", "Defence", "Spec", "apply", "at", "check_entries", "data_indices",
            "defended_gradient",
            "group_size", "model_defences", "record", "register_defence", "specs"]
+
+import_members(__name__, __path__)  # every scheme / defence module registers itself
