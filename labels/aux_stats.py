@@ -21,6 +21,7 @@ import torch
 from gi.capture import Capture
 from gi.core.errors import CaptureError, ConfigError
 from gi.world.fl.protocol import Protocol
+from gi.world.fl.schemes import get_scheme
 from gi.world.losses import loss_for, posterior
 from gi.world.models import features_and_logits
 
@@ -47,7 +48,7 @@ def fedsgd_view(capture: Capture) -> GradientView | str:
         p = capture.protocol
         steps = p.local_epochs * -(-capture.num_samples // p.batch_size)
         single = steps == 1 and p.optimizer == "sgd" and p.weight_decay == 0 and p.prox_mu == 0 \
-            and p.scheme in ("fedavg", "fedprox")
+            and get_scheme(p.scheme).plain_first_step
         if not single:
             return (f"this is a FedSGD attack; the capture is a {p.scheme} update of {steps} local step(s) with "
                     f"{p.optimizer}: use an update-based method (e.g. rlu)")

@@ -44,6 +44,7 @@ from gi.capture import Capture
 from gi.core.errors import ConfigError
 from gi.label_result import LabelResult
 from gi.world.fl import Protocol, local_train
+from gi.world.fl.schemes import get_scheme
 from gi.world.losses import loss_for
 from labels.aux_stats import aux_arrays, class_means, model_last_layer
 from labels.base import register
@@ -350,7 +351,7 @@ def exact_conditions(capture: Capture) -> list[str]:
     if len(view.batch_sizes) != 1 or view.batch_sizes[0] != capture.num_samples:
         reasons.append(f"the client ran {len(view.batch_sizes)} step(s) of {view.batch_sizes[:3]} samples; "
                        "Proposition 2 needs one full-batch epoch (E = 1, B = N)")
-    if p.scheme not in ("fedavg", "fedprox") or (p.optimizer != "sgd" and p.momentum > 0) or p.weight_decay:
+    if not get_scheme(p.scheme).plain_first_step or (p.optimizer != "sgd" and p.momentum > 0) or p.weight_decay:
         reasons.append(f"scheme {p.scheme!r} with optimiser {p.optimizer!r} is not plain SGD")
     if p.loss != "ce" or p.label_aug != "onehot" or p.temperature != 1.0:
         reasons.append("the loss is not cross-entropy with one-hot labels")

@@ -119,3 +119,10 @@ def test_federation_history_evolves_per_scheme(scheme):
         ck = [-first[c].update[name] / protocol.lr for c in (0, 1)]
         torch.testing.assert_close(second[0].history[f"scaffold.c_k/{name}"], ck[0])
         torch.testing.assert_close(second[1].history[f"scaffold.c/{name}"], 0.5 * ck[0] + 0.5 * ck[1])
+
+
+def test_plain_first_step_is_a_property_of_the_scheme():
+    from gi.world.fl.schemes import SCHEMES
+
+    plain = {name for name, scheme in SCHEMES.items() if scheme.plain_first_step}
+    assert plain == {"fedavg", "fedprox"}  # FedSGD shares a gradient; Scaffold, FedDyn, FedDC add history terms

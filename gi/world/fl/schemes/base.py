@@ -59,6 +59,13 @@ class Scheme:
         if self.shares not in ("gradient", "update"):
             raise ValueError(f"scheme {self.name!r}: shares must be 'gradient' or 'update', got {self.shares!r}")
 
+    @property
+    def plain_first_step(self) -> bool:
+        """Whether the client's first local step is a plain step of the loss: the scheme shares an update and
+        adds no history or constant term (a pull ``λ(θ − θᵗ)`` vanishes at θᵗ). FedAvg and FedProx; not FedSGD
+        (a gradient), Scaffold, FedDyn or FedDC."""
+        return self.shares == "update" and not self.history and self.constant is None
+
     def term(self, protocol: Any, theta: Tensor, theta0: Tensor, constant: Tensor | None) -> Tensor | None:
         """The scheme's gradient term for one parameter, ``pull·(θ − θᵗ) + constant`` (None when both vanish)."""
         pull = self.pull(protocol)
