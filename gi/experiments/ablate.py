@@ -88,6 +88,9 @@ class AblateConfig(RunConfig):
             raise ConfigError(f"modes has unknown {bad}; valid: {list(LABEL_MODES)}")
         if self.trials < 1:
             raise ConfigError(f"trials must be >= 1, got {self.trials}")
+        if self.data.captures != 1 or self.data.images is not None:
+            raise ConfigError("gi ablate draws `trials` client batches per setting; data.captures and data.images "
+                              "are gi run's and would be ignored here: set trials=N instead")
         valid_attack = {f.name for f in dataclasses.fields(ReconConfig)} - {"labels"}  # labels: the row's mode
         for name, over in self.variants.items():
             if not isinstance(over, dict):

@@ -38,3 +38,9 @@ def test_paper_lookup_accepts_wildcards():
 def test_bad_ablation_configs_raise_clear_errors(over, match):
     with pytest.raises(ConfigError, match=match):
         load_ablate_config("configs/ablate/table4.yaml", over)
+
+
+@pytest.mark.parametrize("override", ["data.captures=3", "data.images=[0,1]"])
+def test_gi_run_batch_keys_are_refused_not_ignored(override):
+    with pytest.raises(ConfigError, match="trials"):
+        load_ablate_config("configs/ablate/table4.yaml", [override])
