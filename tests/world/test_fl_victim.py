@@ -278,3 +278,14 @@ def test_fedavg_client_scenario_smoke():
     assert torch.equal(again[0].truth.counts, trial.truth.counts)
     with pytest.raises(ConfigError, match="unknown key"):
         scenario({"rounds": 3}, torch.Generator(), 0)
+
+
+def test_local_training_with_smoothing_and_no_eps_is_an_error_not_one_hot():
+    import gi
+    from gi.core.errors import ConfigError
+
+    data = gi.data.load("cifar10-samples")
+    model = gi.models.build("lenet", 10, seed=0)
+    protocol = gi.Protocol(scheme="fedavg", batch_size=2, label_aug="smoothing")
+    with pytest.raises(ConfigError, match="label_eps"):
+        gi.simulate_client(model, (data.images[:2], data.labels[:2]), protocol)

@@ -76,6 +76,9 @@ def _targets(labels: Tensor, num_classes: int, protocol: Protocol, dtype: torch.
     if protocol.label_aug == "mixup":
         raise ConfigError("protocol.label_aug='mixup' is not supported for local training; valid: "
                           "['onehot', 'smoothing', 'smoothing-alt']")
+    if protocol.label_aug != "onehot" and protocol.label_eps is None:
+        raise ConfigError(f"protocol.label_aug={protocol.label_aug!r} in local training smooths every sample with one "
+                          "ε: set protocol.label_eps (in [0, 1)); without it the client would train one-hot")
     kind = "onehot" if not protocol.label_eps else protocol.label_aug
     return make_targets(labels, num_classes, kind, protocol.label_eps, dtype=dtype)
 
