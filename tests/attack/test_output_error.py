@@ -15,10 +15,10 @@ from gi.attack.recon.problem import build_problem, captured_output_error, output
 from gi.attack.recon.simulate import gradient_simulator
 from gi.core.errors import ConfigError
 from gi.world.fl.protocol import Protocol
-from gi.world.fl.victim import capture_gradients
 from gi.world.losses import output_error_loss
 from gi.world.models import build
 from labels import LabelResult
+from tests.factories import fedsgd_capture, random_batch
 
 C = 5
 FAST = dict(iterations=3, progress=False, threads=1, log_every=1)
@@ -30,10 +30,8 @@ def _net(activation: str = "relu", bias_last: bool = True):
 
 
 def _capture(model, b: int = 1, seed: int = 0, protocol: Protocol | None = None):
-    g = torch.Generator().manual_seed(seed)
-    x, y = torch.rand(b, 3, 8, 8, generator=g), torch.randint(C, (b,), generator=g)
-    capture, truth = capture_gradients(model, x, y, protocol or Protocol(batch_size=b))
-    return capture, LabelResult.from_counts("truth", truth.counts, soft=truth.targets), x
+    capture, labels_ = fedsgd_capture(model, b, seed, C, protocol=protocol)
+    return capture, labels_, random_batch(b, (3, 8, 8), C, seed)[0]
 
 
 @pytest.mark.parametrize("protocol", [Protocol(batch_size=1), Protocol(batch_size=1, temperature=2.0),

@@ -21,6 +21,7 @@ from gi.world.fl.protocol import Protocol
 from gi.world.fl.victim import capture_gradients, simulate_client
 from gi.world.models import build
 from labels import LabelResult
+from tests.factories import oracle, tiny_cnn
 
 C = 4
 
@@ -34,11 +35,10 @@ def _labels(b: int, seed: int = 0) -> torch.Tensor:
 
 
 def _cnn(seed: int = 0, **kw):
-    return build("cnn", C, in_shape=(3, 8, 8), seed=seed, activation="tanh", channels=(4,), hidden=8, **kw)
+    return tiny_cnn(C, seed, **kw)
 
 
-def _oracle(truth) -> LabelResult:
-    return LabelResult.from_counts("truth", truth.counts, soft=truth.targets)
+_oracle = oracle
 
 
 FAST = dict(iterations=3, progress=False, threads=1, log_every=1)

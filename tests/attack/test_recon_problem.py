@@ -19,9 +19,9 @@ from gi.attack.recon.problem import Problem, build_problem, check_inputs, choose
 from gi.attack.recon.terms import REGULARIZERS, TERMS, Evaluation, register_term, term_weights
 from gi.core.errors import CaptureError, ConfigError
 from gi.world.fl.protocol import Protocol
-from gi.world.fl.victim import capture_gradients, simulate_client
+from gi.world.fl.victim import simulate_client
 from gi.world.models import build
-from labels import LabelResult
+from tests.factories import fedsgd_capture, tiny_cnn
 
 C = 4
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,14 +29,11 @@ FAST = dict(iterations=3, progress=False, threads=1, log_every=1)
 
 
 def _cnn(seed: int = 0, **kw):
-    return build("cnn", C, in_shape=(3, 8, 8), seed=seed, activation="tanh", channels=(4,), hidden=8, **kw)
+    return tiny_cnn(C, seed, **kw)
 
 
 def _capture(model, b: int, seed: int, protocol: Protocol | None = None):
-    g = torch.Generator().manual_seed(seed)
-    x, y = torch.rand(b, 3, 8, 8, generator=g), torch.randint(C, (b,), generator=g)
-    capture, truth = capture_gradients(model, x, y, protocol or Protocol(batch_size=b))
-    return capture, LabelResult.from_counts("truth", truth.counts, soft=truth.targets)
+    return fedsgd_capture(model, b, seed, C, protocol=protocol)
 
 
 def _captures(n: int = 3, b: int = 2):

@@ -14,15 +14,13 @@ from gi.world.fl.protocol import Protocol
 from gi.world.fl.victim import simulate_client
 from gi.world.models import build
 from labels.decaf import decompose, null_classes
+from tests.factories import patterned_batch
 
 C = 5
 
 
 def _data(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    patterns = torch.rand(C, 1, 6, 6, generator=torch.Generator().manual_seed(4321))
-    labels_ = torch.randint(C, (n,), generator=g)
-    return (patterns[labels_] + 0.15 * torch.randn(n, 1, 6, 6, generator=g)).clamp(0, 1), labels_
+    return patterned_batch(n, C, seed, pattern_seed=4321)
 
 
 def _cnn(activation: str = "relu"):

@@ -22,17 +22,14 @@ from labels.rlu import (
     simplex_least_squares,
     update_view,
 )
+from tests.factories import patterned_batch
 
 C = 4
 
 
 def _data(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Class-structured synthetic grey images: a class-specific pattern plus noise, in [0, 1]."""
-    g = torch.Generator().manual_seed(seed)
-    patterns = torch.rand(C, 1, 6, 6, generator=torch.Generator().manual_seed(1234))
-    labels_ = torch.randint(C, (n,), generator=g)
-    images = (patterns[labels_] + 0.15 * torch.randn(n, 1, 6, 6, generator=g)).clamp(0, 1)
-    return images, labels_
+    return patterned_batch(n, C, seed, pattern_seed=1234)
 
 
 def _aux() -> ImageDataset:

@@ -16,6 +16,7 @@ from gi.world.fl.defences.secagg import merge
 from gi.world.fl.protocol import Protocol
 from gi.world.fl.victim import capture_gradients, run_federation, simulate_client
 from gi.world.models import build
+from tests.factories import random_batch
 
 C = 4
 STRENGTH = {"gaussian": 0.01, "laplace": 0.01, "clip": 0.1, "gaussian-step": 0.1, "dp-sgd": 1.0, "topk": 0.5,
@@ -23,8 +24,7 @@ STRENGTH = {"gaussian": 0.01, "laplace": 0.01, "clip": 0.1, "gaussian-step": 0.1
 
 
 def _data(n: int = 24, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.rand(n, 1, 6, 6, generator=g, dtype=torch.float64), torch.randint(C, (n,), generator=g)
+    return random_batch(n, (1, 6, 6), C, seed, torch.float64)
 
 
 def _mlp(seed: int = 0) -> torch.nn.Module:

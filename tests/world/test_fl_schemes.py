@@ -1,5 +1,6 @@
 """The FL-scheme registry: one entry is a whole scheme for the victim, the unrolled client and RLU."""
 
+
 import pytest
 import torch
 
@@ -8,6 +9,7 @@ from gi.core.errors import ConfigError
 from gi.world.fl import SCHEMES, Protocol, Scheme, get_scheme, local_train, register_scheme
 from gi.world.fl.victim import run_federation, simulate_client
 from labels.rlu import history_offset, impulse_rho, scheme_rho
+from tests.factories import random_batch
 
 
 def _cnn() -> torch.nn.Module:
@@ -17,8 +19,7 @@ def _cnn() -> torch.nn.Module:
 
 
 def _data(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.rand(n, 1, 28, 28, generator=g), torch.randint(0, 4, (n,), generator=g)
+    return random_batch(n, (1, 28, 28), 4, seed)
 
 
 @pytest.fixture

@@ -15,13 +15,13 @@ from gi.world.fl.protocol import Protocol
 from gi.world.fl.victim import run_federation, simulate_client
 from gi.world.models import build
 from labels.rlu import history_offset, impulse_rho, scheme_rho
+from tests.factories import random_batch
 
 C = 4
 
 
 def _data(n: int = 48, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.rand(n, 1, 4, 4, generator=g, dtype=torch.float64), torch.randint(C, (n,), generator=g)
+    return random_batch(n, (1, 4, 4), C, seed, torch.float64)
 
 
 def _linear(seed: int = 0):
