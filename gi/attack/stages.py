@@ -288,7 +288,7 @@ def reconstruct_stage(attack: ReconConfig, captures: Sequence[Capture], label_re
 
 # an inversion whose largest layer residual is at or above this is not used as a start either: rank-deficient
 # layers (a ReLU LeNet's dead units) gave residuals of 0.46–40 and 4.7–5.5 dB images, below a random image's 8 dB,
-# where gradient noise of 1e-2 of each gradient's std gave 0.11–0.12 and 13–18 dB (scripts/analytic_noise.py)
+# where gradient noise of 1e-2 of each gradient's std gave 0.11–0.12 and 13–18 dB (research/analytic_noise.py)
 INIT_MAX_RESIDUAL = 0.3
 
 

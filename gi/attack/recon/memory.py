@@ -14,7 +14,7 @@ loop path), b the samples per capture, n the elements of one image and S the opt
 element (:data:`STATE`; L-BFGS: :data:`LBFGS_STATE` per curvature pair, packed problems keep
 :data:`gi.attack.recon.optim.LBFGS_HISTORY` pairs unless ``attack.lbfgs_history`` says otherwise). The factors were
 fitted to the peak resident memory of one process fitting 1 to 4 ResNet-18 captures (batch 1 and 8, Adam) and 4
-to 16 LeNet captures × 4 restarts (L-BFGS and Adam, 150 steps) on the CPU (``scripts/pack_memory.py``;
+to 16 LeNet captures × 4 restarts (L-BFGS and Adam, 150 steps) on the CPU (``research/pack_memory.py``;
 docs/results/throughput-gpu.md,
 "Throughput"), rounded up, so the estimate errs on the side of smaller packs.
 The budget (``attack.memory_budget`` GiB, else :data:`BUDGET_SHARE` of the device's free memory) divided by the

@@ -43,7 +43,7 @@ Tensor = torch.Tensor
 FLAT_MAX = 4_000_000
 # convolution multiply-adds per objective call up to which a CPU step uses PyTorch's native convolutions instead of
 # oneDNN (mkldnn), whose per-call overhead outweighs its kernels on tiny convolutions. Measured
-# (docs/results/time-to-quality.md, scripts/lenet_step_time.py, one thread): the DLG LeNet (0.7M MACs per 32 px image)
+# (docs/results/time-to-quality.md, research/lenet_step_time.py, one thread): the DLG LeNet (0.7M MACs per 32 px image)
 # with 1
 # image per call 5.7-8.6 ms native vs 9.5-11.2 ms oneDNN per objective + backward, 4 images 14.8-17.4 vs 16.5-21.1,
 # 5 images about even, 20 images 58-67 vs 38-56; ResNet-18 (0.56G MACs per image) 1.0-1.3 s native vs 0.37-0.43 s.

@@ -59,8 +59,8 @@ COMPACT_MAX_BYTES = 10_000_000
 LBFGS_HISTORY = 100  # curvature pairs of the ``lbfgs`` optimiser
 # curvature pairs when the memory of the rows optimised after the cull fits COMPACT_MAX_BYTES (one LeNet capture
 # of one 32 px image: 400 x 2 x 3072 float32 = 9.8 MB). Measured on cifar10-samples image 0, one capture, the
-# default preset, one thread (docs/results/time-to-quality.md, scripts/ttq_probe.py): iterations to 30 dB
-# 725 (100 pairs), 600 (200), 500 (400), at 9.1 / 9.5 / 10.3 ms per step (scripts/lenet_step_time.py).
+# default preset, one thread (docs/results/time-to-quality.md, research/ttq_probe.py): iterations to 30 dB
+# 725 (100 pairs), 600 (200), 500 (400), at 9.1 / 9.5 / 10.3 ms per step (research/lenet_step_time.py).
 LBFGS_LONG_HISTORY = 400
 
 

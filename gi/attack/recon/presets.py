@@ -50,7 +50,7 @@ LBFGS = {"optimizer": "lbfgs", "lr": 1.0, "schedule": "constant", "objective": "
          "init": "uniform", "labels": "fixed"}
 
 # Measured on the 20 cifar10-samples, DLG LeNet, one image per capture, seeds 0 and 1 (docs/results/default-job.md,
-# scripts/tune_default.py): one restart of 2000 iterations failed where L-BFGS (no line search) sat on a plateau
+# research/tune_default.py): one restart of 2000 iterations failed where L-BFGS (no line search) sat on a plateau
 # (objective ~2e2, oscillating) for hundreds of iterations: 3 of 6 starts of image 12 (seed 0) did, the others
 # fell 10x in 50 iterations. So: 4 starts, culled after 100 iterations to the one with the lowest objective
 # (attack.cull_after; the objective separates plateau from descent by 10-30x there), which then runs alone;
@@ -63,7 +63,7 @@ LBFGS = {"optimizer": "lbfgs", "lr": 1.0, "schedule": "constant", "objective": "
 # cull_after 25 (was 100; chosen on time to 30 dB): the packed default job, seeds 0 and 1, kept
 # its distribution (45.47 / 43.52 / 27.63 and 38.99 / 37.08 / 27.52 dB against 45.55 / 44.73 / 27.63 and
 # 38.89 / 37.20 / 27.52), and one capture's 4-row phase (~32 ms per step against ~11 ms for one row) shrinks from
-# 100 steps to 25: image 0 alone reaches 30 dB in 500 iterations either way (scripts/ttq_probe.py). One capture
+# 100 steps to 25: image 0 alone reaches 30 dB in 500 iterations either way (research/ttq_probe.py). One capture
 # alone also gets 400 L-BFGS pairs (gi.attack.recon.optim.lbfgs_history): 500 instead of 725 iterations to 30 dB there.
 # Fashion-MNIST seed 0: unchanged for nine images; image 8 stalls as before, and its retry (culled at 100, 100
 # pairs, gi.attack.recon.api.RETRY_*) no longer rescues it, on the earlier step code either
@@ -79,7 +79,7 @@ register_preset("ig", {"optimizer": "adam", "lr": 0.1, "signed": True, "schedule
                        "init": "uniform", "feature_weight": 0.0, "last_layer_weight": 1.0})
 
 # ResNets (docs/results/time-to-quality-resnet18.md): measured on cifar10-samples only (image 0 for the
-# choices, scripts/probe_resnet.py), untrained CIFAR-stem ResNet-18, one image, one CPU thread (~0.4 s per iteration
+# choices, research/probe_resnet.py), untrained CIFAR-stem ResNet-18, one image, one CPU thread (~0.4 s per iteration
 # for either optimiser). The default's L-BFGS climbs slowly there (18.3 dB after 150 CPU-s with one start; its 4
 # starts spend 100 iterations x 4 = a third of a 5-minute budget), L-BFGS on the cosine distance slower (15.8 dB).
 # Signed Adam on the cosine distance (Inverting Gradients), lr 0.025 in pixels (= breaching's 0.1 in normalised
@@ -89,13 +89,13 @@ register_preset("ig", {"optimizer": "adam", "lr": 0.1, "signed": True, "schedule
 # 26.3 dB at 480 iterations), so beta = 0 (f* is still computed and recorded). Its time-to-quality against
 # breaching, whose schedule fitted alike makes it the same attack: docs/results/time-to-quality-resnet18.md. Tried
 # against it
-# and worse (docs/results/time-to-quality-resnet18.md, "Levers tried", scripts/probe_resnet_levers.py): a
+# and worse (docs/results/time-to-quality-resnet18.md, "Levers tried", research/probe_resnet_levers.py): a
 # feature-inversion warm start (the untrained
 # net's f* does not pin the image: 12.7 dB), matching fewer layers (1.8x cheaper steps, 13 dB), lr 0.01 / 0.05 /
 # 0.1, a grey start, the layer-wise cosine, the first decay at 300 instead of 400 (30.9 vs 33.1 dB at 300 s).
 # What did help: the captured output error (output_error auto: the dummy gradients use the capture's dL/dz = the
 # last-layer bias gradient, not softmax(dummy logits) - labels). Same start, same loop, 300 CPU-s, cifar10-samples
-# 0-3 (scripts/probe_output_error.py): image 1 19.19 -> 26.20 dB; image 0 even at 150 s (24.02
+# 0-3 (research/probe_output_error.py): image 1 19.19 -> 26.20 dB; image 0 even at 150 s (24.02
 # vs 24.03 dB); images 2 and 3 ~27.2 and ~25.3 dB at 260 s against 24.3 and 24.6 dB for the simulated error.
 # In the bench over cifar10-samples 0-9 (same start per image): simulated 24.94 / 25.56 / 13.74 dB (mean / median /
 # min), captured 28.87 / 28.85 / 23.24 dB; the simulated error stalls at 14-19 dB on 3 images, the captured on

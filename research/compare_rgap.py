@@ -9,7 +9,7 @@ the dataset mean / std, the true labels given. PSNR in pixel space against the i
 both on one thread (torch's and the BLAS threads of scipy / numpy limited to 1).
 docs/results/time-to-quality.md reports it:
 
-    PYTHONPATH=$PWD:/tmp/br python scripts/compare_rgap.py [images=0,1,...,9] [seed=0]
+    PYTHONPATH=$PWD:/tmp/br python research/compare_rgap.py [images=0,1,...,9] [seed=0]
 """
 
 from __future__ import annotations

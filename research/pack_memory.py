@@ -4,8 +4,8 @@ For each case, two fresh processes fit ``lo`` and ``hi`` packed captures (a few 
 resident memory growth during the fit (``ru_maxrss``); the slope is the measured bytes per capture, printed next to
 :func:`gi.attack.recon.memory.bytes_per_capture`. Usage::
 
-    PYTHONPATH=$PWD python scripts/pack_memory.py          # the cases of the table of docs/results/throughput-gpu.md
-    PYTHONPATH=$PWD python scripts/pack_memory.py one resnet18 4 1 1 adam 2   # internal: one measurement
+    PYTHONPATH=$PWD python research/pack_memory.py          # the cases of the table of docs/results/throughput-gpu.md
+    PYTHONPATH=$PWD python research/pack_memory.py one resnet18 4 1 1 adam 2   # internal: one measurement
 """
 
 from __future__ import annotations

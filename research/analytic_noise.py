@@ -4,7 +4,7 @@ The default job answers a capture with ``fcn_analytic.invert``'s image when that
 ``attack.analytic_tol`` (1e-2); this prints, for cifar10-samples images and Gaussian noise of a fraction of each
 shared gradient's std, the inversion's PSNR and residual (docs/results/default-job.md: how the tolerance was chosen).
 
-    PYTHONPATH=$PWD python scripts/analytic_noise.py [images=0,1,2] [scales=1e-5,1e-4,1e-3,1e-2] [seed=0]
+    PYTHONPATH=$PWD python research/analytic_noise.py [images=0,1,2] [scales=1e-5,1e-4,1e-3,1e-2] [seed=0]
 """
 
 from __future__ import annotations

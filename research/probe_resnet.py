@@ -4,7 +4,7 @@ steps at a constant lr, then *branches* that continue from the same state (a lr 
 weight), so a schedule's tail is compared without re-running its head. PSNR of the best iterate by the attack
 objective against CPU seconds of the process (scoring excluded), every 10 iterations, one thread.
 
-    PYTHONPATH=$PWD python scripts/probe_resnet.py OUT.json IMAGE 'NAME|{JSON}' ...
+    PYTHONPATH=$PWD python research/probe_resnet.py OUT.json IMAGE 'NAME|{JSON}' ...
 
 JSON: ``cfg`` (ReconConfig keys over the ``ig`` preset: objective terms, init), ``lr`` and ``prefix`` (signed-Adam
 steps), ``branches`` ({name: [[optimizer, lr, steps, {"tv": weight}], ...]}, optimizer ``sadam`` (signed Adam,

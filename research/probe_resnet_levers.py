@@ -4,8 +4,8 @@ objective with some of it changed, PSNR of the best iterate by the attack object
 process (labels and features included, scoring excluded), every 10 iterations, one thread, until ``BUDGET`` CPU
 seconds or the schedule's end.
 
-    PYTHONPATH=$PWD python scripts/probe_resnet_levers.py run OUT.json IMAGE BUDGET NAME '{JSON}'
-    PYTHONPATH=$PWD python scripts/probe_resnet_levers.py steps ROUNDS
+    PYTHONPATH=$PWD python research/probe_resnet_levers.py run OUT.json IMAGE BUDGET NAME '{JSON}'
+    PYTHONPATH=$PWD python research/probe_resnet_levers.py steps ROUNDS
 
 ``run`` JSON: ``resnet`` preset keys (``schedule``, ``lr``, ``init``, ``objective``, ...), ``keep`` (a list of
 parameter-name prefixes: only those layers' gradients are matched, ``layer_weights`` 0 for the rest: cheaper

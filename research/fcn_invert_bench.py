@@ -5,8 +5,8 @@ soft-label recovery (``soft-lambda``), the recovered feature λ·g_r, then layer
 (``fcn_analytic.invert``); scored against the true image with PSNR / SSIM (gi.analysis.metrics) and, with ``--lpips``,
 LPIPS-alex. Prints a Markdown table; times are wall seconds with one torch thread.
 
-    python scripts/fcn_invert_bench.py --dataset imagenet-samples --aug smoothing
-    python scripts/fcn_invert_bench.py --dataset cifar10-samples --aug mixup
+    python research/fcn_invert_bench.py --dataset imagenet-samples --aug smoothing
+    python research/fcn_invert_bench.py --dataset cifar10-samples --aug mixup
 """
 
 from __future__ import annotations

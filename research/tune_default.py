@@ -4,9 +4,9 @@ stages (labels auto -> features -> reconstruct, one batched problem) with the gi
 Prints, per seed, PSNR mean / median (torch's: the lower middle value) / min, CPU and wall seconds per image, and
 the per-image PSNR; with several seeds also the pooled distribution.
 
-    PYTHONPATH=$PWD python scripts/tune_default.py seeds=0,1
-    PYTHONPATH=$PWD python scripts/tune_default.py seeds=0 images=[3,16] restarts=2 iterations=1000
-    PYTHONPATH=$PWD python scripts/tune_default.py config=configs/default.yaml data.name=fashion-mnist \
+    PYTHONPATH=$PWD python research/tune_default.py seeds=0,1
+    PYTHONPATH=$PWD python research/tune_default.py seeds=0 images=[3,16] restarts=2 iterations=1000
+    PYTHONPATH=$PWD python research/tune_default.py config=configs/default.yaml data.name=fashion-mnist \
         images=[0,1,2,3,4,5,6,7,8,9] seeds=0,1
 
 Keys: ``seeds`` (comma-separated run seeds), ``config`` (a run config), ``images`` (data.images: a list or

@@ -3,7 +3,7 @@
 thread, scoring paused), the variants alternating per capture and round in one process so that load hits all
 alike. Tune only on ``cifar10-samples`` / ``fashion-mnist``.
 
-    PYTHONPATH=$PWD python scripts/ttq_probe.py images=0,1 budget=12 rounds=2 \
+    PYTHONPATH=$PWD python research/ttq_probe.py images=0,1 budget=12 rounds=2 \
         "base:" "cull25:cull_after=25" "h100:history=100"
 
 Arguments: ``images`` (comma-separated indices of the job's data), ``budget`` (CPU seconds per attack),

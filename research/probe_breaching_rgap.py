@@ -5,7 +5,7 @@ docs/results/time-to-quality.md: it stops at once with an ``UnboundLocalError``:
 layer's pre-activation only after a LeakyReLU or Identity (the sigmoid of the DLG LeNet leaves it unset), and it
 reads bias-free gradients. Run with breaching on the path (install: docs/usage.md):
 
-    PYTHONPATH=$PWD:/tmp/br python scripts/probe_breaching_rgap.py
+    PYTHONPATH=$PWD:/tmp/br python research/probe_breaching_rgap.py
 """
 
 from __future__ import annotations

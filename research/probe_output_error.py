@@ -8,7 +8,7 @@ switching to L-BFGS at ``SWITCH`` (``hyb``). PSNR of the current iterate against
 included, scoring excluded), every 10 iterations, one thread, until ``BUDGET`` CPU seconds. Tune on cifar10-samples
 only.
 
-    PYTHONPATH=$PWD python scripts/probe_output_error.py IMAGE MODE BUDGET SEED [OUT.json]
+    PYTHONPATH=$PWD python research/probe_output_error.py IMAGE MODE BUDGET SEED [OUT.json]
 
 ``MODE`` is ``{ce|delta}-{cos|l2}-{adam|lbfgs|hyb}``; environment: ``TV``, ``LR``, ``MILESTONES`` (Adam's
 decays, ``400,667,933``), ``SWITCH`` (400), ``OBJ2`` (``l2``: the distance after the switch).

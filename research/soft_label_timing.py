@@ -5,7 +5,7 @@ of every grid point of a config (same seeds as ``gi labels``), then runs ``label
 on all of them at once and prints, per point, the median wall and CPU (thread) time per sample, top-1 accuracy and
 mean L1 label error. One torch thread.
 
-    python scripts/soft_label_timing.py configs/labels/softlabel-cifar10-lenet.yaml --reps 5
+    python research/soft_label_timing.py configs/labels/softlabel-cifar10-lenet.yaml --reps 5
 """
 
 from __future__ import annotations

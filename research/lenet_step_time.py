@@ -3,8 +3,8 @@ the label and feature stages' CPU seconds, then the reconstruction's steady stat
 into the objective with its backward pass and the optimiser step, for several L-BFGS variants, alternating rounds in
 one process on one thread (process CPU time, so other jobs on a shared machine disturb it little).
 
-    PYTHONPATH=$PWD python scripts/lenet_step_time.py
-    PYTHONPATH=$PWD python scripts/lenet_step_time.py variants=old,compact,two-loop rounds=5 steps=100 image=3
+    PYTHONPATH=$PWD python research/lenet_step_time.py
+    PYTHONPATH=$PWD python research/lenet_step_time.py variants=old,compact,two-loop rounds=5 steps=100 image=3
 
 Variants: ``compact`` / ``two-loop`` (this tree's BatchedLBFGS directions), ``old`` (BatchedLBFGS as it was at git
 ``ref``, default abd53e7: a list memory and the two-loop), ``hist=K`` (compact with K curvature pairs); a suffix
