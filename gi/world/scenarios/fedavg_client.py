@@ -143,7 +143,7 @@ def _simplex_partition(labels: Tensor, num_clients: int, sizes: tuple[int, int],
                        gen: torch.Generator) -> list[Tensor]:
     """Ramakrishna & Dán §6: N_k ~ U[lo, hi], p_k uniform on the simplex (sorted uniform breakpoints),
     counts by largest remainder, samples drawn without replacement (clients disjoint)."""
-    from labels.counts import largest_remainder
+    from gi.world.data import largest_remainder
 
     draw = _ClassPools(labels, num_classes, gen)
     parts = []
@@ -160,7 +160,7 @@ def _simplex_partition(labels: Tensor, num_clients: int, sizes: tuple[int, int],
 def _table_partition(labels: Tensor, compositions: list[list[float]], size: int, num_classes: int,
                      gen: torch.Generator) -> list[Tensor]:
     """Decaf: fixed per-client class compositions (fractions or percentages) of ``size`` samples each."""
-    from labels.counts import largest_remainder
+    from gi.world.data import largest_remainder
 
     draw = _ClassPools(labels, num_classes, gen)
     parts = []
