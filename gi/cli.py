@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 
 from gi.core.devices import env_threads
-from gi.core.errors import ConfigError, GIError
+from gi.core.errors import ConfigError, GIError, Stopped
 
 EPILOG = """examples:
   gi run configs/demo.yaml                      end-to-end reconstruction of one CIFAR-10 sample
@@ -216,12 +218,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     logging.getLogger("gi").setLevel(logging.INFO)
+    _stop_on_signals()
     try:
         _export_threads(args.threads)
         return COMMANDS[args.command][0](args)
     except GIError as exc:
         print(f"gi {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except (Stopped, KeyboardInterrupt) as exc:
+        stop = exc if isinstance(exc, Stopped) else Stopped(signal.SIGINT, "SIGINT")
+        print(f"gi {args.command}: {stop}: finished results are kept and nothing half-written is left; the same "
+              "command resumes where it resumes (gi ablate, gi defend, gi sweep skip what is done)", file=sys.stderr)
+        return 128 + int(stop.signum)
+
+
+def _stop_on_signals() -> None:
+    """SIGTERM (a scheduler's preemption, ``kill``) stops a command like Ctrl-C does, with a message and a non-zero
+    exit: Lightning's own SIGTERM handling ends a fit by raising ``SystemExit()``, which would exit 0 with no output.
+    Lightning calls the handler found at fit time after its own."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise Stopped(signum, signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 if __name__ == "__main__":

@@ -20,3 +20,13 @@ class ConfigError(GIError):
 
 class AssetError(GIError):
     """An offline asset (dataset files, backbone weights) is missing; the message names the install command."""
+
+
+class Stopped(BaseException):
+    """The process was asked to stop (SIGTERM, SIGINT). A BaseException, like KeyboardInterrupt, so that no
+    ``except Exception`` of a job loop records it as a failed job and goes on: every command unwinds, keeps what
+    is complete, removes what is half-written, and ``gi`` exits with 128 + the signal's number."""
+
+    def __init__(self, signum: int, name: str) -> None:
+        super().__init__(f"stopped by {name}")
+        self.signum, self.name = signum, name
