@@ -17,6 +17,7 @@ that live in this process: no Ray, no network.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -47,13 +48,16 @@ from flwr.server.history import History
 from flwr.server.strategy import FedAvg
 
 from gi.capture import Capture
-from gi.core.errors import CaptureError, ConfigError
+from gi.core.errors import CaptureError, ConfigError, GIError
 from gi.world.fl.protocol import Protocol
 
 Tensor = torch.Tensor
 
+log = logging.getLogger("gi.world.fl.flower")
+
 
 # --------------------------------------------------------------------------- parameters ⇄ state dicts
+
 def state_to_ndarrays(model: torch.nn.Module) -> NDArrays:
     """The model's ``state_dict()`` values as NumPy arrays, in order (what a Flower client sends)."""
     return [v.detach().cpu().numpy().copy() for v in model.state_dict().values()]
@@ -84,6 +88,24 @@ def protocol_from_config(base: Protocol, config: dict[str, Scalar]) -> Protocol:
 
 
 # --------------------------------------------------------------------------- the strategy
+def unusable_result(res: FitRes) -> str | None:
+    """Why a client's ``FitRes`` cannot enter FedAvg's weighted mean (None when it can): no examples, or
+    parameters that are not finite."""
+    try:
+        n = int(res.num_examples)
+    except (TypeError, ValueError):
+        return f"num_examples={res.num_examples!r} is not an integer"
+    if n <= 0:
+        return f"num_examples={n}: a client that trained on no sample has no weight in the mean"
+    try:
+        arrays = parameters_to_ndarrays(res.parameters)
+    except Exception as exc:  # noqa: BLE001  (any decoding failure of a peer's message)
+        return f"parameters cannot be decoded ({type(exc).__name__})"
+    if any(not np.all(np.isfinite(a)) for a in arrays if np.issubdtype(a.dtype, np.number)):
+        return "its parameters hold NaN or Inf"
+    return None
+
+
 class CapturingFedAvg(FedAvg):
     """Flower's FedAvg that records every client's update as a :class:`gi.Capture` (module docstring).
 
@@ -108,6 +130,7 @@ class CapturingFedAvg(FedAvg):
         self.capture_clients = None if capture_clients is None else {str(c) for c in capture_clients}
         self.last_layer, self.in_shape = last_layer, in_shape
         self.captures: list[tuple[int, str, Capture]] = []
+        self.skipped: list[tuple[int, str, str]] = []  # (round, client id, why): left out of the round or not captured
         self._round: dict[int, tuple[NDArrays, dict[str, Scalar]]] = {}
 
     def __repr__(self) -> str:
@@ -125,12 +148,24 @@ class CapturingFedAvg(FedAvg):
                       failures: list[tuple[ClientProxy, FitRes] | BaseException]) -> tuple[Parameters | None,
                                                                                          dict[str, Scalar]]:
         """Record the captures of this round's results, then aggregate as FedAvg does."""
-        if self.capture_rounds is None or server_round in self.capture_rounds:
-            for proxy, res in results:
-                if self.capture_clients is None or str(proxy.cid) in self.capture_clients:
+        kept, failures = [], list(failures)
+        for proxy, res in results:
+            reason = unusable_result(res)
+            if reason is not None:  # a bad client is left out of the round, which goes on without it
+                log.warning("round %d: client %s skipped: %s", server_round, proxy.cid, reason)
+                self.skipped.append((server_round, str(proxy.cid), reason))
+                failures.append((proxy, res))
+                continue
+            kept.append((proxy, res))
+            if (self.capture_rounds is None or server_round in self.capture_rounds) and \
+                    (self.capture_clients is None or str(proxy.cid) in self.capture_clients):
+                try:
                     self.captures.append((server_round, str(proxy.cid), self.capture_of(server_round, res)))
+                except (GIError, ValueError, TypeError) as exc:  # its update still counts; only the capture is lost
+                    log.warning("round %d: client %s not captured: %s", server_round, proxy.cid, exc)
+                    self.skipped.append((server_round, str(proxy.cid), f"not captured: {exc}"))
         self._round.pop(server_round - 1, None)
-        return super().aggregate_fit(server_round, results, failures)
+        return super().aggregate_fit(server_round, kept, failures)
 
     def capture_of(self, server_round: int, res: FitRes) -> Capture:
         """The capture of one client's ``FitRes`` in ``server_round``."""
