@@ -224,6 +224,17 @@ class Capture:
     def num_classes(self) -> int:
         return int(self.model_spec["num_classes"])
 
+    def __repr__(self) -> str:
+        """One line: the model, what is shared and how much, the protocol (the tensors stay out of it)."""
+        shared = self.gradients if self.gradients is not None else self.update
+        values = sum(int(t.numel()) for t in (shared or {}).values())
+        spec = self.model_spec
+        model = spec.get("factory") or spec.get("name") or spec.get("provider", "?")
+        return (f"Capture(model={model!r}, {'gradients' if self.gradients is not None else 'update'}: "
+                f"{len(shared or {})} tensors, {values} values; last_layer={self.last_layer_name!r}, "
+                f"num_samples={self.meta.get('num_samples')}, scheme={self.protocol.scheme!r}, "
+                f"in_shape={spec.get('in_shape')})")
+
     @property
     def num_samples(self) -> int:
         """The number of samples behind the shared message: ``meta['num_samples']``, else the protocol's
@@ -537,6 +548,10 @@ class Truth:
     counts: Tensor
     extra: dict[str, Tensor] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        """One line: the batch's shape and labels (the pixels stay out of it)."""
+        return f"Truth(images={tuple(self.images.shape)}, labels={self.labels.tolist()})"
 
     @property
     def proportions(self) -> Tensor:

@@ -334,7 +334,7 @@ shared reconstruction (:func:`gi.experiments.outdir.log_scope`), not the other j
                 gen = torch.Generator().manual_seed(cfg.seed)
                 dataset, model = build_victim(cfg)
                 captures, truths = capture_all(cfg, dataset, model, gen)
-                log.info("captured %s %s of %d capture(s) x %d samples", cfg.model.name,
+                log.info("captured %s %s of %d capture(s) x %d samples", cfg.model.label,
                          "update" if captures[0].is_update else "gradients", len(captures), captures[0].num_samples)
                 # ---- attack side: captures (+ aux) only; the oracle mode alone reads truth, by request
                 aux = make_aux(cfg, dataset, gen, truths)

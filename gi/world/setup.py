@@ -101,6 +101,11 @@ class ModelConfig:
         require(self.factory is None or (":" in self.factory and not self.factory.startswith(":")),
                 "model.factory", self.factory, "an import string 'package.module:callable' or null")
 
+    @property
+    def label(self) -> str:
+        """What the model is, for logs and tables: the factory's import string, else the zoo name."""
+        return self.factory or self.name
+
 
 @dataclass
 class TrainConfig:

@@ -101,3 +101,11 @@ def test_dp_noise_and_clipping_change_the_shared_gradient():
 
 def test_public_names_exported():
     assert gi.Capture is Capture and callable(gi.reconstruct) and gi.Protocol is Protocol
+
+
+def test_a_capture_and_a_truth_print_as_one_line_without_tensors():
+    _, capture, truth = _capture()
+    for obj in (capture, truth):
+        text = repr(obj)
+        assert "\n" not in text and len(text) < 300 and "tensor(" not in text
+    assert "gradients: " in repr(capture) and "num_samples=2" in repr(capture)
