@@ -504,3 +504,28 @@ def test_bn_targets_follow_the_module_to_its_device():
     assert targets and all(m.device.type == "cpu" for m, _ in targets.values())
     module.to("meta")
     assert all(m.device.type == "meta" and v.device.type == "meta" for m, v in module.device_bn_targets().values())
+
+
+def test_the_terminal_bar_is_named_after_the_stage_and_counts_iterations():
+    import lightning as L
+
+    from gi.attack.recon.api import stage_bar
+
+    class Tiny(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(torch.zeros(1000, 1), batch_size=1)
+
+        def training_step(self, batch, idx):
+            return (self.w - 1).pow(2).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    bar = stage_bar("reconstruct")
+    L.Trainer(max_steps=5, max_epochs=1, logger=False, enable_checkpointing=False, enable_model_summary=False,
+              callbacks=[bar]).fit(Tiny())
+    assert bar.train_progress_bar.desc.startswith("reconstruct") and bar.train_progress_bar.total == 5

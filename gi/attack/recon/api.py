@@ -218,6 +218,21 @@ def stalled(rec: Reconstruction, ratio: float) -> bool:
     return math.isfinite(start) and start > 0 and final > ratio * start
 
 
+def stage_bar(stage: str) -> L.Callback:
+    """Lightning's terminal bar named after the stage and counting the iterations (its own reads "Epoch 0": one
+    epoch of ``attack.iterations`` steps is the whole fit)."""
+    from lightning.pytorch.callbacks import TQDMProgressBar
+
+    class StageBar(TQDMProgressBar):
+        def on_train_epoch_start(self, trainer: L.Trainer, *args: Any) -> None:
+            super().on_train_epoch_start(trainer, *args)
+            self.train_progress_bar.set_description(stage)
+            if trainer.max_steps > 0:
+                self.train_progress_bar.total = trainer.max_steps
+
+    return StageBar()
+
+
 def optimise(problem: Problem, cfg: ReconConfig, callbacks: Sequence[L.Callback] = (), stage: str = "reconstruct"
              ) -> tuple[GradientInversion, float, int]:
     """Fit a :class:`GradientInversion` of ``problem`` with a Lightning ``Trainer``; the fitted module, the
@@ -226,7 +241,8 @@ def optimise(problem: Problem, cfg: ReconConfig, callbacks: Sequence[L.Callback]
     quiet_lightning()
     accelerator, devices = resolve_device(cfg.device)
     bar = cfg.progress and sys.stderr.isatty()
-    lines = [ProgressLines(cfg.iterations, stage=stage)] if cfg.progress and not bar else []
+    lines = [ProgressLines(cfg.iterations, stage=stage)] if cfg.progress and not bar else [stage_bar(stage)] if bar \
+        else []
     trainer = L.Trainer(
         max_steps=cfg.iterations, max_epochs=1, accelerator=accelerator, devices=devices,
         logger=False, enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0,
