@@ -128,16 +128,17 @@ def mismatch_phrase(mismatch: float, what: str = "gradient") -> str:
 
 
 def mismatch_sentence(mismatches: Sequence[float], what: str = "gradient") -> str:
-    """The run's mismatch verdict in words: one capture's :func:`mismatch_phrase`, or for several the count per
-    verdict and the range of the mismatch."""
+    """The run's mismatch verdict in words: one capture's :func:`mismatch_phrase`, or for several the captures per
+    verdict and the range of the mismatch, e.g. ``the reconstruction explains the gradient of 1 of 3 captures,
+    does not explain it for 2 (relative mismatch 1e-06 to 0.9)``."""
     if len(mismatches) == 1:
         return mismatch_phrase(mismatches[0], what)
     n = tally([mismatch_verdict(m) for m in mismatches], MISMATCH_VERDICTS)
-    counts = ", ".join(f"{k} {v}" for k, v in ((f"{EXPLAINS} the {what}", n[EXPLAINS]),
-                                                (f"{PARTLY_EXPLAINS} it", n[PARTLY_EXPLAINS]),
-                                                (f"{DOES_NOT_EXPLAIN} it", n[DOES_NOT_EXPLAIN])) if v)
-    return (f"of {len(mismatches)} captures, the reconstruction {counts} (relative mismatch "
-            f"{min(mismatches):.2g} to {max(mismatches):.2g})")
+    parts = [(word, count) for word, count in n.items() if count]
+    said = [f"{parts[0][0]} the {what} of {parts[0][1]} of {len(mismatches)} captures"]
+    said += [f"{word} it for {count}" for word, count in parts[1:]]
+    return (f"the reconstruction {', '.join(said)} (relative mismatch {min(mismatches):.2g} to "
+            f"{max(mismatches):.2g})")
 
 
 RULE = (f"recovered: PSNR >= {RECOVERED_MIN_PSNR_DB:g} dB and >= the best trivial guess + {RECOVERED_MARGIN_DB:g} "

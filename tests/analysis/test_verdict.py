@@ -108,5 +108,7 @@ def test_mismatch_words():
     many = mismatch_summary([1e-6, 0.5, 0.9])
     assert many["overall"] == PARTLY_EXPLAINS
     assert many["counts"] == {EXPLAINS: 1, PARTLY_EXPLAINS: 0, DOES_NOT_EXPLAIN: 2}
-    assert many["summary"] == ("of 3 captures, the reconstruction explains the gradient 1, does not explain it 2 "
-                               "(relative mismatch 1e-06 to 0.9)")
+    assert many["summary"] == ("the reconstruction explains the gradient of 1 of 3 captures, does not explain it "
+                               "for 2 (relative mismatch 1e-06 to 0.9)")
+    assert mismatch_summary([0.28, 0.31], "update")["summary"] == (
+        "the reconstruction does not explain the update of 2 of 2 captures (relative mismatch 0.28 to 0.31)")
