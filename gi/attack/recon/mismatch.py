@@ -44,7 +44,7 @@ def simulated_share(capture: Capture, images: Tensor, labels: Tensor, output_err
         if train:  # torch.func's local steps cannot update BatchNorm running stats in place
             torch.func.replace_all_batch_norm_modules_(model)
         simulate = update_simulator(model, capture.protocol, names, num_samples=x.shape[0],
-                                    history=dict(capture.history), trained=names)
+                                    history={k: v.cpu() for k, v in capture.history.items()}, trained=names)
     else:
         error = captured_output_error(capture) if output_error == "captured" else None
         if error is not None:
