@@ -58,9 +58,14 @@ def _print_summary(m: dict) -> None:
     if "psnr_mean" in m:
         over = f" over {m['num_images']} images" if m["num_images"] > 1 else ""
         print(f"PSNR mean {m['psnr_mean']:.2f} / median {m['psnr_median']:.2f} / min {m['psnr_min']:.2f} dB{over} "
-              f"(random image {m['random_image_psnr_mean']:.2f} dB)  SSIM {m['ssim_mean']:.3f}  "
+              f"(mean colour {m['mean_colour_psnr_mean']:.2f}, random image {m['random_image_psnr_mean']:.2f} dB)  "
+              f"SSIM {m['ssim_mean']:.3f}  "
               f"LPIPS-alex {m['lpips_alex_mean']:.3f}  labels {m['labels']['mode']}/{m['labels']['method']} "
               f"ins_acc {m['final_labels']['ins_acc']:.3f}")
+    if "verdict" in m:
+        from gi.analysis.outputs import verdict_line
+
+        print(verdict_line(m))
     for warning in m.get("warnings", []):
         print(f"warning: {warning}")
 

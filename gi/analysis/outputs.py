@@ -1,11 +1,14 @@
-"""The output directory of ``gi run`` / ``gi attack``: scores per image, the summary, plots and files
-(docs/architecture.md "Data flow"), and the truth monitor that draws PSNR against iterations during a fit.
-Scoring reads :class:`~gi.capture.Truth`; nothing here feeds back into the attack."""
+"""The output directory of ``gi run`` / ``gi attack``: scores per image (:func:`truth_table`, or
+:func:`plain_table` without truth), the summary (scores and baselines, labels, the verdict of
+:mod:`gi.analysis.verdict`, the attack), plots and files (docs/architecture.md "Data flow", docs/usage.md
+"Verdict"), and the truth monitor that draws PSNR against iterations during a fit. Scoring reads
+:class:`~gi.capture.Truth`; nothing here feeds back into the attack."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -84,88 +87,195 @@ def _mean_dicts(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {k: sum(float(r[k]) for r in rows) / len(rows) for k in keys}
 
 
+def _mean(values: Sequence[float]) -> float:
+    return float(sum(values) / len(values))
+
+
+@dataclass
+class Table:
+    """What :func:`write_outputs` scored, image by image: the results.csv ``rows``, the grid's ``captions`` and
+    images, and per capture the image ``scores`` (:func:`gi.analysis.metrics.score`) and label scores; per image
+    the trivial-guess ``baselines`` (:func:`gi.analysis.verdict.trivial_baselines`) and the uniform-noise PSNR."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    captions: list[str] = field(default_factory=list)
+    shown_rec: list[Any] = field(default_factory=list)
+    shown_truth: list[Any] = field(default_factory=list)
+    scores: list[dict[str, Any]] = field(default_factory=list)
+    baselines: dict[str, list[float]] = field(default_factory=dict)
+    random_psnr: list[float] = field(default_factory=list)
+    label_scores: list[dict[str, float]] = field(default_factory=list)
+    final_label_scores: list[dict[str, float]] = field(default_factory=list)
+
+
+def mismatch_of(rec: Any) -> float:
+    """A reconstruction's relative mismatch of the shared tensors (NaN when it was not computed)."""
+    value = rec.history.get("gradient_mismatch")
+    return float("nan") if value is None else float(value)
+
+
+def truth_table(outcome: AttackResult, truths: Sequence[Truth], lcfg: LabelConfig, seed: int,
+                metric_options: dict[str, Any]) -> Table:
+    """Every truth image scored against its pixel-matched reconstruction slot (one row each), beside the trivial
+    guesses and a uniform-noise image, with the verdict (:func:`gi.analysis.verdict.image_verdict`). A row's
+    ``slot_label`` is the label that slot was reconstructed with; ``true_label_in_slots`` says whether the true
+    label is among the capture's slot labels at all (in a batch the pixel matching need not pair equal labels)."""
+    import torch
+
+    from gi.analysis.metrics import label_metrics, score
+    from gi.analysis.verdict import image_verdict, mismatch_verdict, trivial_baselines
+
+    table = Table()
+    for k, (rec, truth, lr) in enumerate(zip(outcome.reconstructions, truths, outcome.label_results)):
+        s = score(rec.images, truth.images, labels_rec=rec.labels.argmax(1), labels_true=truth.labels,
+                  match=metric_options["match"], vgg=metric_options["lpips_vgg"])
+        table.scores.append(s)
+        base = trivial_baselines(truth.images)
+        for key, values in base.items():
+            table.baselines.setdefault(key, []).extend(values)
+        rnd = torch.rand(truth.images.shape, generator=torch.Generator().manual_seed(seed + 7 + k))
+        table.random_psnr.extend(score(rnd, truth.images, match=metric_options["match"], vgg=False)["psnr"])
+        if lr is not None:
+            table.label_scores.append(label_metrics(lr, truth))
+        table.final_label_scores.append(label_metrics(used_labels(rec, lcfg.mode), truth))
+        slots = rec.labels.argmax(1).tolist()
+        mismatch = mismatch_of(rec)
+        indices = truth.meta.get("indices") or [None] * truth.images.shape[0]
+        for i in range(truth.images.shape[0]):
+            trivial = max(base["grey_psnr"][i], base["mean_colour_psnr"][i])
+            verdict = image_verdict(s["psnr"][i], trivial)
+            true, slot = int(truth.labels[i]), slots[s["perm"][i]]
+            table.rows.append({
+                "capture": k, "image": i, "dataset_index": indices[i], "psnr": s["psnr"][i], "ssim": s["ssim"][i],
+                "lpips_alex": s["lpips_alex"][i], "verdict": verdict, **{key: v[i] for key, v in base.items()},
+                "true_label": true, "slot_label": slot, "true_label_in_slots": true in slots,
+                "matched_slot": s["perm"][i], "answered_by": rec.history.get("answered_by", "optimisation"),
+                "analytic_residual": rec.history.get("analytic_residual"), "gradient_mismatch": mismatch,
+                "mismatch_verdict": mismatch_verdict(mismatch)})
+            table.captions.append(f"{s['psnr'][i]:.1f} dB {verdict}\nslot {slot} / true {true}"
+                                  + ("" if true in slots else " (no slot)"))
+        table.shown_truth.append(truth.images)
+        table.shown_rec.append(rec.images[torch.as_tensor(s["perm"])])
+    return table
+
+
+def plain_table(outcome: AttackResult) -> Table:
+    """Without truth: one row per reconstruction slot, with its label and its capture's mismatch verdict
+    (:func:`gi.analysis.verdict.mismatch_verdict`)."""
+    from gi.analysis.verdict import mismatch_verdict
+
+    table = Table()
+    for k, rec in enumerate(outcome.reconstructions):
+        mismatch = mismatch_of(rec)
+        for i in range(rec.images.shape[0]):
+            label = int(rec.labels[i].argmax())
+            table.rows.append({"capture": k, "image": i, "slot_label": label, "gradient_mismatch": mismatch,
+                               "mismatch_verdict": mismatch_verdict(mismatch),
+                               "answered_by": rec.history.get("answered_by", "optimisation"),
+                               "analytic_residual": rec.history.get("analytic_residual")})
+            table.captions.append(f"slot label {label}\nmismatch {mismatch:.2g}")
+        table.shown_rec.append(rec.images)
+    return table
+
+
+def score_summary(table: Table, metric_options: dict[str, Any]) -> dict[str, Any]:
+    """The image scores of metrics.json: mean / median / min over every image, the baselines' means (uniform
+    noise, a flat grey image, each image's mean colour) and ``images`` (per-image lists and their stats)."""
+    from gi.analysis.metrics import summarize
+
+    images: dict[str, Any] = {}
+    for metric in ("psnr", "ssim", "lpips_alex", "mse") + (("lpips_vgg",) if metric_options["lpips_vgg"] else ()):
+        stats = summarize([v for s in table.scores for v in s[metric]])
+        images[metric] = stats.pop("values")
+        images.update({f"{metric}_{k}": v for k, v in stats.items()})
+    if len(table.scores) == 1:
+        images = table.scores[0]
+    return {"psnr_mean": images["psnr_mean"], "psnr_median": images["psnr_median"], "psnr_min": images["psnr_min"],
+            "ssim_mean": images["ssim_mean"], "lpips_alex_mean": images["lpips_alex_mean"],
+            "random_image_psnr_mean": _mean(table.random_psnr),
+            **{f"{key}_mean": _mean(values) for key, values in table.baselines.items()},
+            "images": images}
+
+
+def label_summary(outcome: AttackResult, lcfg: LabelConfig, table: Table, truths: Sequence[Truth] | None
+                  ) -> dict[str, Any]:
+    """metrics.json's ``labels`` (the label stage: mode, method, why, counts; scored with truth) and, with truth,
+    ``final_labels`` (the labels the reconstructions ended with); one capture's counts as a plain list."""
+    recs, lrs = outcome.reconstructions, outcome.label_results
+    one = len(recs) == 1
+    info: dict[str, Any] = {"mode": lcfg.mode, "method": outcome.stages[0]["method"], "why": outcome.stages[0]["why"],
+                            "ok": all(lr.ok for lr in lrs if lr is not None),
+                            "counts": [(lr.counts if lr is not None else final_counts(r)).tolist()
+                                       for lr, r in zip(lrs, recs)]}
+    info["counts"] = info["counts"][0] if one else info["counts"]
+    out: dict[str, Any] = {"labels": info}
+    if truths is None:
+        return out
+    info.update(_mean_dicts(table.label_scores) if table.label_scores else {})
+    info["true_counts"] = [t.counts.tolist() for t in truths][0] if one else [t.counts.tolist() for t in truths]
+    final = {**_mean_dicts(table.final_label_scores), "counts": [final_counts(r).tolist() for r in recs]}
+    final["counts"] = final["counts"][0] if one else final["counts"]
+    final["L_r"] = final.get("soft_l1")
+    out["final_labels"] = final
+    return out
+
+
+def verdict_summary(table: Table, outcome: AttackResult, captures: Sequence[Capture], truths: Sequence[Truth] | None
+                    ) -> dict[str, Any]:
+    """metrics.json's ``verdict`` (:mod:`gi.analysis.verdict`): with truth, per image against the best trivial
+    guess, with the attack's own mismatch verdict under ``gradient``; without, the mismatch verdict alone."""
+    from gi.analysis.verdict import image_summary, mismatch_summary
+
+    what = "update" if captures and captures[0].is_update else "gradient"
+    gradient = mismatch_summary([mismatch_of(r) for r in outcome.reconstructions], what)
+    if truths is None:
+        return gradient
+    rows = table.rows
+    return {**image_summary([r["psnr"] for r in rows], [r["grey_psnr"] for r in rows],
+                            [r["mean_colour_psnr"] for r in rows]), "gradient": gradient}
+
+
+def attack_summary(outcome: AttackResult, num_images: int) -> dict[str, Any]:
+    """metrics.json's ``attack``: the objective and best restart (per capture when several), seconds and
+    iterations."""
+    recs = outcome.reconstructions
+    seconds = sum(r.seconds for r in recs)
+    iterations = max(r.iterations for r in recs)
+    many = len(recs) > 1
+    return {"objective": [r.objective.tolist() for r in recs] if many else recs[0].objective.tolist(),
+            "best_restart": [r.best_restart for r in recs] if many else recs[0].best_restart,
+            "seconds": seconds, "seconds_per_image": seconds / max(num_images, 1), "iterations": iterations,
+            "seconds_per_100_iterations": 100 * seconds / iterations if iterations else None}
+
+
+def verdict_line(metrics: dict[str, Any]) -> str:
+    """The verdict for the summary line of ``gi run`` / ``gi attack``: ``verdict: <word>: <sentence>``, and with
+    truth the mismatch sentence after it."""
+    verdict = metrics["verdict"]
+    line = f"verdict: {verdict['overall']}: {verdict['summary']}"
+    if "gradient" in verdict:
+        line += f"; {verdict['gradient']['summary']}"
+    return line
+
+
 def write_outputs(tmp: Path, name: str, config: dict[str, Any], captures: Sequence[Capture],
                   truths: Sequence[Truth] | None, outcome: AttackResult, lcfg: LabelConfig, seed: int,
                   metric_options: dict[str, Any], monitor: Any = None, t0: float | None = None) -> dict[str, Any]:
     """Write the self-contained output directory of ``gi run`` / ``gi attack``: config.yaml, metrics.json (with
-    ``stages``; scores and their mean/median/min over every image when truths are given), results.csv (one row
-    per image), grid.png, plots, the captures (and truths). Returns the metrics."""
+    ``stages`` and the ``verdict``; scores, baselines and their mean/median/min over every image when truths are
+    given), results.csv (one row per image), grid.png, plots, the captures (and truths). Returns the metrics."""
     import torch
 
-    from gi.analysis.metrics import label_metrics, score, summarize
     from gi.attack.recon.problem import image_slots
 
-    recs = outcome.reconstructions
+    table = truth_table(outcome, truths, lcfg, seed, metric_options) if truths is not None else plain_table(outcome)
     metrics: dict[str, Any] = {"name": name, "num_captures": len(captures),
                                "num_images": sum(image_slots(c) for c in captures)}
-    rows: list[dict[str, Any]] = []
-    shown_rec, shown_truth, captions = [], [], []
-    lrs = outcome.label_results
-    label_info = {"mode": lcfg.mode,
-                  "method": outcome.stages[0]["method"], "why": outcome.stages[0]["why"],
-                  "ok": all(lr.ok for lr in lrs if lr is not None),
-                  "counts": [(lr.counts if lr is not None else final_counts(r)).tolist() for lr, r in zip(lrs, recs)]}
     if truths is not None:
-        per_capture, random_psnr, lab, final = [], [], [], []
-        for k, (rec, truth, lr) in enumerate(zip(recs, truths, lrs)):
-            s = score(rec.images, truth.images, labels_rec=rec.labels.argmax(1), labels_true=truth.labels,
-                      match=metric_options["match"], vgg=metric_options["lpips_vgg"])
-            per_capture.append(s)
-            rnd = torch.rand(truth.images.shape, generator=torch.Generator().manual_seed(seed + 7 + k))
-            random_psnr.extend(score(rnd, truth.images, match=metric_options["match"], vgg=False)["psnr"])
-            if lr is not None:
-                lab.append(label_metrics(lr, truth))
-            final.append(label_metrics(used_labels(rec, lcfg.mode), truth))
-            perm = torch.as_tensor(s["perm"])
-            rec_labels = rec.labels.argmax(1)[perm]
-            for i in range(truth.images.shape[0]):
-                rows.append({"capture": k, "image": i, "dataset_index": truth.meta.get("indices", [None] * (i + 1))[i],
-                             "psnr": s["psnr"][i], "ssim": s["ssim"][i], "lpips_alex": s["lpips_alex"][i],
-                             "true_label": int(truth.labels[i]), "recovered_label": int(rec_labels[i]),
-                             "matched_reconstruction": s["perm"][i],
-                             "answered_by": rec.history.get("answered_by", "optimisation"),
-                             "analytic_residual": rec.history.get("analytic_residual")})
-                captions.append(f"{s['psnr'][i]:.1f} dB\nlabel {int(rec_labels[i])} / {int(truth.labels[i])}")
-            shown_truth.append(truth.images)
-            shown_rec.append(rec.images[perm])
-        images: dict[str, Any] = {}
-        for metric in ("psnr", "ssim", "lpips_alex", "mse") + (("lpips_vgg",) if metric_options["lpips_vgg"] else ()):
-            stats = summarize([v for s in per_capture for v in s[metric]])
-            images[metric] = stats.pop("values")
-            images.update({f"{metric}_{k}": v for k, v in stats.items()})
-        if len(per_capture) == 1:
-            images = per_capture[0]
-        metrics.update({
-            "psnr_mean": images["psnr_mean"], "psnr_median": images["psnr_median"], "psnr_min": images["psnr_min"],
-            "ssim_mean": images["ssim_mean"], "lpips_alex_mean": images["lpips_alex_mean"],
-            "random_image_psnr_mean": float(sum(random_psnr) / len(random_psnr)),
-        })
-        label_info.update(_mean_dicts(lab) if lab else {})
-        label_info["true_counts"] = [t.counts.tolist() for t in truths]
-        metrics["final_labels"] = {**_mean_dicts(final), "counts": [final_counts(r).tolist() for r in recs]}
-        metrics["final_labels"]["L_r"] = metrics["final_labels"].get("soft_l1")
-        metrics["images"] = images
-    else:
-        for k, rec in enumerate(recs):
-            for i in range(rec.images.shape[0]):
-                rows.append({"capture": k, "image": i, "recovered_label": int(rec.labels[i].argmax())})
-                captions.append(f"label {int(rec.labels[i].argmax())}")
-            shown_rec.append(rec.images)
-    if len(captures) == 1:  # one capture: its counts as a plain list (as before)
-        label_info["counts"] = label_info["counts"][0]
-        if "true_counts" in label_info:
-            label_info["true_counts"] = label_info["true_counts"][0]
-        if "final_labels" in metrics:
-            metrics["final_labels"]["counts"] = metrics["final_labels"]["counts"][0]
-    metrics["labels"] = label_info
-    seconds = sum(r.seconds for r in recs)
-    iterations = max(r.iterations for r in recs)
-    many = len(recs) > 1
-    metrics["attack"] = {"objective": [r.objective.tolist() for r in recs] if many else recs[0].objective.tolist(),
-                         "best_restart": [r.best_restart for r in recs] if many else recs[0].best_restart,
-                         "seconds": seconds, "seconds_per_image": seconds / max(metrics["num_images"], 1),
-                         "iterations": iterations,
-                         "seconds_per_100_iterations": 100 * seconds / iterations if iterations else None}
+        metrics.update(score_summary(table, metric_options))
+    metrics.update(label_summary(outcome, lcfg, table, truths))
+    metrics["verdict"] = verdict_summary(table, outcome, captures, truths)
+    metrics["attack"] = attack_summary(outcome, metrics["num_images"])
     metrics["stages"] = outcome.stages
     metrics["warnings"] = outcome.warnings
     if t0 is not None:
@@ -175,10 +285,23 @@ def write_outputs(tmp: Path, name: str, config: dict[str, Any], captures: Sequen
     metrics["torch"] = torch.__version__
     write_yaml(tmp / "config.yaml", config)
     write_json(tmp / "metrics.json", metrics)
-    write_csv(tmp / "results.csv", rows)
-    legend = " (PSNR; recovered / true label)" if truths is not None else " (recovered label)"
-    save_caption_grid(tmp / "grid.png", torch.cat(shown_rec), torch.cat(shown_truth) if shown_truth else None,
-                      captions, title=name + legend)
+    write_csv(tmp / "results.csv", table.rows)
+    legend = (" (PSNR, verdict; label of the pixel-matched slot / true label)" if truths is not None
+              else " (slot label; relative gradient mismatch)")
+    save_caption_grid(tmp / "grid.png", torch.cat(table.shown_rec),
+                      torch.cat(table.shown_truth) if table.shown_truth else None, table.captions,
+                      title=name + legend)
+    write_plots(tmp, name, outcome, monitor, len(captures))
+    save_captures(tmp, captures, truths)
+    return metrics
+
+
+def write_plots(tmp: Path, name: str, outcome: AttackResult, monitor: Any, num_captures: int) -> None:
+    """psnr.png (the truth monitor's curve), objective.png (the first capture's restarts) and analytic.png (the
+    analytic inversion's residual per layer), each when there is something to draw."""
+    import torch
+
+    recs = outcome.reconstructions
     if monitor is not None and monitor.steps:
         answered = len(monitor.ids) - len(monitor.fitted)  # a mixed run: the optimised captures' mean alone
         label = "PSNR (best restart)" + (f", mean of the {len(monitor.fitted)} optimised captures ({answered} "
@@ -200,10 +323,8 @@ def write_outputs(tmp: Path, name: str, config: dict[str, Any], captures: Sequen
         save_line_plot(tmp / "analytic.png", list(range(len(layers))),
                        {k: [max(v, floor) if v == v else v for v in vs] for k, vs in series.items()},
                        "layer (0 = last: " + ", ".join(la["name"] for la in layers) + ")",
-                       "relative residual", title=f"{name}: analytic inversion over {len(captures)} capture(s)",
+                       "relative residual", title=f"{name}: analytic inversion over {num_captures} capture(s)",
                        logy=True)
-    save_captures(tmp, captures, truths)
-    return metrics
 
 
 def save_captures(tmp: Path, captures: Sequence[Capture], truths: Sequence[Truth] | None) -> None:

@@ -29,8 +29,9 @@ def run(capture: Capture | Sequence[Capture], aux: Any = None, preset: str = AUT
     held fixed) or a full :class:`~gi.attack.stages.LabelConfig` (label mode, hard method, options). ``preset``: a
     name of :data:`gi.attack.recon.presets.PRESETS` or ``auto``; ``attack`` keys (``iterations=``, ``restarts=``,
     … any :class:`~gi.attack.recon.ReconConfig` field) override it. Returns an :class:`AttackResult`: the label
-    results, the feature targets, one :class:`~gi.attack.recon.Reconstruction` per capture, the stage records
-    and the warnings.
+    results, the feature targets, one :class:`~gi.attack.recon.Reconstruction` per capture (its
+    ``history["gradient_mismatch"]``: how well it explains the capture, judged by
+    :func:`gi.analysis.verdict.mismatch_verdict`; docs/usage.md, "Verdict"), the stage records and the warnings.
     """
     from gi.capture import Capture
 

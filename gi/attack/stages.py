@@ -276,6 +276,7 @@ def reconstruct_stage(attack: ReconConfig, captures: Sequence[Capture], label_re
                 if residuals[i] is not None:
                     rec.history.update(answered_by="optimised from the analytic inversion" if init == "analytic"
                                        else "optimisation", analytic_residual=residuals[i])
+    record_mismatch(captures, recs)
     used = sorted({r.history["output_error"] for r in recs if "output_error" in r.history})
     if used:  # attack.output_error as resolved (auto: captured where the capture gives ∂L/∂z)
         record["output_error"] = used[0] if len(used) == 1 else used
@@ -284,6 +285,22 @@ def reconstruct_stage(attack: ReconConfig, captures: Sequence[Capture], label_re
     log.info("reconstruct: %s, %d capture(s)%s in %.1f s", record["optimizer"], len(captures),
              f" ({len(direct)} answered by the analytic inversion)" if direct and rest else "", record["seconds"])
     return recs, record
+
+
+def record_mismatch(captures: Sequence[Capture], recs: Sequence[Reconstruction]) -> None:
+    """Each reconstruction's final relative mismatch of the shared tensors, ``history["gradient_mismatch"]``
+    (:func:`gi.attack.recon.mismatch.shared_mismatch`: the final images and labels through the simulator the
+    objective uses; for an update capture, the update's): the attack's own verdict signal (docs/usage.md,
+    "Verdict"). The model is rebuilt once per run of captures of one global model."""
+    from gi.attack.recon.mismatch import shared_mismatch
+    from gi.attack.recon.problem import same_model
+
+    owner, model = None, None
+    for capture, rec in zip(captures, recs):
+        if owner is None or not same_model(owner, capture):
+            owner, model = capture, capture.model()
+        rec.history["gradient_mismatch"] = shared_mismatch(capture, rec.images, rec.labels,
+                                                           rec.history.get("output_error", "simulated"), model)
 
 
 # an inversion whose largest layer residual is at or above this is not used as a start either: rank-deficient

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from gi.analysis.outputs import truth_monitor, write_outputs
+from gi.analysis.outputs import truth_monitor, verdict_line, write_outputs
 from gi.attack.recon.config import ReconConfig
 from gi.attack.recon.presets import DEFAULT, apply_preset
 from gi.attack.stages import LABEL_MODES, AttackResult, LabelConfig, attack_stages, derived_attack
@@ -30,6 +31,8 @@ from gi.world.setup import AuxConfig, DataConfig, load_config
 if TYPE_CHECKING:
 
     from gi.capture import Capture
+
+log = logging.getLogger("gi.experiments.attack")
 
 
 def check_attack_labels(data: Any) -> None:
@@ -206,4 +209,5 @@ def run_attack(cfg: AttackConfig) -> AttackRun:
         config = {**to_dict(cfg)}
         metrics = write_outputs(tmp, cfg.name, config, captures, truths, outcome, cfg.labels, cfg.seed,
                                 {"match": True, "lpips_vgg": cfg.lpips_vgg}, monitor, t0)
+        log.info("%s", verdict_line(metrics))
     return AttackRun(out, metrics, outcome)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from gi.analysis.outputs import truth_monitor, write_outputs
+from gi.analysis.outputs import truth_monitor, verdict_line, write_outputs
 from gi.attack.recon.config import ReconConfig
 from gi.attack.recon.presets import DEFAULT
 from gi.attack.stages import (
@@ -359,9 +359,11 @@ shared reconstruction (:func:`gi.experiments.outdir.log_scope`), not the other j
                     metrics = write_outputs(job.tmp, cfg.name, cfg.written(), job.captures, job.truths, outcome,
                                             cfg.labels, cfg.seed, {"match": cfg.metrics.match,
                                                                    "lpips_vgg": cfg.metrics.lpips_vgg}, part, job.t0)
-                    log.info("PSNR mean %.2f / median %.2f / min %.2f dB over %d image(s) (random image %.2f dB)",
-                             metrics["psnr_mean"], metrics["psnr_median"], metrics["psnr_min"], metrics["num_images"],
-                             metrics["random_image_psnr_mean"])
+                    log.info("PSNR mean %.2f / median %.2f / min %.2f dB over %d image(s) (trivial guesses: mean "
+                             "colour %.2f, grey %.2f, random image %.2f dB); %s", metrics["psnr_mean"],
+                             metrics["psnr_median"], metrics["psnr_min"], metrics["num_images"],
+                             metrics["mean_colour_psnr_mean"], metrics["grey_psnr_mean"],
+                             metrics["random_image_psnr_mean"], verdict_line(metrics))
                 recs = outcome.reconstructions
                 by_job[i] = RunResult(job.out, metrics, job.captures[0], job.truths[0], recs[0], job.captures,
                                       job.truths, recs)

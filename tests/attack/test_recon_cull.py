@@ -198,3 +198,40 @@ def test_a_retry_culls_no_earlier_than_retry_min_cull_with_the_retry_memory(monk
         first, retry = seen
         assert (first.cull_after, first.lbfgs_history) == (cull, None)
         assert (retry.restarts, retry.cull_after, retry.lbfgs_history) == (8, want, api.RETRY_LBFGS_HISTORY)
+
+
+def _ended(cfg: ReconConfig, best: torch.Tensor, last: torch.Tensor, start: torch.Tensor, capture, label) -> list:
+    """The warnings about a fit from ``start`` whose best iterate is ``best`` and whose last iterate is ``last``."""
+    module = GradientInversion(build_problem([capture], [label], cfg), cfg)
+    shape = module.best_images.shape
+    module.best_images = best.reshape(shape).clone()
+    module.images.data = last.reshape(shape).clone()
+    module.best_loss = torch.zeros(1)
+    return diagnose(module, cfg, start.reshape(shape))
+
+
+def test_an_objective_that_grew_is_called_diverged_not_stalled():
+    """Every step made it worse: the best iterate is the start (the match term kept 100 %), the last iterate's
+    objective is 3.1x the start's (the images x3, measured: 3.69 -> 11.3). That is a divergence, with its knobs;
+    the same fit ending where it started is a stall."""
+    capture, truth, label = _capture()
+    start = torch.rand(truth.images.shape, generator=torch.Generator().manual_seed(5))
+    cfg = _config(restarts=1, iterations=5)
+    diverged = _ended(cfg, start, 3 * start, start, capture, label)
+    assert len(diverged) == 1 and not any("stalled" in w for w in diverged), diverged
+    assert diverged[0].startswith("the objective grew 3.07x (from 3.69 to 11.3) over 5 iterations: the optimisation "
+                                  "diverged; lower attack.lr (now 1) or change attack.optimizer (now lbfgs)")
+    stalled_fit = _ended(cfg, start, start, start, capture, label)
+    assert len(stalled_fit) == 1 and "stalled" in stalled_fit[0] and "kept 100%" in stalled_fit[0], stalled_fit
+
+
+def test_a_match_term_that_grew_under_a_heavy_regulariser_names_the_regulariser():
+    """TV weight 10: a flat white image has no TV, so the whole objective fell (10.5 -> 7.9) while the match term
+    grew 2.1x (3.69 -> 7.90): the regulariser pulled the images from the gradient."""
+    capture, truth, label = _capture()
+    start = torch.rand(truth.images.shape, generator=torch.Generator().manual_seed(5))
+    white = torch.ones_like(start)
+    warnings = _ended(_config(restarts=1, iterations=5, regularizers={"tv": 10.0}), white, white, start, capture,
+                      label)
+    assert len(warnings) == 1 and warnings[0].startswith("the gradient-matching term grew 2.14x from its start")
+    assert warnings[0].endswith("lower attack.regularizers.tv (now 10)") and "stalled" not in warnings[0]

@@ -289,13 +289,17 @@ class ProgressLines(L.Callback):
 STALL_RATIO = 0.5  # the gradient-matching term kept more than this fraction of its start: it stalled
 DOMINANT = 0.5  # a regulariser above this share of the final objective dominates it
 MATCHED = 1e-2  # ... unless the match term fell below this fraction of its start: then the gradients are matched
+GREW = 1.05  # the last iterate's whole objective above this multiple of the start's: the fit diverged
 
 
 def diagnose(module: GradientInversion, cfg: ReconConfig, start: Tensor | None = None) -> list[str]:
     """Warnings about a finished fit, each naming the knob to turn (median over captures of each capture's best
     restart): the match term stalled (at the best iterate it kept more than :data:`STALL_RATIO` of its value at
     the start images ``start``, or of the first logged objective), or a regulariser makes up more than
-    :data:`DOMINANT` of the final objective (so the gradients are hardly matched)."""
+    :data:`DOMINANT` of the final objective (so the gradients are hardly matched). A fit that did not improve
+    because its objective grew (the last iterate's whole objective above :data:`GREW` times the start's,
+    :func:`growth`) is called diverged, not stalled: its best iterate is near the start because every step made
+    it worse; a match term that grew while the whole objective fell is put down to the regularisers."""
     out: list[str] = []
     n, r = module.num_problems, module.rows
     best = module.best_loss.detach().cpu().view(n, r).argmin(1)
@@ -312,12 +316,25 @@ def diagnose(module: GradientInversion, cfg: ReconConfig, start: Tensor | None =
         if start is not None:
             if module.culled is not None:  # the survivors' starts (the index may be on the fit's device)
                 start = start[module.culled["keep"].to(start.device)]
-            first = terms(start)["match"]
+            at_start = terms(start)
+            first = at_start["match"]
         else:
+            at_start = None
             history = module.history.get("objective") or [[float("inf")] * (n * r)]
             first = torch.tensor(history[0], dtype=torch.float64)[rows]
         kept = float((final["match"] / first.clamp_min(1e-30)).median())
-        if kept > STALL_RATIO:
+        grew = growth(at_start, terms(module.images)) if kept > STALL_RATIO and at_start is not None else None
+        if grew is not None:
+            ratio, before, after = grew
+            out.append(f"the objective grew {ratio:.3g}x (from {before:.3g} to {after:.3g}) over {cfg.iterations} "
+                       f"iterations{' (medians over captures)' if n > 1 else ''}: the optimisation diverged; "
+                       f"lower attack.lr (now {cfg.lr:g}) or change attack.optimizer (now {cfg.optimizer})")
+        elif kept > GREW:  # the whole objective fell, the match term rose: the regularisers outweigh it
+            pulls = ", ".join(f"attack.regularizers.{k} (now {w:g})" for k, w in regs.items()) or "the regularisers"
+            out.append(f"the gradient-matching term grew {kept:.3g}x from its start over {cfg.iterations} iterations "
+                       f"(median over captures) while the whole objective fell: the regularisers pull the images "
+                       f"away from the gradient; lower {pulls}")
+        elif kept > STALL_RATIO:
             hold = "".join(f", or lower attack.regularizers.{k} (now {w:g}), which may hold it back"
                            for k, w in regs.items())
             out.append(f"the attack stalled: the gradient-matching term kept {100 * kept:.0f}% of its start after "
@@ -331,6 +348,16 @@ def diagnose(module: GradientInversion, cfg: ReconConfig, start: Tensor | None =
                            f"objective, so the gradients are hardly matched; lower attack.regularizers.{name} "
                            f"(e.g. {weight / 10:g})")
     return out
+
+
+def growth(first: dict[str, Tensor], last: dict[str, Tensor]) -> tuple[float, float, float] | None:
+    """``(ratio, first, last)`` when the whole objective at the fit's last iterate (its terms ``last``, per
+    capture) exceeds :data:`GREW` times the one at its start images (``first``), median over captures; else None."""
+    before, after = sum(first.values()), sum(last.values())
+    ratio = float((after / before.clamp_min(1e-30)).median())
+    if not ratio > GREW:
+        return None
+    return ratio, float(before.median()), float(after.median())
 
 
 def results(module: GradientInversion, cfg: ReconConfig, seconds: float, threads: int) -> list[Reconstruction]:

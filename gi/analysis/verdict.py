@@ -1,0 +1,200 @@
+"""The verdict of a run: did the attack recover the images? (docs/usage.md, "Verdict").
+
+**With truth** an image is compared with the best of two trivial guesses that need no attack at all: a flat grey
+image (0.5 everywhere) and the image's own mean colour (the constant image of its per-channel means). Among
+constant images the mean colour has the least MSE (per channel, MSE = σ² + (μ − c)²), so its PSNR is never below
+the grey image's, and the margin over it reads as the share of the image's own variance the reconstruction
+explains: PSNR − PSNR_mean colour = 10 log10(σ² / MSE), i.e. R² = 1 − 10^(−Δ/10).
+
+- ``not recovered``: PSNR ≤ best trivial + :data:`NOT_RECOVERED_MARGIN_DB` (1 dB: the reconstruction removes at
+  most 21 % of the mean colour's error). Failed attacks land here or below: the stalled ReLU LeNet reached 13.3 dB
+  against the cat's 14.8 dB mean colour, a 2-iteration one 9.9 dB. A 1 dB margin is about the spread of one
+  failed attack over seeds (13.6–14.3 dB), while a picture of the layout alone (4×4 blocks of the right
+  colours) is 3–7 dB above the mean colour, so it stays ``partial``.
+- ``recovered``: PSNR ≥ :data:`RECOVERED_MIN_PSNR_DB` (25 dB) and ≥ best trivial + :data:`RECOVERED_MARGIN_DB`
+  (10 dB: 90 % of the image's variance explained). On the 32 px CIFAR-10 samples 25 dB is a copy that differs
+  from the image by faint noise (an RMS pixel error of 0.056); 20–24 dB images are plainly the
+  picture but noisy or faded (what partial optimisations reach), hence ``partial``. The relative bar binds only
+  for low-contrast images, whose mean colour alone scores above 15 dB. The analytic inversions reach ~100 dB.
+- ``partial``: in between.
+
+**Without truth** the attack's own signal decides, per capture: the relative mismatch ‖s(x̂) − s*‖ / ‖s*‖ of the
+shared gradient (or update) that the final images and labels reproduce
+(:func:`gi.attack.recon.mismatch.shared_mismatch`). Below :data:`EXPLAINED_BELOW` the reconstruction
+``explains`` the capture; at or above :data:`UNEXPLAINED_FROM` it ``does not explain`` it; ``partly explains`` in
+between. The mismatch is one-sided evidence: a large one proves the images (or their labels) wrong, a small one
+is necessary for a recovery but not sufficient (the measurements behind the thresholds: :data:`EXPLAINED_BELOW`).
+
+The rule here is pure (floats and words); :func:`trivial_baselines` scores the two guesses.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+RECOVERED = "recovered"
+PARTIAL = "partial"
+NOT_RECOVERED = "not recovered"
+IMAGE_VERDICTS = (RECOVERED, PARTIAL, NOT_RECOVERED)
+
+NOT_RECOVERED_MARGIN_DB = 1.0  # at most this far above the best trivial guess: not recovered
+RECOVERED_MIN_PSNR_DB = 25.0  # recovered needs at least this PSNR ...
+RECOVERED_MARGIN_DB = 10.0  # ... and at least this far above the best trivial guess
+
+EXPLAINS = "explains"
+PARTLY_EXPLAINS = "partly explains"
+DOES_NOT_EXPLAIN = "does not explain"
+MISMATCH_VERDICTS = (EXPLAINS, PARTLY_EXPLAINS, DOES_NOT_EXPLAIN)
+
+# Relative mismatch thresholds, measured on the DLG LeNet (sigmoid) with CIFAR-10 samples (cifar10-samples 0-6,
+# gi run configs/demo.yaml; docs/usage.md "Verdict"), mismatch -> PSNR (dB above the mean colour): the truth
+# itself 0 (the simulator is the victim's); the analytic answer 1.1e-6 -> 111 dB; optimisations from noise
+# (attack.analytic=false) 1.1e-5 -> 70.9 (2600 iterations), 2.3e-4 -> 43.5 (1000): recovered; 6.4e-3 to 9.7e-3
+# -> 18.8-21.6 dB (+6 to +9; 300-600 iterations): partial; 0.049-0.086 -> 12.0-14.6 dB (-2.5 to +1.8; 150
+# iterations) and 0.16 -> 11.5 (50): at the trivial guess; stalled ReLU LeNets 0.28-1.0 -> 9-13 dB (below it).
+# A flat grey image with the true label scores 0.46-0.96, a random one 0.64-1.1: the gradient must be matched to
+# well under 1 % before the image is right. Other nets may map the mismatch to image quality differently.
+EXPLAINED_BELOW = 1e-3
+UNEXPLAINED_FROM = 3e-2  # 0.03
+
+GUESS_NAMES = {"grey": "a flat grey image", "mean_colour": "each image's mean colour"}
+
+
+def image_verdict(psnr: float, trivial_psnr: float) -> str:
+    """``recovered`` / ``partial`` / ``not recovered`` of one image scored ``psnr`` dB whose best trivial guess
+    scored ``trivial_psnr`` dB (the module docstring's rule; an identical image, ``psnr = inf``, is recovered)."""
+    if math.isnan(psnr):
+        return NOT_RECOVERED
+    if psnr <= trivial_psnr + NOT_RECOVERED_MARGIN_DB:
+        return NOT_RECOVERED
+    if psnr >= RECOVERED_MIN_PSNR_DB and psnr >= trivial_psnr + RECOVERED_MARGIN_DB:
+        return RECOVERED
+    return PARTIAL
+
+
+def mismatch_verdict(mismatch: float) -> str:
+    """``explains`` / ``partly explains`` / ``does not explain`` for a relative mismatch (NaN: does not explain)."""
+    if math.isnan(mismatch) or mismatch >= UNEXPLAINED_FROM:
+        return DOES_NOT_EXPLAIN
+    return EXPLAINS if mismatch < EXPLAINED_BELOW else PARTLY_EXPLAINS
+
+
+def overall(verdicts: Sequence[str], words: Sequence[str] = IMAGE_VERDICTS) -> str:
+    """One word for a run: the first of ``words`` (the best) when every item has it, the last (the worst) when
+    every item has it, the middle one otherwise (and for an empty run)."""
+    if verdicts and all(v == words[0] for v in verdicts):
+        return words[0]
+    if verdicts and all(v == words[-1] for v in verdicts):
+        return words[-1]
+    return words[1]
+
+
+def tally(verdicts: Sequence[str], words: Sequence[str]) -> dict[str, int]:
+    """How many items got each of ``words``, every word listed (0 too)."""
+    return {w: sum(v == w for v in verdicts) for w in words}
+
+
+def best_guess(grey_psnr: float, mean_colour_psnr: float) -> str:
+    """``grey`` or ``mean_colour``: the trivial guess with the higher PSNR (the mean colour on a tie)."""
+    return "grey" if grey_psnr > mean_colour_psnr else "mean_colour"
+
+
+def image_sentence(verdicts: Sequence[str], guesses: Sequence[str]) -> str:
+    """The run's verdict in words, e.g. ``3 of 10 images recovered, 7 not recovered (at most 1 dB above the best
+    trivial guess: each image's mean colour)``; ``guesses`` names each image's best trivial guess
+    (:func:`best_guess`)."""
+    n = tally(verdicts, IMAGE_VERDICTS)
+    total = len(verdicts)
+    names = sorted({GUESS_NAMES[g] for g in guesses})
+    which = names[0] if len(names) == 1 else "the better of a flat grey image and the image's mean colour"
+    parts = [f"{n[RECOVERED]} of {total} image{'s' if total != 1 else ''} recovered"]
+    if n[PARTIAL]:
+        parts.append(f"{n[PARTIAL]} partial (above the best trivial guess, short of recovered)")
+    if n[NOT_RECOVERED]:
+        parts.append(f"{n[NOT_RECOVERED]} not recovered (at most {NOT_RECOVERED_MARGIN_DB:g} dB above the best "
+                     f"trivial guess: {which})")
+    return ", ".join(parts)
+
+
+def mismatch_phrase(mismatch: float, what: str = "gradient") -> str:
+    """One capture's mismatch verdict in words, e.g. ``the reconstruction does not explain the gradient (relative
+    mismatch 0.81)``; ``what``: ``gradient`` or ``update``."""
+    return f"the reconstruction {mismatch_verdict(mismatch)} the {what} (relative mismatch {mismatch:.2g})"
+
+
+def mismatch_sentence(mismatches: Sequence[float], what: str = "gradient") -> str:
+    """The run's mismatch verdict in words: one capture's :func:`mismatch_phrase`, or for several the captures per
+    verdict and the range of the mismatch, e.g. ``the reconstruction explains the gradient of 1 of 3 captures,
+    does not explain it for 2 (relative mismatch 1e-06 to 0.9)``."""
+    if len(mismatches) == 1:
+        return mismatch_phrase(mismatches[0], what)
+    n = tally([mismatch_verdict(m) for m in mismatches], MISMATCH_VERDICTS)
+    parts = [(word, count) for word, count in n.items() if count]
+    said = [f"{parts[0][0]} the {what} of {parts[0][1]} of {len(mismatches)} captures"]
+    said += [f"{word} it for {count}" for word, count in parts[1:]]
+    return (f"the reconstruction {', '.join(said)} (relative mismatch {min(mismatches):.2g} to "
+            f"{max(mismatches):.2g})")
+
+
+RULE = (f"recovered: PSNR >= {RECOVERED_MIN_PSNR_DB:g} dB and >= the best trivial guess + {RECOVERED_MARGIN_DB:g} "
+        f"dB; not recovered: PSNR <= the best trivial guess + {NOT_RECOVERED_MARGIN_DB:g} dB; partial: between. "
+        "Trivial guesses: a flat grey image and the image's mean colour (docs/usage.md, Verdict)")
+MISMATCH_RULE = (f"relative mismatch of the shared tensors below {EXPLAINED_BELOW:g}: explains; at or above "
+                 f"{UNEXPLAINED_FROM:g}: does not explain; partly explains between (docs/usage.md, Verdict)")
+
+
+def image_summary(psnrs: Sequence[float], grey_psnrs: Sequence[float], mean_colour_psnrs: Sequence[float]
+                  ) -> dict[str, Any]:
+    """The ``verdict`` record of images scored against truth: per image (``images``, ``best_trivial_guess``), the
+    counts, the run's word (``overall``), the sentence (``summary``) and the rule."""
+    guesses = [best_guess(g, m) for g, m in zip(grey_psnrs, mean_colour_psnrs)]
+    trivial = [max(g, m) for g, m in zip(grey_psnrs, mean_colour_psnrs)]
+    verdicts = [image_verdict(p, t) for p, t in zip(psnrs, trivial)]
+    return {"basis": "truth", "overall": overall(verdicts), "summary": image_sentence(verdicts, guesses),
+            "counts": tally(verdicts, IMAGE_VERDICTS), "images": verdicts, "best_trivial_guess": guesses,
+            "rule": RULE}
+
+
+def mismatch_summary(mismatches: Sequence[float], what: str = "gradient") -> dict[str, Any]:
+    """The ``verdict`` record from the attack's own signal: per capture (``captures``, ``gradient_mismatch``), the
+    counts, the run's word (``overall``), the sentence (``summary``) and the rule."""
+    verdicts = [mismatch_verdict(m) for m in mismatches]
+    return {"basis": "gradient mismatch", "overall": overall(verdicts, MISMATCH_VERDICTS),
+            "summary": mismatch_sentence(mismatches, what), "counts": tally(verdicts, MISMATCH_VERDICTS),
+            "captures": verdicts, "gradient_mismatch": list(mismatches), "rule": MISMATCH_RULE}
+
+
+def trivial_guesses(images: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The two trivial guesses of ``images`` (B, C, H, W) in [0, 1]: ``grey`` (0.5 everywhere) and
+    ``mean_colour`` (each image's per-channel mean, constant over the pixels)."""
+    import torch
+
+    x = images.detach().float().clamp(0, 1)
+    return {"grey": torch.full_like(x, 0.5), "mean_colour": x.mean((2, 3), keepdim=True).expand_as(x).contiguous()}
+
+
+def trivial_baselines(images: torch.Tensor) -> dict[str, list[float]]:
+    """PSNR and SSIM of each trivial guess against ``images``, per image: ``grey_psnr``, ``grey_ssim``,
+    ``mean_colour_psnr``, ``mean_colour_ssim`` (:mod:`gi.analysis.metrics`, the same scores as the
+    reconstructions')."""
+    from gi.analysis.metrics import psnr, ssim
+
+    out: dict[str, list[float]] = {}
+    for name, guess in trivial_guesses(images).items():
+        out[f"{name}_psnr"] = [float(v) for v in psnr(guess, images)]
+        out[f"{name}_ssim"] = [float(v) for v in ssim(guess, images)]
+    return out
+
+
+__all__ = [
+    "DOES_NOT_EXPLAIN", "EXPLAINED_BELOW", "EXPLAINS", "IMAGE_VERDICTS", "MISMATCH_VERDICTS", "NOT_RECOVERED",
+    "NOT_RECOVERED_MARGIN_DB", "PARTIAL", "PARTLY_EXPLAINS", "RECOVERED", "RECOVERED_MARGIN_DB",
+    "RECOVERED_MIN_PSNR_DB", "UNEXPLAINED_FROM", "best_guess", "image_sentence", "image_summary", "image_verdict",
+    "mismatch_phrase", "mismatch_sentence", "mismatch_summary", "mismatch_verdict", "overall", "tally",
+    "trivial_baselines", "trivial_guesses",
+]

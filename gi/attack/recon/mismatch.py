@@ -1,0 +1,75 @@
+"""How well a reconstruction explains what the client shared, without ground truth: the relative mismatch
+
+    ‖s(x̂, ŷ) − s*‖ / ‖s*‖,  over every shared tensor at once (the root of Σ_l ‖·‖² over Σ_l ‖s*_l‖²),
+
+of the FedSGD gradient (or the FedAvg update) ``s`` the client would have shared for the final images x̂ and slot
+labels ŷ against the captured ``s*`` (docs/usage.md, "Verdict"). ``s`` comes from the simulator the attack
+objective uses (:mod:`gi.attack.recon.simulate`, with the captured output error where the reconstruction used it,
+``attack.output_error``), unweighted: every shared tensor counts, also those the objective weights 0.
+
+0 means the images and labels reproduce the capture exactly; 1 is what sharing nothing (s = 0) would score. The
+attack's own signal, so it is available where truth is not (``gi attack`` without ``truth=``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from gi.attack.recon.problem import captured_output_error
+from gi.attack.recon.simulate import gradient_simulator, update_simulator
+from gi.capture import Capture
+from gi.world.losses import output_error_loss
+
+Tensor = torch.Tensor
+
+
+def simulated_share(capture: Capture, images: Tensor, labels: Tensor, output_error: str = "simulated",
+                    model: torch.nn.Module | None = None) -> dict[str, Tensor]:
+    """What the client would have shared for ``images`` (B, C, H, W) with slot labels ``labels`` (B, C): every
+    tensor of ``capture.shared``, on the CPU, float32. ``output_error``: ``captured`` simulates with the capture's
+    ∂L/∂z (:func:`gi.attack.recon.problem.captured_output_error`), as the reconstruction did; anything else with
+    the protocol's loss of ``labels``. ``model``: the capture's model when the caller already rebuilt it
+    (:meth:`gi.Capture.model`; its parameters are set not to require gradients)."""
+    model = capture.model() if model is None else model
+    model = model.cpu()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    train = capture.protocol.model_mode == "train"
+    model.train(train)
+    names = list(capture.shared)
+    x, y = images.detach().float().cpu(), labels.detach().float().cpu()
+    if capture.is_update:
+        if train:  # torch.func's local steps cannot update BatchNorm running stats in place
+            torch.func.replace_all_batch_norm_modules_(model)
+        simulate = update_simulator(model, capture.protocol, names, num_samples=x.shape[0],
+                                    history={k: v.cpu() for k, v in capture.history.items()}, trained=names)
+    else:
+        error = captured_output_error(capture) if output_error == "captured" else None
+        if error is not None:
+            y = error.float().cpu()
+        simulate = gradient_simulator(model, capture.protocol, names, autograd=True,
+                                      loss=output_error_loss if error is not None else None)
+    shared, _ = simulate(x, y)
+    return {k: v.detach() for k, v in shared.items()}
+
+
+def relative_mismatch(simulated: dict[str, Tensor], target: dict[str, Tensor]) -> float:
+    """‖s − s*‖ / ‖s*‖ over every tensor of ``target`` together (float64); inf when the target is all zero and
+    ``s`` is not, 0 when both are."""
+    diff = sum(float((simulated[k].double() - target[k].double().cpu()).pow(2).sum()) for k in target)
+    norm = sum(float(target[k].double().pow(2).sum()) for k in target)
+    if norm == 0.0:
+        return 0.0 if diff == 0.0 else math.inf
+    return math.sqrt(diff / norm)
+
+
+def shared_mismatch(capture: Capture, images: Tensor, labels: Tensor, output_error: str = "simulated",
+                    model: torch.nn.Module | None = None) -> float:
+    """The relative mismatch of this module's docstring for one capture's reconstruction (:func:`simulated_share`
+    against ``capture.shared``)."""
+    return relative_mismatch(simulated_share(capture, images, labels, output_error, model), capture.shared)
+
+
+__all__ = ["relative_mismatch", "shared_mismatch", "simulated_share"]

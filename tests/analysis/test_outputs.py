@@ -1,0 +1,52 @@
+"""The rows and captions of an output directory (gi/analysis/outputs.py): in a batch each truth image is shown
+with the label its pixel-matched reconstruction slot was reconstructed with, named as such, and whether its true
+label is among the capture's slot labels at all."""
+
+from __future__ import annotations
+
+import torch
+
+from gi.analysis.outputs import plain_table, truth_table
+from gi.analysis.verdict import RECOVERED
+from gi.attack.recon import Reconstruction
+from gi.attack.stages import AttackResult, LabelConfig
+from gi.capture import Truth
+
+C = 10
+
+
+def _outcome(images: torch.Tensor, slots: list[int], mismatch: float) -> AttackResult:
+    labels = torch.nn.functional.one_hot(torch.tensor(slots), C).float()
+    rec = Reconstruction(images=images, all_images=images[None], labels=labels, objective=torch.zeros(1),
+                         best_restart=0, history={"gradient_mismatch": mismatch})
+    return AttackResult([None], "fixed", [None], [rec], [{"name": "labels", "method": "test", "why": None}])
+
+
+def test_batch_rows_give_the_matched_slot_s_label_and_whether_the_true_label_was_recovered():
+    """Truth labels 3, 6, 7; slots reconstructed with labels 3, 6, 6 whose images are truths 1, 0, 2 (a little
+    noise): truth 0 (label 3) matches slot 1 (label 6), truth 1 (6) slot 0 (3), truth 2 (7) slot 2 (6); no slot
+    has label 7."""
+    gen = torch.Generator().manual_seed(0)
+    images = torch.rand(3, 3, 32, 32, generator=gen)
+    true = torch.tensor([3, 6, 7])
+    truth = Truth(images=images, labels=true, targets=torch.nn.functional.one_hot(true, C).float(),
+                  counts=torch.bincount(true, minlength=C), meta={"indices": [10, 11, 12]})
+    shown = (images[[1, 0, 2]] + 0.003 * torch.randn(3, 3, 32, 32, generator=gen)).clamp(0, 1)
+    table = truth_table(_outcome(shown, [3, 6, 6], 0.5), [truth], LabelConfig(), 0, {"match": True,
+                                                                                      "lpips_vgg": False})
+    got = [(r["dataset_index"], r["true_label"], r["matched_slot"], r["slot_label"], r["true_label_in_slots"])
+           for r in table.rows]
+    assert got == [(10, 3, 1, 6, True), (11, 6, 0, 3, True), (12, 7, 2, 6, False)]
+    assert "recovered_label" not in table.rows[0]
+    assert all(r["verdict"] == RECOVERED and r["psnr"] > 40 for r in table.rows)
+    assert all(r["mean_colour_psnr"] >= r["grey_psnr"] for r in table.rows)
+    assert all(r["gradient_mismatch"] == 0.5 and r["mismatch_verdict"] == "does not explain" for r in table.rows)
+    assert table.captions[0].endswith(" dB recovered\nslot 6 / true 3")
+    assert table.captions[2].endswith("\nslot 6 / true 7 (no slot)")
+
+
+def test_rows_without_truth_give_the_slot_label_and_the_capture_s_mismatch():
+    images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    table = plain_table(_outcome(images, [3, 6], 1e-6))
+    assert [(r["slot_label"], r["mismatch_verdict"]) for r in table.rows] == [(3, "explains"), (6, "explains")]
+    assert table.captions == ["slot label 3\nmismatch 1e-06", "slot label 6\nmismatch 1e-06"]

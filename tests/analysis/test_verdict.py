@@ -1,0 +1,114 @@
+"""The verdict rule of gi/analysis/verdict.py (docs/usage.md, "Verdict"): exact on values far from the thresholds,
+the trivial guesses scored as the baselines are, and the mismatch words."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gi.analysis.metrics import psnr, score
+from gi.analysis.verdict import (
+    DOES_NOT_EXPLAIN,
+    EXPLAINED_BELOW,
+    EXPLAINS,
+    NOT_RECOVERED,
+    NOT_RECOVERED_MARGIN_DB,
+    PARTIAL,
+    PARTLY_EXPLAINS,
+    RECOVERED,
+    RECOVERED_MARGIN_DB,
+    RECOVERED_MIN_PSNR_DB,
+    UNEXPLAINED_FROM,
+    image_sentence,
+    image_summary,
+    image_verdict,
+    mismatch_phrase,
+    mismatch_summary,
+    mismatch_verdict,
+    overall,
+    trivial_baselines,
+    trivial_guesses,
+)
+
+
+def _images(b: int = 3) -> torch.Tensor:
+    return torch.rand(b, 3, 16, 16, generator=torch.Generator().manual_seed(b))
+
+
+def test_the_thresholds_are_the_documented_ones():
+    assert (NOT_RECOVERED_MARGIN_DB, RECOVERED_MIN_PSNR_DB, RECOVERED_MARGIN_DB) == (1.0, 25.0, 10.0)
+    assert EXPLAINED_BELOW < UNEXPLAINED_FROM
+
+
+@pytest.mark.parametrize(("psnr_db", "trivial", "want"), [
+    (9.0, 14.0, NOT_RECOVERED),  # below the trivial guess
+    (14.0, 14.0, NOT_RECOVERED),  # the trivial guess itself
+    (14.5, 14.0, NOT_RECOVERED),  # within the margin
+    (18.0, 14.0, PARTIAL),  # well above the guess, far from 25 dB
+    (23.0, 10.0, PARTIAL),  # 13 dB above the guess but under 25 dB
+    (40.0, 14.0, RECOVERED),
+    (111.0, 14.8, RECOVERED),  # the analytic answer
+    (math.inf, 14.0, RECOVERED),  # identical images
+    (30.0, 24.0, PARTIAL),  # a flat image: 30 dB is only 6 dB above its mean colour
+    (24.5, 24.0, NOT_RECOVERED),  # ... and 24.5 dB no better than it
+    (40.0, 24.0, RECOVERED),
+    (math.nan, 14.0, NOT_RECOVERED),
+])
+def test_image_verdict(psnr_db, trivial, want):
+    assert image_verdict(psnr_db, trivial) == want
+
+
+@pytest.mark.parametrize(("mismatch", "want"), [
+    (0.0, EXPLAINS), (1e-6, EXPLAINS), (0.8, DOES_NOT_EXPLAIN), (5.0, DOES_NOT_EXPLAIN), (math.inf, DOES_NOT_EXPLAIN),
+    (math.nan, DOES_NOT_EXPLAIN), (math.sqrt(EXPLAINED_BELOW * UNEXPLAINED_FROM), PARTLY_EXPLAINS),
+])
+def test_mismatch_verdict(mismatch, want):
+    assert mismatch_verdict(mismatch) == want
+
+
+def test_the_mean_colour_guess_scores_as_its_baseline_and_is_not_recovered():
+    images = _images()
+    base = trivial_baselines(images)
+    guess = trivial_guesses(images)["mean_colour"]
+    scored = score(guess, images, match=False)
+    assert scored["psnr"] == pytest.approx(base["mean_colour_psnr"], abs=1e-9)
+    assert scored["ssim"] == pytest.approx(base["mean_colour_ssim"], abs=1e-9)
+    assert [float(v) for v in psnr(torch.full_like(images, 0.5), images)] == base["grey_psnr"]
+    # the mean colour is the best constant image: never below the grey one
+    assert all(m >= g for m, g in zip(base["mean_colour_psnr"], base["grey_psnr"]))
+    summary = image_summary(scored["psnr"], base["grey_psnr"], base["mean_colour_psnr"])
+    assert summary["images"] == [NOT_RECOVERED] * 3 and summary["overall"] == NOT_RECOVERED
+    assert summary["best_trivial_guess"] == ["mean_colour"] * 3
+    assert summary["summary"] == ("0 of 3 images recovered, 3 not recovered (at most 1 dB above the best trivial "
+                                  "guess: each image's mean colour)")
+
+
+def test_the_run_verdict_counts_and_words():
+    verdicts = [RECOVERED] * 3 + [PARTIAL] + [NOT_RECOVERED] * 6
+    assert image_sentence(verdicts, ["mean_colour"] * 10) == (
+        "3 of 10 images recovered, 1 partial (above the best trivial guess, short of recovered), 6 not recovered "
+        "(at most 1 dB above the best trivial guess: each image's mean colour)")
+    assert image_sentence([RECOVERED], ["grey"]) == "1 of 1 image recovered"
+    assert "the better of a flat grey image and the image's mean colour" in image_sentence(
+        [NOT_RECOVERED] * 2, ["grey", "mean_colour"])
+    assert overall(verdicts) == PARTIAL and overall([RECOVERED] * 2) == RECOVERED
+    assert overall([NOT_RECOVERED]) == NOT_RECOVERED and overall([PARTIAL, NOT_RECOVERED]) == PARTIAL
+    summary = image_summary([40.0, 18.0, 12.0], [12.0, 12.0, 12.0], [14.0, 14.0, 14.0])
+    assert summary["counts"] == {RECOVERED: 1, PARTIAL: 1, NOT_RECOVERED: 1}
+    assert summary["images"] == [RECOVERED, PARTIAL, NOT_RECOVERED]
+
+
+def test_mismatch_words():
+    assert mismatch_phrase(0.81) == "the reconstruction does not explain the gradient (relative mismatch 0.81)"
+    assert mismatch_phrase(1e-6, "update") == "the reconstruction explains the update (relative mismatch 1e-06)"
+    one = mismatch_summary([1e-6])
+    assert one["overall"] == EXPLAINS and one["captures"] == [EXPLAINS] and one["gradient_mismatch"] == [1e-6]
+    many = mismatch_summary([1e-6, 0.5, 0.9])
+    assert many["overall"] == PARTLY_EXPLAINS
+    assert many["counts"] == {EXPLAINS: 1, PARTLY_EXPLAINS: 0, DOES_NOT_EXPLAIN: 2}
+    assert many["summary"] == ("the reconstruction explains the gradient of 1 of 3 captures, does not explain it "
+                               "for 2 (relative mismatch 1e-06 to 0.9)")
+    assert mismatch_summary([0.28, 0.31], "update")["summary"] == (
+        "the reconstruction does not explain the update of 2 of 2 captures (relative mismatch 0.28 to 0.31)")

@@ -1,0 +1,47 @@
+"""The relative mismatch of the shared tensors (gi/attack/recon/mismatch.py): 0 at the client's own images and
+labels (the simulator is the victim's), for a gradient, with the captured output error and for an update; large
+for a flat grey image."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+import gi
+from gi.attack.recon.mismatch import relative_mismatch, shared_mismatch
+
+
+def _model():
+    return gi.world.models.build("mlp", 4, in_shape=(1, 6, 6), seed=0)
+
+
+def _images(b: int) -> torch.Tensor:
+    return torch.rand(b, 1, 6, 6, generator=torch.Generator().manual_seed(b))
+
+
+def test_the_client_s_own_data_explains_its_gradient_and_a_grey_image_does_not():
+    capture, truth = gi.capture_gradients(_model(), _images(2), torch.tensor([1, 3]), gi.Protocol(batch_size=2))
+    assert shared_mismatch(capture, truth.images, truth.targets) < 1e-6
+    assert shared_mismatch(capture, torch.full_like(truth.images, 0.5), truth.targets) > 0.1
+    one, t1 = gi.capture_gradients(_model(), _images(1), torch.tensor([2]), gi.Protocol(batch_size=1))
+    wrong = torch.nn.functional.one_hot(torch.tensor([0]), 4).float()  # the captured ∂L/∂z: labels play no part
+    assert shared_mismatch(one, t1.images, wrong, output_error="captured") < 1e-6
+    assert shared_mismatch(one, t1.images, wrong) > 0.1
+
+
+def test_an_update_is_compared_as_the_update():
+    protocol = gi.Protocol(scheme="fedavg", batch_size=2, local_epochs=1, lr=0.1)
+    capture, truth = gi.simulate_client(_model(), (_images(4), torch.tensor([0, 1, 1, 3])), protocol,
+                                        rng=torch.Generator().manual_seed(0))
+    assert capture.is_update
+    assert shared_mismatch(capture, truth.images, truth.targets) < 1e-5
+    assert shared_mismatch(capture, torch.full_like(truth.images, 0.5), truth.targets) > 0.1
+
+
+def test_relative_mismatch_edge_cases():
+    target = {"w": torch.tensor([3.0, 4.0])}
+    assert relative_mismatch({"w": torch.tensor([3.0, 4.0])}, target) == 0.0
+    assert relative_mismatch({"w": torch.zeros(2)}, target) == 1.0
+    assert relative_mismatch({"w": torch.zeros(2)}, {"w": torch.zeros(2)}) == 0.0
+    assert math.isinf(relative_mismatch({"w": torch.ones(2)}, {"w": torch.zeros(2)}))
