@@ -42,6 +42,27 @@ def _atomic_save(tensors: dict[str, Tensor], meta: dict[str, Any], path: str | o
             os.unlink(tmp)
 
 
+MAX_JSON_DEPTH = 32  # a capture's header nests 4 levels; deeper is not ours (and json recursion is bounded)
+MAX_SAMPLES = 1_000_000  # samples behind one message: a client's whole data set, with room to spare
+
+
+def json_depth(text: str) -> int:
+    """The deepest nesting of ``[`` / ``{`` in a JSON text, counted without parsing it (strings skipped)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
 def _read(path: str | os.PathLike, expect: str) -> tuple[dict[str, Tensor], dict[str, Any]]:
     from safetensors import safe_open
 
@@ -56,6 +77,9 @@ def _read(path: str | os.PathLike, expect: str) -> tuple[dict[str, Tensor], dict
         raise CaptureError(f"{path} is not a valid safetensors file: {exc}") from None
     if "gi" not in header:
         raise CaptureError(f"{path} has no gi metadata; it was not written by {expect.capitalize()}.save")
+    depth = json_depth(header["gi"])
+    if depth > MAX_JSON_DEPTH:
+        raise CaptureError(f"{path}: its gi metadata nests {depth} levels deep; at most {MAX_JSON_DEPTH} are read")
     try:
         meta = json.loads(header["gi"])
     except json.JSONDecodeError as exc:
@@ -426,7 +450,7 @@ class Capture:
         rebuilds only with ``factory`` (your callable, or an import string you give), a factory registered in
         your code (:func:`gi.models.register_factory`), or ``trust_factory=True``, which imports and calls the
         factory the file names with the file's arguments: arbitrary code, only for files you trust."""
-        from gi.world.models import check_spec
+        from gi.world.models import MAX_CLASSES, check_spec
 
         tensors, meta = _read(path, "capture")
         parts = _split(tensors, path)
@@ -437,11 +461,17 @@ class Capture:
             check_spec(spec)
         except CaptureError as exc:
             raise CaptureError(f"{path}: {exc}") from None
+        if not 2 <= spec["num_classes"] <= MAX_CLASSES:  # any provider's spec (the zoo's schema checks its own)
+            raise CaptureError(f"{path}: model_spec num_classes={spec['num_classes']} must be in [2, {MAX_CLASSES}]")
         try:
             protocol = Protocol.from_dict(_field(meta, "protocol", dict, path))
         except ConfigError as exc:
             raise CaptureError(f"{path}: its protocol is invalid: {exc}") from None
         has_gradients, has_update = (_field(meta, k, bool, path) for k in ("has_gradients", "has_update"))
+        inner = _field({"meta": meta.get("meta", {})}, "meta", dict, path)
+        n = inner.get("num_samples")
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SAMPLES):
+            raise CaptureError(f"{path}: meta.num_samples={n!r} must be an int in [1, {MAX_SAMPLES}]")
         last_layer = _field({"last_layer": meta.get("last_layer", "fc")}, "last_layer", str, path)  # older: fc
         return cls(
             model_spec=spec,
@@ -450,7 +480,7 @@ class Capture:
             gradients=parts["gradients"] if has_gradients else None,
             update=parts["update"] if has_update else None,
             history={k: v for k, v in parts["history"].items() if not k.startswith("bn_stats/")},
-            meta=_field({"meta": meta.get("meta", {})}, "meta", dict, path),
+            meta=inner,
             bn_stats=_bn_pairs({**{k.split("/", 1)[1]: v for k, v in parts["history"].items()  # older files kept
                                    if k.startswith("bn_stats/")}, **parts["bn_stats"]}, path),  # them in history
             last_layer_name=last_layer,

@@ -146,3 +146,41 @@ def test_bn_stats_are_a_typed_field_that_round_trips(saved, tmp_path):
     nan = dataclasses.replace(capture, bn_stats={"body.1": (torch.zeros(3) + float("nan"), torch.ones(3))})
     with pytest.raises(CaptureError, match="bn_stats tensor 'body.1.mean' contains NaN"):
         nan.check()
+
+
+@pytest.mark.parametrize("meta_change,match", [
+    ({"meta": {"num_samples": 2.5}}, r"num_samples=2.5 must be an int"),
+    ({"meta": {"num_samples": "one"}}, r"num_samples='one' must be an int"),
+    ({"meta": {"num_samples": -3}}, r"num_samples=-3 must be an int"),
+    ({"meta": {"num_samples": 10**30}}, r"must be an int in \[1, 1000000\]"),
+])
+def test_header_values_that_size_work_are_bounded_at_the_door(saved, tmp_path, meta_change, match):
+    capture, _ = saved
+    _write(tmp_path / "c.safetensors", _tensors(capture), _meta(capture, **meta_change))
+    with pytest.raises(CaptureError, match=match):
+        Capture.load(tmp_path / "c.safetensors")
+
+
+@pytest.mark.parametrize("protocol_change,match", [({"local_steps": 10**9}, "local_steps must be an int in"),
+                                                   ({"batch_size": 10**9}, "batch_size must be an int in"),
+                                                   ({"local_epochs": 2.5}, "local_epochs=2.5: expected int")])
+def test_protocol_sizes_in_a_header_are_bounded(saved, tmp_path, protocol_change, match):
+    capture, _ = saved
+    _write(tmp_path / "c.safetensors", _tensors(capture),
+           _meta(capture, protocol={**capture.protocol.to_dict(), **protocol_change}))
+    with pytest.raises(CaptureError, match=match):
+        Capture.load(tmp_path / "c.safetensors")
+
+
+def test_deeply_nested_header_json_is_refused_before_parsing(saved, tmp_path):
+    capture, _ = saved
+    meta = json.dumps(_meta(capture))[:-1] + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    _write(tmp_path / "c.safetensors", _tensors(capture), meta)
+    with pytest.raises(CaptureError, match="nests 100001 levels deep"):
+        Capture.load(tmp_path / "c.safetensors")
+
+
+def test_json_depth_counts_brackets_outside_strings_only():
+    from gi.capture import json_depth
+
+    assert json_depth('{"a": [1, {"b": "[[[{"}]}') == 3 and json_depth('"\\"[["') == 0 and json_depth("1") == 0

@@ -22,6 +22,9 @@ LABEL_AUGS = ("onehot", "smoothing", "smoothing-alt", "mixup")
 MODEL_MODES = ("eval", "train")
 DP_SCALES = ("update", "gradient", "step")
 # Keys that older captures kept in a free-form ``extra`` mapping; now typed fields.
+MAX_BATCH = 1_000_000  # samples in one client batch
+MAX_LOCAL_EPOCHS = 10_000
+MAX_LOCAL_STEPS = 1_000_000  # a client round of a million steps is no FL round; a capture saying so is refused
 _LEGACY_EXTRA = ("local_steps", "dp_scale", "share_bn_stats")
 
 
@@ -85,9 +88,10 @@ class Protocol:
             value = getattr(self, name)
             if value not in allowed:
                 raise ConfigError(f"protocol.{name}={value!r} is not allowed; valid: {list(allowed)}")
-        for name in ("batch_size", "local_epochs"):
-            if int(getattr(self, name)) < 1:
-                raise ConfigError(f"protocol.{name} must be >= 1, got {getattr(self, name)!r}")
+        for name, most in (("batch_size", MAX_BATCH), ("local_epochs", MAX_LOCAL_EPOCHS)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+                raise ConfigError(f"protocol.{name} must be an int in [1, {most}], got {value!r}")
         if self.temperature <= 0:
             raise ConfigError(f"protocol.temperature must be > 0, got {self.temperature!r}")
         if self.lr <= 0:
@@ -95,8 +99,11 @@ class Protocol:
         if not 0.0 <= self.adadelta_rho < 1.0 or self.adadelta_eps <= 0:
             raise ConfigError(f"protocol.adadelta_rho must be in [0, 1) and adadelta_eps > 0, got "
                               f"{self.adadelta_rho!r}, {self.adadelta_eps!r}")
-        if self.local_steps is not None and int(self.local_steps) < 1:
-            raise ConfigError(f"protocol.local_steps must be >= 1 (or null), got {self.local_steps!r}")
+        steps = self.local_steps
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
+                                  or not 1 <= steps <= MAX_LOCAL_STEPS):
+            raise ConfigError(f"protocol.local_steps must be an int in [1, {MAX_LOCAL_STEPS}] (or null), got "
+                              f"{steps!r}")
         if self.label_eps is not None and not 0.0 <= self.label_eps < 1.0:
             raise ConfigError(f"protocol.label_eps must be in [0, 1), got {self.label_eps!r}")
         self.defences = check_entries(self.defences)
