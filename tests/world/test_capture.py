@@ -156,3 +156,13 @@ def test_a_new_or_changed_capture_is_scanned_again(monkeypatch):
     with pytest.raises(CaptureError, match="shared tensor 'fc.bias' contains NaN or Inf"):
         cap.check()
     assert "_checked" not in repr(cap) and dataclasses.replace(cap) == cap
+
+
+def test_finite_entries_whose_sum_overflows_pass_the_scan():
+    _, cap, _ = _capture()
+    cap.history["big"] = torch.full((4,), 3e38)  # float32 sum: inf; every entry finite
+    cap.history["half"] = torch.full((8,), 6e4, dtype=torch.float16)
+    cap.check()
+    cap.history["big"][1] = float("nan")
+    with pytest.raises(CaptureError, match="history tensor 'big' contains NaN"):
+        cap.check()
