@@ -49,8 +49,11 @@ class LabelConfig:
 
     def __post_init__(self) -> None:
         from gi.core.devices import torch_device
+        from gi.core.names import check_name
 
         torch_device(self.device, "labels.device")
+        check_name("label method", self.method, "labels.method")
+        check_name("label method", self.hard_method, "labels.hard_method")
 
 
 def _truth_labels(lcfg: LabelConfig, capture: Capture, truth: Truth | None, aux: Any) -> LabelResult | None:
