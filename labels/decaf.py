@@ -48,7 +48,6 @@ import time
 
 import numpy as np
 import torch
-from scipy.optimize import nnls
 
 from gi.capture import Capture
 from gi.core.errors import ConfigError
@@ -108,6 +107,8 @@ def decompose(bases: Tensor, target: Tensor, solver: str = "nnls", epochs: int =
     """
     a, y = bases.double().numpy(), target.double().numpy()
     if solver == "nnls":
+        from scipy.optimize import nnls  # here: scipy loads only for the methods that solve with it
+
         eta, _ = nnls(a, y, maxiter=50 * a.shape[1])
         return torch.from_numpy(eta)
     if solver != "gd":

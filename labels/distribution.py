@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from scipy.optimize import nnls
 from torch.func import functional_call
 
 from gi.capture import Capture
@@ -218,6 +217,8 @@ def _solve_with_sum_row(a: Tensor, y: Tensor, solver: str) -> Tensor:
     a_aug = torch.cat([a, torch.ones(1, c, dtype=torch.float64)])
     y_aug = torch.cat([y, torch.ones(1, dtype=torch.float64)])
     if solver == "nnls":
+        from scipy.optimize import nnls  # here: scipy loads only for the methods that solve with it
+
         p, _ = nnls(a_aug.numpy(), y_aug.numpy(), maxiter=50 * c)
         return torch.from_numpy(p)
     return torch.linalg.lstsq(a_aug, y_aug.unsqueeze(1), driver="gelsd").solution.squeeze(1)

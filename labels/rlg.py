@@ -20,7 +20,6 @@ import time
 
 import numpy as np
 import torch
-from scipy.optimize import linprog
 
 from gi.capture import Capture
 from gi.label_result import LabelResult
@@ -31,6 +30,8 @@ from labels.hard import presence_counts
 
 def separable_classes(basis: np.ndarray) -> np.ndarray:
     """For rows ``u_i`` of ``basis`` (C, k): is there ``a`` with ``u_i·a < 0`` and ``u_j·a > 0`` for all j ≠ i?"""
+    from scipy.optimize import linprog  # here: scipy loads only for the methods that solve with it
+
     c, k = basis.shape
     present = np.zeros(c, dtype=bool)
     for i in range(c):  # one small LP per class

@@ -37,7 +37,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy.optimize import minimize, nnls
 
 from gi.capture import Capture
 from gi.core.errors import CaptureError, ConfigError
@@ -208,6 +207,8 @@ def simplex_least_squares(a: Tensor, u: Tensor, solver: str = "nnls", weight: fl
     renormalised (the sum row is met to ~1e-6 before that). ``"slsqp"``: scipy SLSQP with the equality
     constraint and bounds, started from the NNLS point.
     """
+    from scipy.optimize import minimize, nnls  # here: scipy loads only for the methods that solve with it
+
     if solver not in SOLVERS:
         raise ConfigError(f"RLU solver={solver!r} is not allowed; valid: {list(SOLVERS)}")
     a_np, u_np = a.double().cpu().numpy(), u.double().cpu().numpy()

@@ -23,6 +23,7 @@ from scipy.optimize import linear_sum_assignment
 
 from gi.analysis.lpips_offline import CONV_INDEX, get_lpips
 from gi.core.errors import ConfigError
+from gi.core.names import LABEL_METRICS, POOLED_METRICS
 
 Tensor = torch.Tensor
 
@@ -257,11 +258,8 @@ def _proportions(counts: Tensor) -> Tensor:
 
 
 # every key :func:`label_metrics` can report (soft_l1 / top1 only for methods that recover soft labels)
-LABEL_METRICS = ("ok", "cls_acc", "ins_acc", "count_acc", "prop_mse", "prop_kl", "l1", "l2", "linf", "absent_hit",
-                 "absent_called", "absent_true", "soft_l1", "top1")
-# metrics pooled over trials (Σ numerator / Σ denominator of per-trial counts), not averaged: the precision and
-# recall of "class absent" decisions (a class is called absent when its predicted proportion is 0)
-POOLED_METRICS = {"absent_precision": ("absent_hit", "absent_called"), "absent_recall": ("absent_hit", "absent_true")}
+# LABEL_METRICS (the per-trial metrics) and POOLED_METRICS (pooled over trials: Σ numerator / Σ denominator, the
+# precision and recall of "class absent" decisions) are named in gi.core.names, so configs check them without torch
 
 
 def label_metrics_from_counts(pred_counts: Any, true_counts: Any, pred_proportions: Any = None,

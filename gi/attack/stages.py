@@ -49,8 +49,11 @@ class LabelConfig:
 
     def __post_init__(self) -> None:
         from gi.core.devices import torch_device
+        from gi.core.names import check_name
 
         torch_device(self.device, "labels.device")
+        check_name("label method", self.method, "labels.method")
+        check_name("label method", self.hard_method, "labels.hard_method")
 
 
 def _truth_labels(lcfg: LabelConfig, capture: Capture, truth: Truth | None, aux: Any) -> LabelResult | None:
@@ -231,14 +234,12 @@ def reconstruct_stage(attack: ReconConfig, captures: Sequence[Capture], label_re
     """Reconstruct every capture as one batched problem (:func:`gi.attack.recon.reconstruct_many`); captures whose
     analytic inversion is consistent (largest layer residual below ``attack.analytic_tol``) are answered
     directly, otherwise the optimisation starts from it."""
-    from gi.attack.recon import reconstruct_many
-
     start, cpu = time.perf_counter(), time.process_time()
     record: dict[str, Any] = {"name": "reconstruct", "optimizer": attack.optimizer, "objective": attack.objective,
                               "preset": attack.preset, "iterations": attack.iterations, "restarts": attack.restarts,
                               "captures": len(captures)}
     residuals = [inversion_residual(inv) for inv in inversions] if inversions else [None] * len(captures)
-    direct = [i for i, r in enumerate(residuals) if r is not None and r < attack.analytic_tol]
+    direct = [i for i, r in enumerate(residuals) if answers(attack, r)]
     rest = [i for i in range(len(captures)) if i not in direct]
     recs: list[Any] = [None] * len(captures)
     for i in direct:
@@ -251,6 +252,8 @@ def reconstruct_stage(attack: ReconConfig, captures: Sequence[Capture], label_re
     if not rest:
         record.update(optimizer="analytic (fcn_analytic.invert)", iterations=0, restarts=0, skipped=True)
     else:
+        from gi.attack.recon import reconstruct_many  # Lightning loads here, when a capture is optimised
+
         cfg = attack
         if features[0] is None and cfg.feature_weight > 0:
             cfg = dataclasses.replace(cfg, feature_weight=0.0)
@@ -324,6 +327,12 @@ def inversion_residual(inversion: Any) -> float:
     return max(layer_error(r) for r in inversion.layers)
 
 
+def answers(attack: ReconConfig, residual: float | None) -> bool:
+    """Whether an inversion of largest layer residual ``residual`` (None: no inversion) is the capture's answer
+    (below ``attack.analytic_tol``): :func:`reconstruct_stage` optimises the other captures."""
+    return residual is not None and residual < attack.analytic_tol
+
+
 def analytic_reconstruction(inversion: Any, label_result: LabelResult | None, capture: Capture) -> Reconstruction:
     """A :class:`~gi.attack.recon.Reconstruction` holding ``fcn_analytic.invert``'s image (no optimisation)."""
     import torch
@@ -353,6 +362,14 @@ class PreparedAttack:
     matched: list[torch.Tensor | None]
     inversions: list[Any] | None
     stages: list[dict[str, Any]]
+
+    @property
+    def optimises(self) -> bool:
+        """Whether its reconstruct stage optimises a capture (one that its analytic inversion does not answer,
+        :func:`answers`); otherwise the stage runs no fit (and needs no Lightning)."""
+        if not self.inversions:
+            return bool(self.captures)
+        return not all(answers(self.attack, inversion_residual(inv)) for inv in self.inversions)
 
 
 def prepare_attack(lcfg: LabelConfig, attack: ReconConfig, captures: Sequence[Capture],

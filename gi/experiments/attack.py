@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from gi.analysis.outputs import truth_monitor, verdict_line, write_outputs
 from gi.attack.recon.config import ReconConfig
 from gi.attack.recon.presets import DEFAULT, apply_preset
-from gi.attack.stages import LABEL_MODES, AttackResult, LabelConfig, attack_stages, derived_attack
+from gi.attack.stages import (
+    LABEL_MODES,
+    AttackResult,
+    LabelConfig,
+    derived_attack,
+    prepare_attack,
+    reconstruct_prepared,
+)
 from gi.core.config import to_dict
 from gi.core.errors import ConfigError
 from gi.experiments.outdir import check_run_name, staged_output
@@ -178,7 +185,8 @@ class AttackRun:
 
 
 def run_attack(cfg: AttackConfig) -> AttackRun:
-    """``gi attack``: load the captures (and truths, when given), run :func:`attack_stages`, write the output
+    """``gi attack``: load the captures (and truths, when given), run the stages of :func:`attack_stages`
+    (:func:`prepare_attack`, then :func:`reconstruct_prepared`; the truth monitor only for a fit), write the output
     directory."""
     import torch
 
@@ -203,9 +211,10 @@ def run_attack(cfg: AttackConfig) -> AttackRun:
         aux = None
         if cfg.aux.per_class > 0 and cfg.aux_data is not None:
             aux = draw_aux(load_data(cfg.aux_data, cfg.aux.split), cfg.aux.per_class, gen)[0]
-        monitor = truth_monitor(truths, cfg.attack.log_every) if truths is not None else None
-        outcome = attack_stages(cfg.labels, cfg.attack, captures, None if cfg.labels.mode != "truth" else truths,
-                                aux, callbacks=[monitor] if monitor is not None else [])
+        prepared = prepare_attack(cfg.labels, cfg.attack, captures, None if cfg.labels.mode != "truth" else truths,
+                                  aux)  # labels, features; then the monitor only for a fit (Lightning loads there)
+        monitor = truth_monitor(truths, cfg.attack.log_every) if truths is not None and prepared.optimises else None
+        (outcome,) = reconstruct_prepared([prepared], callbacks=[monitor] if monitor is not None else [])
         config = {**to_dict(cfg)}
         metrics = write_outputs(tmp, cfg.name, config, captures, truths, outcome, cfg.labels, cfg.seed,
                                 {"match": True, "lpips_vgg": cfg.lpips_vgg}, monitor, t0)

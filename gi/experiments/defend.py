@@ -46,6 +46,7 @@ from gi.attack.recon.config import ReconConfig
 from gi.attack.stages import LabelConfig, attack_stages, derived_attack
 from gi.core.config import require, to_dict
 from gi.core.errors import ConfigError, GIError
+from gi.core.names import known
 from gi.experiments.attack import with_preset
 from gi.experiments.outdir import cells_dir, check_run_name, load_cell, restore_cell_file, save_cell, staged_output
 from gi.experiments.run import MetricConfig
@@ -148,11 +149,10 @@ class DefendConfig(VictimSetup):
         if self.train.epochs > 0:
             raise ConfigError("train: gi defend's federation starts from the initial model; leave train out")
         self.attack = derived_attack(self.labels, self.attack)  # attack.labels from labels.mode, as in gi run
-        import labels as label_methods
-
-        unknown = sorted(set(self.label_methods) - set(label_methods.METHODS))
+        methods = known("label method")
+        unknown = sorted(set(self.label_methods) - set(methods))
         if unknown or not self.label_methods:
-            raise ConfigError(f"label_methods has unknown {unknown}; valid: {sorted(label_methods.METHODS)}")
+            raise ConfigError(f"label_methods has unknown {unknown}; valid: {methods}")
         bad = {m: v for m, v in self.label_methods.items() if v not in ("update", "gradient")}
         if bad:
             raise ConfigError(f"label_methods {bad}: say what each method reads, 'update' or 'gradient'")

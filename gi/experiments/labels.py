@@ -63,26 +63,26 @@ class LabelBenchConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        import labels
+        from gi.core.names import LABEL_METRICS, POOLED_METRICS, known
         from gi.world.scenarios import get_scenario
 
         check_run_name(self.name)
         scenario = get_scenario(self.scenario)
         if not self.methods:
             raise ConfigError("methods is empty; list label methods to compare, e.g. [idlg, yin]")
+        methods = known("label method")
         for name, spec in self.variants.items():
-            if name in labels.METHODS:
+            if name in methods:
                 raise ConfigError(f"variants: {name!r} is already a label method; give the variant another name")
             if not isinstance(spec, dict) or set(spec) - {"method", "options"} or "method" not in spec:
                 raise ConfigError(f"variants.{name} must be {{method: NAME, options: {{...}}}}, got {spec!r}")
-            if spec["method"] not in labels.METHODS:
-                raise ConfigError(f"variants.{name}: unknown label method {spec['method']!r}; valid: "
-                                  f"{sorted(labels.METHODS)}")
+            if spec["method"] not in methods:
+                raise ConfigError(f"variants.{name}: unknown label method {spec['method']!r}; valid: {methods}")
             if not isinstance(spec.get("options", {}), dict):
                 raise ConfigError(f"variants.{name}.options must be a mapping, got {spec['options']!r}")
-        unknown = [m for m in self.methods if m not in labels.METHODS and m not in self.variants]
+        unknown = [m for m in self.methods if m not in methods and m not in self.variants]
         if unknown:
-            raise ConfigError(f"unknown label method(s) {unknown}; valid: {sorted(labels.METHODS)} or a name in "
+            raise ConfigError(f"unknown label method(s) {unknown}; valid: {methods} or a name in "
                               f"`variants` ({sorted(self.variants)})")
         extra = sorted(set(self.method_options) - set(self.methods))
         if extra:
@@ -94,11 +94,6 @@ class LabelBenchConfig:
             raise ConfigError(f"proportion_class={self.proportion_class} must be a class index >= 0 or null")
         if self.trials < 1:
             raise ConfigError("trials must be >= 1")
-        from gi.analysis.metrics import (  # light: torch loads there, but before any trial runs
-            LABEL_METRICS,
-            POOLED_METRICS,
-        )
-
         valid = [*LABEL_METRICS, *POOLED_METRICS]
         bad = [m for m in self.metrics if m not in valid]
         if bad or not self.metrics:

@@ -348,12 +348,14 @@ shared reconstruction (:func:`gi.experiments.outdir.log_scope`), not the other j
                     log.info("packing %d jobs into one problem: %s", len(group),
                              ", ".join(jobs[i].cfg.name for i in group))
                 truths = [t for i in group for t in jobs[i].truths]
-                monitor = truth_monitor(truths, jobs[group[0]].cfg.attack.log_every)
-                outcomes = reconstruct_prepared([jobs[i].prepared for i in group], callbacks=[monitor])
+                fits = any(jobs[i].prepared.optimises for i in group)  # no fit: no PSNR curve, and no Lightning import
+                monitor = truth_monitor(truths, jobs[group[0]].cfg.attack.log_every) if fits else None
+                outcomes = reconstruct_prepared([jobs[i].prepared for i in group],
+                                                callbacks=[monitor] if monitor is not None else [])
             start = 0
             for i, outcome in zip(group, outcomes):
                 job, cfg = jobs[i], jobs[i].cfg
-                part = monitor.part(start, start + len(job.captures))
+                part = monitor.part(start, start + len(job.captures)) if monitor is not None else None
                 start += len(job.captures)
                 with log_scope(job.out):
                     metrics = write_outputs(job.tmp, cfg.name, cfg.written(), job.captures, job.truths, outcome,

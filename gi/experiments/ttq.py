@@ -104,6 +104,19 @@ class TTQConfig:
     out: str | None = None
     overwrite: bool = False
 
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any] | None) -> TTQConfig:
+        """The loaders' path (``gi bench``, :func:`load_ttq_config`): the config, and its ``job`` loaded with
+        ``job_overrides`` now (no torch), so that a bad job key or value is refused before any work."""
+        from gi.experiments.run import load_run_config
+
+        cfg = from_dict(cls, data)
+        try:
+            load_run_config(cfg.job, cfg.job_overrides)
+        except ConfigError as exc:
+            raise ConfigError(f"job={cfg.job!r} with job_overrides={cfg.job_overrides}: {exc}") from None
+        return cfg
+
     def __post_init__(self) -> None:
         check_run_name(self.name)
         require(self.kind == "time-to-quality", "kind", self.kind, "time-to-quality")
@@ -122,7 +135,7 @@ class TTQConfig:
 
 def load_ttq_config(path: str | Path | None, overrides: list[str] | None = None) -> TTQConfig:
     data = load_yaml(path) if path else {}
-    return from_dict(TTQConfig, apply_overrides(data, list(overrides or []), TTQConfig))
+    return TTQConfig.from_mapping(apply_overrides(data, list(overrides or []), TTQConfig))
 
 
 # --------------------------------------------------------------------------- clock and curves
@@ -607,9 +620,9 @@ def check_contenders(cfg: TTQConfig) -> None:
 def run_ttq(cfg: TTQConfig) -> Path:
     """Run the benchmark (module docstring) and write its output directory: ``config.yaml``, ``curves.json`` (every
     checkpoint), ``summary.json`` (times to each level, ratios, PSNR at equal time), ``ttq.png``; returns it."""
+    check_contenders(cfg)  # before torch loads: a missing optional package answers at once
     import torch
 
-    check_contenders(cfg)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(cfg.out or f"runs/bench/{cfg.name}-{stamp}")
     torch.set_num_threads(cfg.threads)

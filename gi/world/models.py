@@ -24,7 +24,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torchvision
 from torch import Tensor, nn
 
 from gi.core.errors import CaptureError, ConfigError
@@ -230,6 +229,8 @@ def _resnet32(in_shape, activation, width: int = 16, **_):
 
 
 def _torchvision_resnet(arch: str, in_shape, activation, stem: str | None = None, **_):
+    import torchvision  # here only: importing it loads torch's compiler stack (seconds), which no other model needs
+
     net = getattr(torchvision.models, arch)(weights=None)
     if stem is None:
         stem = "cifar" if in_shape[1] <= 64 else "imagenet"
@@ -244,6 +245,8 @@ def _torchvision_resnet(arch: str, in_shape, activation, stem: str | None = None
 
 def _vgg16(in_shape, activation, batch_norm: bool = False, **_):
     """VGG-16 convolutions (configuration D) with a global pool: a 512-d feature (RLU's CIFAR VGG16)."""
+    import torchvision
+
     features = torchvision.models.vgg.make_layers(torchvision.models.vgg.cfgs["D"], batch_norm=batch_norm)
     if in_shape[0] != 3:
         features[0] = nn.Conv2d(in_shape[0], 64, 3, padding=1)

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from gi.core.config import apply_overrides, from_dict, load_yaml, require, set_dotted, to_dict
 from gi.core.devices import torch_device
 from gi.core.errors import ConfigError
+from gi.core.names import check_name
 from gi.world.fl.protocol import Protocol
 
 if TYPE_CHECKING:
@@ -100,6 +101,8 @@ class ModelConfig:
                 ">= 1 or null")
         require(self.factory is None or (":" in self.factory and not self.factory.startswith(":")),
                 "model.factory", self.factory, "an import string 'package.module:callable' or null")
+        if self.factory is None:
+            check_name("model", self.name, "model.name")
 
     @property
     def label(self) -> str:

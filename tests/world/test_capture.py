@@ -109,3 +109,68 @@ def test_a_capture_and_a_truth_print_as_one_line_without_tensors():
         text = repr(obj)
         assert "\n" not in text and len(text) < 300 and "tensor(" not in text
     assert "gradients: " in repr(capture) and "num_samples=2" in repr(capture)
+
+
+def _counting(monkeypatch):
+    """Count the NaN/Inf scans of gi.capture by tensor name."""
+    import collections
+
+    import gi.capture as capture_module
+
+    seen = collections.Counter()
+    scan = capture_module._check_finite
+
+    def counted(group, name, t):
+        seen[(group, name)] += 1
+        scan(group, name, t)
+
+    monkeypatch.setattr(capture_module, "_check_finite", counted)
+    return seen
+
+
+def test_the_finiteness_scan_runs_once_per_capture_across_the_stages(monkeypatch):
+    model = build("mlp", 10, in_shape=(3, 8, 8), widths=(32, 16), bias=False, bias_last=False, seed=1)
+    cap, _ = capture_gradients(model, torch.rand(1, 3, 8, 8, generator=torch.Generator().manual_seed(2)),
+                               torch.tensor([3]), Protocol())
+    seen = _counting(monkeypatch)
+    analytic = gi.attack.run(cap, labels="soft-lambda", preset="default")  # labels, features, the inversion
+    assert analytic.stages[2]["skipped"] and seen  # the inversion answered
+    gi.attack.run(cap, labels="soft-lambda", preset="default", analytic=False, iterations=2, restarts=1, retries=0,
+                  progress=False)  # labels, features, the reconstruction (its door validates)
+    floats = {("shared", k) for k in cap.gradients} | {("model_state", k) for k, v in cap.model_state.items()
+                                                       if v.is_floating_point()}
+    assert set(seen) == floats and set(seen.values()) == {1}
+
+
+def test_a_new_or_changed_capture_is_scanned_again(monkeypatch):
+    import copy
+    import dataclasses
+    import pickle
+
+    _, cap, _ = _capture()
+    seen = _counting(monkeypatch)
+    cap.check().check()
+    once = sum(seen.values())
+    assert once == len(cap.gradients) + len(cap.model_state)
+    for other in (dataclasses.replace(cap), cap.to("cpu"), copy.deepcopy(cap), pickle.loads(pickle.dumps(cap))):
+        before = sum(seen.values())
+        other.check()
+        assert sum(seen.values()) - before == once  # a new capture object starts unchecked
+    before = sum(seen.values())
+    cap.gradients["fc.bias"] = cap.gradients["fc.bias"].clone()  # a tensor replaced
+    cap.check()
+    assert sum(seen.values()) - before == 1 and seen[("shared", "fc.bias")] == 6
+    cap.gradients["fc.bias"][0] = float("inf")  # changed in place: its version moves
+    with pytest.raises(CaptureError, match="shared tensor 'fc.bias' contains NaN or Inf"):
+        cap.check()
+    assert "_checked" not in repr(cap) and dataclasses.replace(cap) == cap
+
+
+def test_finite_entries_whose_sum_overflows_pass_the_scan():
+    _, cap, _ = _capture()
+    cap.history["big"] = torch.full((4,), 3e38)  # float32 sum: inf; every entry finite
+    cap.history["half"] = torch.full((8,), 6e4, dtype=torch.float16)
+    cap.check()
+    cap.history["big"][1] = float("nan")
+    with pytest.raises(CaptureError, match="history tensor 'big' contains NaN"):
+        cap.check()

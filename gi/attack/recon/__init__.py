@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING, Any
 from gi.attack.recon.config import ReconConfig
 
 if TYPE_CHECKING:
-    from gi.attack.recon.api import Reconstruction, reconstruct, reconstruct_many
+    from gi.attack.recon.api import reconstruct, reconstruct_many
     from gi.attack.recon.inits import INITS, register_init
     from gi.attack.recon.objectives import OBJECTIVES, register_objective
     from gi.attack.recon.optim import OPTIMIZERS, register_optimizer
     from gi.attack.recon.problem import Problem, build_problem, labels_for_slots
     from gi.attack.recon.regularizers import REGULARIZERS, register_regularizer
+    from gi.attack.recon.result import Reconstruction
     from gi.attack.recon.simulate import SIMULATORS
     from gi.attack.recon.terms import TERMS, register_term
 
@@ -42,7 +43,7 @@ __all__ = [
 ]
 
 _LAZY = {
-    "Reconstruction": "api", "reconstruct": "api", "reconstruct_many": "api",
+    "Reconstruction": "result", "reconstruct": "api", "reconstruct_many": "api",
     "Problem": "problem", "build_problem": "problem", "labels_for_slots": "problem",
     "TERMS": "terms", "register_term": "terms",
     "INITS": "inits", "register_init": "inits", "OBJECTIVES": "objectives", "register_objective": "objectives",

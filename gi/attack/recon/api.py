@@ -15,7 +15,6 @@ import sys
 import time
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import lightning as L
@@ -25,33 +24,13 @@ from gi.attack.recon.config import SMALL_MODEL, ReconConfig
 from gi.attack.recon.memory import GIB, budget_bytes, bytes_per_capture
 from gi.attack.recon.module import GradientInversion
 from gi.attack.recon.problem import Problem, build_problem, check_inputs, same_model
+from gi.attack.recon.result import Reconstruction
 from gi.capture import Capture
 from gi.core.devices import env_threads, resolve_device, torch_device
 from gi.label_result import LabelResult
 
 Tensor = torch.Tensor
 log = logging.getLogger("gi.attack.recon")
-
-
-@dataclass
-class Reconstruction:
-    """Result of :func:`reconstruct`.
-
-    ``images`` (B, C, H, W) of the restart with the lowest attack objective; ``all_images`` (R, B, …) the best
-    iterate of every restart; ``labels`` the soft labels used (B, C): the fixed targets, or for joint labels the
-    optimised softmax of the chosen restart; ``objective`` per restart (R,); ``history`` the objective per
-    restart every ``log_every`` steps plus whatever callbacks logged.
-    """
-
-    images: Tensor
-    all_images: Tensor
-    labels: Tensor
-    objective: Tensor
-    best_restart: int
-    history: dict[str, Any] = field(default_factory=dict)
-    seconds: float = 0.0
-    iterations: int = 0
-    all_labels: Tensor | None = None
 
 
 def quiet_lightning() -> None:

@@ -145,13 +145,11 @@ class ReconConfig:
             from gi.core.devices import resolve_device  # in milliseconds (no torch import where /dev has no GPU)
 
             resolve_device(self.device)
-        from gi.attack.recon.inits import INITS
-        from gi.attack.recon.objectives import OBJECTIVES
-        from gi.attack.recon.optim import OPTIMIZERS
-        from gi.attack.recon.regularizers import REGULARIZERS
+        from gi.core.names import known  # the registries' names, without loading them (they import torch)
 
-        checks = (("objective", self.objective, OBJECTIVES), ("init", self.init, INITS),
-                  ("schedule", self.schedule, SCHEDULES), ("optimizer", self.optimizer, OPTIMIZERS),
+        regularizers = known("regularizer")
+        checks = (("objective", self.objective, known("objective")), ("init", self.init, known("init")),
+                  ("schedule", self.schedule, SCHEDULES), ("optimizer", self.optimizer, known("optimizer")),
                   ("labels", self.labels, LABEL_KINDS), ("bn_stats", self.bn_stats, BN_SOURCES),
                   ("batching", self.batching, BATCHINGS), ("output_error", self.output_error, OUTPUT_ERRORS))
         for key, value, allowed in checks:
@@ -159,10 +157,10 @@ class ReconConfig:
                 raise ConfigError(f"attack.{key}={value!r} is not allowed; valid: {sorted(allowed)}")
         if not isinstance(self.regularizers, dict):
             raise ConfigError(f"attack.regularizers must map names to weights, e.g. {{tv: 1e-4}}; valid names: "
-                              f"{sorted(REGULARIZERS)}")
+                              f"{sorted(regularizers)}")
         for name in self.regularizers:
-            if name not in REGULARIZERS:
-                raise ConfigError(f"attack.regularizers has unknown {name!r}; valid: {sorted(REGULARIZERS)}")
+            if name not in regularizers:
+                raise ConfigError(f"attack.regularizers has unknown {name!r}; valid: {sorted(regularizers)}")
         if self.output_error == "captured" and self.labels == "joint":
             raise ConfigError("attack.output_error=captured reads ∂L/∂z from the capture, so joint labels have "
                               "nothing to fit: use attack.labels=fixed, or attack.output_error=simulated (DLG)")

@@ -15,14 +15,16 @@ import copy
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from gi.capture import Capture, Truth
 from gi.core.errors import ConfigError
 from gi.core.registry import import_members, registrar
 from gi.world.setup import upgrade, upgrade_key
+
+if TYPE_CHECKING:  # the scenarios load torch when they run, not when a config names them
+    import torch
+
+    from gi.capture import Capture, Truth
 
 
 @dataclass

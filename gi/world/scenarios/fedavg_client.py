@@ -40,9 +40,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
-
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from gi.core.config import require, to_dict
 from gi.core.errors import ConfigError
@@ -63,7 +61,10 @@ from gi.world.setup import (
     section,
 )
 
-Tensor = torch.Tensor
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+
 
 PARTITIONS = ("dirichlet", "simplex", "table")
 DTYPES = ("float32", "float64")
@@ -123,12 +124,16 @@ class _ClassPools:
     """Per-class index pools in a seeded random order, drawn from without replacement (clients are disjoint)."""
 
     def __init__(self, labels: Tensor, num_classes: int, gen: torch.Generator) -> None:
+        import torch
+
         pools = [torch.nonzero(labels == c).flatten() for c in range(num_classes)]
         self.pools = [p[torch.randperm(len(p), generator=gen)] for p in pools]
         self.used = [0] * num_classes
 
     def take(self, counts: Tensor, too_few: Callable[[int], str]) -> Tensor:
         """The next ``counts[c]`` indices of every class c, sorted; ``too_few(c)`` is the error when c runs out."""
+        import torch
+
         idx = []
         for c, pool in enumerate(self.pools):
             k = int(counts[c])
@@ -143,6 +148,8 @@ def _simplex_partition(labels: Tensor, num_clients: int, sizes: tuple[int, int],
                        gen: torch.Generator) -> list[Tensor]:
     """Ramakrishna & Dán §6: N_k ~ U[lo, hi], p_k uniform on the simplex (sorted uniform breakpoints),
     counts by largest remainder, samples drawn without replacement (clients disjoint)."""
+    import torch
+
     from gi.world.data import largest_remainder
 
     draw = _ClassPools(labels, num_classes, gen)
@@ -160,6 +167,8 @@ def _simplex_partition(labels: Tensor, num_clients: int, sizes: tuple[int, int],
 def _table_partition(labels: Tensor, compositions: list[list[float]], size: int, num_classes: int,
                      gen: torch.Generator) -> list[Tensor]:
     """Decaf: fixed per-client class compositions (fractions or percentages) of ``size`` samples each."""
+    import torch
+
     from gi.world.data import largest_remainder
 
     draw = _ClassPools(labels, num_classes, gen)
@@ -175,6 +184,8 @@ def _table_partition(labels: Tensor, compositions: list[list[float]], size: int,
 
 
 def _partition(s: FedAvgClientSetup, data: Any, gen: torch.Generator) -> list[Tensor]:
+    import torch
+
     kind, k, protocol = s.partition, s.num_clients, s.protocol
     if kind == "dirichlet":
         from gi.world.fl.partition import dirichlet_partition
@@ -207,6 +218,8 @@ def _partition(s: FedAvgClientSetup, data: Any, gen: torch.Generator) -> list[Te
 
 
 def _aux(s: FedAvgClientSetup, exclude: Tensor | None) -> Any:
+    import torch
+
     key = key_of("fedavg-client aux", s.data, s.aux, s.seed, None if exclude is None else int(exclude.sum()))
     return AUX.get(key, lambda: draw_aux(load_data(s.data, s.aux.split), s.aux.per_class,
                                          torch.Generator().manual_seed(int(s.seed) * 7919 + 17), exclude)[0])
@@ -217,6 +230,8 @@ _FEDERATIONS = LRU(3)
 
 def _federation(s: FedAvgClientSetup, trial: int) -> tuple[Any, Any, Any]:
     """The (cached) federation of this setup and trial: ``(Federation, dataset, model)``."""
+    import torch
+
     from gi.world.fl.victim import run_federation
 
     what = to_dict(s)  # what makes the federation: not the round captured, the clients kept, the aux set's size
@@ -246,6 +261,8 @@ def _federation(s: FedAvgClientSetup, trial: int) -> tuple[Any, Any, Any]:
 @register_scenario("fedavg-client", setup=FedAvgClientSetup)
 def fedavg_client(s: FedAvgClientSetup, generator: torch.Generator, trial: int) -> list[Trial]:
     """Every captured client's update at ``round`` of one simulated federation (see the module docstring)."""
+    import torch
+
     fed, data, _ = _federation(s, trial)
     exclude = torch.cat(fed.partition) if (s.aux.split or s.data.split) == s.data.split else None
     aux = _aux(s, exclude)

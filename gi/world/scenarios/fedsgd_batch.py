@@ -43,14 +43,11 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, ClassVar
-
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from gi.core.config import require
 from gi.core.errors import ConfigError
 from gi.world.fl.protocol import Protocol
-from gi.world.fl.victim import capture_gradients
 from gi.world.scenarios import Trial, register_scenario
 from gi.world.setup import (  # noqa: F401  (synthetic_labels: importable from here too)
     AUX,
@@ -71,7 +68,10 @@ from gi.world.setup import (  # noqa: F401  (synthetic_labels: importable from h
     trained_model,
 )
 
-Tensor = torch.Tensor
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+
 
 @dataclass
 class FedSGDBatchSetup(VictimSetup):
@@ -133,6 +133,8 @@ def _dataset(s: FedSGDBatchSetup, split: str | None = None) -> Any:
 
 def _aux(s: FedSGDBatchSetup) -> tuple[Any, Tensor]:
     """The attacker's aux set (one object per configuration, so trials share it and its forward)."""
+    import torch
+
     key = key_of("fedsgd-batch aux", s.data, s.aux, s.seed, s.synthetic_classes)
     return AUX.get(key, lambda: draw_aux(_dataset(s, s.aux.split), s.aux.per_class,
                                          torch.Generator().manual_seed(int(s.seed) + 7919)))
@@ -140,6 +142,8 @@ def _aux(s: FedSGDBatchSetup) -> tuple[Any, Tensor]:
 
 def _trained(s: FedSGDBatchSetup) -> tuple[torch.nn.Module, dict[str, Any]]:
     """The model after ``train.epochs`` of centralised training, built once per configuration."""
+    import torch
+
     key = key_of("fedsgd-batch trained", s.model, s.train, s.data, s.seed)
     victims = _dataset(s)
     return trained_model(key, lambda: build_model(s.model, victims, s.seed),
@@ -149,6 +153,8 @@ def _trained(s: FedSGDBatchSetup) -> tuple[torch.nn.Module, dict[str, Any]]:
 
 
 def _victim_pool(s: FedSGDBatchSetup, aux_idx: Tensor) -> Any:
+    import torch
+
     data = _dataset(s)
     if s.data.split != (s.aux.split or s.data.split):
         return data
@@ -165,7 +171,10 @@ def _victim_pool(s: FedSGDBatchSetup, aux_idx: Tensor) -> Any:
 @register_scenario("fedsgd-batch", setup=FedSGDBatchSetup)
 def fedsgd_batch(s: FedSGDBatchSetup, generator: torch.Generator, trial: int) -> list[Trial]:
     """One FedSGD batch capture with its truth and the shared aux set (posterior paper §4.1–4.4)."""
+    import torch
+
     from gi.world.data import class_imbalanced_batch, make_targets, sample_batch
+    from gi.world.fl.victim import capture_gradients
 
     protocol = s.protocol
     aux, aux_idx = _aux(s)

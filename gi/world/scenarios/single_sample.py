@@ -24,14 +24,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
-
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from gi.core.config import require, to_dict
 from gi.core.errors import ConfigError
 from gi.world.fl.protocol import Protocol
-from gi.world.fl.victim import capture_gradients
 from gi.world.scenarios import Trial, register_scenario
 from gi.world.setup import (
     SCENARIO_LEGACY,
@@ -47,7 +44,10 @@ from gi.world.setup import (
     trained_model,
 )
 
-Tensor = torch.Tensor
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+
 
 SHARED = ("all", "last")
 
@@ -102,10 +102,14 @@ class SingleSampleSetup(VictimSetup):
 
 
 def _noise_gaussian(shape: torch.Size, variance: float, generator: torch.Generator) -> Tensor:
+    import torch
+
     return torch.randn(shape, generator=generator) * math.sqrt(variance)
 
 
 def _noise_laplace(shape: torch.Size, variance: float, generator: torch.Generator) -> Tensor:
+    import torch
+
     # Laplace(0, b) has variance 2b²; inverse CDF of a uniform draw in (−½, ½)
     b = math.sqrt(variance / 2)
     u = torch.rand(shape, generator=generator, dtype=torch.float64).clamp(1e-12, 1 - 1e-12) - 0.5
@@ -117,12 +121,16 @@ _SEEDS: dict[tuple[str, int], int] = {}  # (setup, trial // reseed_every) → mo
 
 
 def _uniform(bounds: list[float], n: int, generator: torch.Generator) -> Tensor:
+    import torch
+
     lo, hi = (float(b) for b in bounds)
     return lo + (hi - lo) * torch.rand(n, generator=generator)
 
 
 def _make_samples(ds: Any, s: SingleSampleSetup, generator: torch.Generator) -> tuple[Tensor, Tensor, dict]:
     """Images (n, C, H, W) in [0, 1], soft targets (n, C) and their draw parameters, all vectorised."""
+    import torch
+
     from gi.world import data
 
     n, c, aug = s.samples, ds.num_classes, s.protocol.label_aug
@@ -151,6 +159,10 @@ def _train(model: torch.nn.Module, s: SingleSampleSetup, ds: Any, generator: tor
 @register_scenario("single-sample", setup=SingleSampleSetup)
 def single_sample(s: SingleSampleSetup, generator: torch.Generator, trial: int) -> list[Trial]:
     """One model, ``samples`` single-image FedSGD captures with smoothing / mixup / one-hot labels."""
+    import torch
+
+    from gi.world.fl.victim import capture_gradients
+
     ds = load_data(s.data)
     every = s.reseed_every
     drawn = int(torch.randint(2**31 - 1, (1,), generator=generator))

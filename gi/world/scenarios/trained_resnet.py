@@ -20,14 +20,11 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from gi.core.config import require
 from gi.core.errors import ConfigError
 from gi.world.fl.protocol import Protocol
-from gi.world.fl.victim import capture_gradients
 from gi.world.scenarios import Trial, register_scenario
 from gi.world.setup import (
     AUX,
@@ -44,6 +41,9 @@ from gi.world.setup import (
     train_on,
     trained_model,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -79,6 +79,8 @@ def trained_victim(s: Any) -> tuple[Any, torch.nn.Module, dict[str, Any]]:
     and trained as :func:`gi.experiments.run.build_victim` does, cached in-process (and by
     :func:`gi.world.train.train_model` on disk under ``$GI_CACHE_DIR``); returns ``(dataset, model, training
     record)``."""
+    import torch
+
     victims = load_data(s.data)
     key = key_of("trained victim", s.model, s.train, s.data, s.seed)
     model, info = trained_model(key, lambda: build_model(s.model, victims, int(s.seed)),
@@ -90,7 +92,10 @@ def trained_victim(s: Any) -> tuple[Any, torch.nn.Module, dict[str, Any]]:
 @register_scenario("trained-resnet18", setup=TrainedResNetSetup)
 def trained_resnet18(s: TrainedResNetSetup, generator: torch.Generator, trial: int) -> list[Trial]:
     """One FedSGD batch of ``protocol.batch_size`` test images through the trained ResNet-18, with its truth."""
+    import torch
+
     from gi.world.data import make_targets, sample_batch
+    from gi.world.fl.victim import capture_gradients
 
     victims, model, info = trained_victim(s)
     images, labels, _ = sample_batch(victims, int(s.protocol.batch_size), generator)

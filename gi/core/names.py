@@ -1,0 +1,69 @@
+"""The names a config may give for things whose registries load torch (zoo models, label methods, the attack's
+objectives, inits, optimisers and regularisers), so that a config naming an unknown one fails when it loads, in
+one line, without importing torch (docs/architecture.md "Conventions", configs).
+
+The registries stay the truth: each static list here is that of one registry (:data:`REGISTRIES`; e.g.
+:data:`ZOO_MODELS` of :data:`gi.world.models.BODIES`, :data:`LABEL_METHODS` of :data:`labels.METHODS`), and a
+test checks every pair is equal. A name added to a
+registry at run time (a user's label method, a body added to ``BODIES``) is known as well: its registry's module
+is then loaded, and :func:`known` reads it from ``sys.modules``, never importing it.
+
+The label metrics' names (:data:`LABEL_METRICS`, :data:`POOLED_METRICS`) live here too; :mod:`gi.analysis.metrics`
+re-exports them.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+
+from gi.core.errors import ConfigError
+
+# gi.world.models.BODIES
+ZOO_MODELS = ("cnn", "cnn6", "fcn3", "fcn4", "lenet", "lenet5", "linear", "mlp", "resnet18", "resnet32", "resnet50",
+              "vgg16")
+
+# labels.METHODS (every module of labels/ registers its own)
+LABEL_METHODS = ("auto", "decaf", "decaf-paper", "dist-aux-bias-grad", "dist-aux-weight-grad", "dist-exact",
+                 "dist-init-bias", "dist-soft-label", "dist-soft-label-path", "idlg", "idlg-batch", "ilrg",
+                 "ilrg-robust", "ilrg-update", "llg", "llg*", "llg+", "llg+-update", "posterior", "rlg", "rlu",
+                 "soft-lambda", "uniform-guess", "yin", "zlg", "zlg+", "zlg+-update")
+
+# the attack's registries (gi.attack.recon): attack.objective, attack.init, attack.optimizer, attack.regularizers
+ATTACK_OBJECTIVES = ("cosine", "cosine-layerwise", "l1", "l2")  # gi.attack.recon.objectives.OBJECTIVES
+ATTACK_INITS = ("analytic", "constant", "gaussian", "uniform")  # gi.attack.recon.inits.INITS
+ATTACK_OPTIMIZERS = ("adam", "lbfgs", "sgd")  # gi.attack.recon.optim.OPTIMIZERS
+ATTACK_REGULARIZERS = ("bn", "l2", "l2-norm", "tv", "tv-iso", "tv-kornia")  # gi.attack.recon.terms.REGULARIZERS
+
+# per-trial label metrics of gi.analysis.metrics.label_metrics_from_counts
+LABEL_METRICS = ("ok", "cls_acc", "ins_acc", "count_acc", "prop_mse", "prop_kl", "l1", "l2", "linf", "absent_hit",
+                 "absent_called", "absent_true", "soft_l1", "top1")
+# metrics pooled over trials (Σ numerator / Σ denominator of per-trial counts), not averaged: the precision and
+# recall of "class absent" decisions (a class is called absent when its predicted proportion is 0)
+POOLED_METRICS = {"absent_precision": ("absent_hit", "absent_called"), "absent_recall": ("absent_hit", "absent_true")}
+
+# kind: (static names, the registry's module, its table)
+REGISTRIES = {"model": (ZOO_MODELS, "gi.world.models", "BODIES"),
+              "label method": (LABEL_METHODS, "labels.base", "METHODS"),
+              "objective": (ATTACK_OBJECTIVES, "gi.attack.recon.objectives", "OBJECTIVES"),
+              "init": (ATTACK_INITS, "gi.attack.recon.inits", "INITS"),
+              "optimizer": (ATTACK_OPTIMIZERS, "gi.attack.recon.optim", "OPTIMIZERS"),
+              "regularizer": (ATTACK_REGULARIZERS, "gi.attack.recon.terms", "REGULARIZERS")}
+
+
+def known(kind: str) -> list[str]:
+    """The names of ``kind`` (a key of :data:`REGISTRIES`): the static list and, when its registry's module is
+    loaded, the registry's names (those registered at run time included), sorted."""
+    static, module, table = REGISTRIES[kind]
+    live = getattr(sys.modules.get(module), table, None) or {}
+    return sorted({*static, *live})
+
+
+def check_name(kind: str, name: object, key: str, also: Iterable[str] = ()) -> None:
+    """A :class:`ConfigError` naming ``key``, the value and the valid names unless ``name`` is a known ``kind``
+    (:func:`known`) or one of ``also`` (e.g. a table's own variants)."""
+    also = list(also)
+    if isinstance(name, str) and (name in also or name in known(kind)):
+        return
+    extra = f" or one of {sorted(also)}" if also else ""
+    raise ConfigError(f"{key}={name!r}: unknown {kind}; valid: {known(kind)}{extra}")
