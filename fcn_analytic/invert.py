@@ -29,6 +29,7 @@ from torch import nn
 from fcn_analytic.activations import ACTIVATION_DERIVATIVES, ACTIVATION_INVERSES
 from fcn_analytic.conv import check_conv, conv_input_gradient, solve_conv
 from fcn_analytic.features import feature_source, output_gradient
+from fcn_analytic.prior import refine_input
 from gi.capture import Capture
 from gi.core.errors import CaptureError, GIError
 from gi.label_result import LabelResult
@@ -247,6 +248,23 @@ def _linear_step(capture: Capture, layer: AnalyticLayer, gw: Tensor, a_out: Tens
     return a_in, (_matvec_t(w, delta) if need_grad else None), report
 
 
+RELU_SNAP = 1e-5  # a recovered ReLU output below this fraction of its largest entry is a dead unit's zero
+
+
+def _is_relu(act: nn.Module) -> bool:
+    return type(act) is nn.ReLU or (type(act) is nn.LeakyReLU and act.negative_slope == 0)
+
+
+def _snap_dead(act: nn.Module, a_out: Tensor) -> Tensor:
+    """A ReLU output recovered by least squares from the layer above holds rounding noise (~1e-8 relative) where
+    the unit is dead; read as ``a > 0`` it would mark a quarter of the dead units active and give them forward
+    rows ``z = 0`` and a δ they do not have. Snap it to the exact zero the forward pass had."""
+    if not _is_relu(act):
+        return a_out
+    bound = RELU_SNAP * float(a_out.abs().max())
+    return torch.where(a_out > bound, a_out, torch.zeros_like(a_out))
+
+
 def _conv_step(capture: Capture, layer: AnalyticLayer, gw: Tensor, a_out: Tensor, grad_a: Tensor,
                need_grad: bool) -> tuple[Tensor, Tensor | None, LayerReport]:
     """A convolution: z = σ⁻¹(a), δ = ∂L/∂a ⊙ σ'(z), then the stacked least squares of
@@ -259,6 +277,7 @@ def _conv_step(capture: Capture, layer: AnalyticLayer, gw: Tensor, a_out: Tensor
                       f"{sorted(t.__name__ for t in ACTIVATION_INVERSES)}")
     state = capture.model_state  # the solve runs on the CPU in float64 (LAPACK), wherever the capture lives
     w, gw, a_out, grad_a = (t.detach().cpu().double() for t in (state[f"{layer.prefix}.weight"], gw, a_out, grad_a))
+    a_out = _snap_dead(act, a_out)
     z, valid = ACTIVATION_INVERSES[type(act)](a_out, act)
     if conv.bias is not None:
         z = z - state[f"{layer.prefix}.bias"].detach().cpu().double().view(-1, 1, 1)
@@ -267,12 +286,24 @@ def _conv_step(capture: Capture, layer: AnalyticLayer, gw: Tensor, a_out: Tensor
     o = w.shape[0]
     solved = solve_conv(conv, layer.in_shape, w, z.reshape(o, -1), valid.reshape(o, -1), delta.reshape(o, -1),
                         gw, slope.reshape(o, -1))
-    forward = solved.forward_residual
+    x, residual, forward = solved.x, solved.residual, solved.forward_residual
     unread = f", {solved.unread} input entries no window reads" if solved.unread else ""
-    report = LayerReport(layer.prefix, f"least-squares ({solved.solver}{unread})", solved.rows, solved.unknowns,
-                         solved.residual, forward, solved.residual < EXACT_TOL and forward < EXACT_TOL)
+    route = f"least-squares ({solved.solver}{unread})"
+    k = int(w[0].numel())
+    if not need_grad and (solved.solver == "lstsq" or int(valid.sum()) + o * k < solved.unknowns):
+        # the input layer leaves a null space (a ReLU's dead units drop their forward rows): fill it with the
+        # image prior of fcn_analytic.prior instead of the minimum-norm zeros
+        mean, std = _normalization(capture, layer.in_shape[0])
+        bias = state.get(f"{layer.prefix}.bias")
+        dead = ~valid if _is_relu(act) else torch.zeros_like(valid)
+        refined = refine_input(conv, w, None if bias is None else bias.detach().cpu(), z, valid, dead, delta, gw,
+                               mean, std, solved.x, forward_weight=slope)
+        x, residual, forward = refined.x, refined.residual, max(refined.forward_residual, refined.hinge)
+        route += f" + TV prior ({int(valid.sum()) + o * k} rows < {solved.unknowns} unknowns)"
+    report = LayerReport(layer.prefix, route, solved.rows, solved.unknowns,
+                         residual, forward, residual < EXACT_TOL and forward < EXACT_TOL)
     grad_in = conv_input_gradient(conv, layer.in_shape, w, delta) if need_grad else None
-    return solved.x, grad_in, report
+    return x, grad_in, report
 
 
 # layer type → its inversion step (a_out, ∂L/∂a_out → a_in, ∂L/∂a_in, report)
