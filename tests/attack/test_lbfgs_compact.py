@@ -130,7 +130,7 @@ def test_compact_and_two_loop_follow_the_same_path_on_a_real_image(monkeypatch):
     (obj_a, psnr_a), (obj_b, psnr_b) = runs["compact"], runs["two-loop"]
     assert obj_a[-1] < 0.1 * obj_a[0]  # it optimises
     rel = ((obj_a - obj_b).abs() / obj_b.abs()).tolist()
-    assert max(rel[:20]) < 1e-3 and max(rel) < 2e-2, rel
+    assert max(rel[:15]) < 1e-4 and max(rel) < 0.2, rel  # ~1e-6 on any CPU kernel; 1 % off: 1.6e-3
     assert abs(psnr_a - psnr_b) < 0.5, (psnr_a, psnr_b)
 
 

@@ -127,7 +127,7 @@ def test_our_curve_runs_the_default_job_stages(tmp_path):
     (c,) = curves
     assert c["contender"] == "gi" and c["capture"] == 3 and c["iterations"] == [5, 10, 15, 20, 20]
     assert all(b >= a for a, b in zip(c["cpu"], c["cpu"][1:])) and all(b >= a for a, b in zip(c["wall"], c["wall"][1:]))
-    assert 8 < c["psnr"][-1] < 100
+    assert 5 < c["psnr"][-1] < 100  # 8.79-8.86 dB by CPU kernels (20 iterations from a random start)
     names = [s["name"] for s in c["info"]["stages"]]
     assert names == ["labels", "features", "reconstruct"] and c["info"]["stages"][2]["preset"] == "default"
     assert c["info"]["stages"][0]["picked_by"] == "auto" and c["info"]["labels_given"] is False
