@@ -25,17 +25,24 @@ def _smooth_image(seed: int, size: int = 8) -> torch.Tensor:
     return F.interpolate(coarse, size=size, mode="bilinear", align_corners=False)[0].clamp(0.05, 0.95)
 
 
-def test_a_determined_layer_is_recovered_exactly_from_a_grey_start():
-    """Every unit active and 12·27 gradient rows + 768 forward rows for 192 unknowns: the penalties alone (no TV)
-    pin the image down, from a flat grey start."""
-    conv = nn.Conv2d(3, 12, 3, stride=1, padding=1)
-    g = torch.Generator().manual_seed(0)
-    w = torch.randn(12, 3, 3, 3, generator=g, dtype=torch.float64)
-    p = _smooth_image(1)
+def _layer(channels: int, seed: int, image_seed: int):
+    """A 3×3 conv of ``channels`` outputs on a smooth image: the layer, its weight, the image (pixels and
+    normalised), its pre-activation, a random δ and the weight gradient; the generator, to draw more from."""
+    conv = nn.Conv2d(3, channels, 3, stride=1, padding=1)
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(channels, 3, 3, 3, generator=g, dtype=torch.float64)
+    p = _smooth_image(image_seed)
     x = (p - MEAN) / STD
     z = F.conv2d(x[None], w, padding=1)[0]
     delta = torch.randn(z.shape, generator=g, dtype=torch.float64)
     gw = torch.nn.grad.conv2d_weight(x[None], w.shape, delta[None], padding=1)
+    return conv, w, p, x, z, delta, gw, g
+
+
+def test_a_determined_layer_is_recovered_exactly_from_a_grey_start():
+    """Every unit active and 12·27 gradient rows + 768 forward rows for 192 unknowns: the penalties alone (no TV)
+    pin the image down, from a flat grey start."""
+    conv, w, p, x, z, delta, gw, g = _layer(12, seed=0, image_seed=1)
     valid = torch.ones_like(z, dtype=torch.bool)
     out = refine_input(conv, w, None, z, valid, ~valid, delta, gw, MEAN, STD, torch.zeros_like(x), tv_weight=0.0,
                        iterations=500)
@@ -46,14 +53,7 @@ def test_a_determined_layer_is_recovered_exactly_from_a_grey_start():
 def test_the_tv_prior_fills_a_null_space_that_min_norm_leaves_at_zero():
     """4·27 gradient rows + a quarter of the 256 forward rows, fewer than the 192 unknowns (the ReLU LeNet's input
     layer in small): with the TV prior the smooth image comes back far better than the penalties alone leave it."""
-    conv = nn.Conv2d(3, 4, 3, stride=1, padding=1)
-    g = torch.Generator().manual_seed(2)
-    w = torch.randn(4, 3, 3, 3, generator=g, dtype=torch.float64)
-    p = _smooth_image(3)
-    x = (p - MEAN) / STD
-    z = F.conv2d(x[None], w, padding=1)[0]
-    delta = torch.randn(z.shape, generator=g, dtype=torch.float64)
-    gw = torch.nn.grad.conv2d_weight(x[None], w.shape, delta[None], padding=1)
+    conv, w, p, x, z, delta, gw, g = _layer(4, seed=2, image_seed=3)
     valid = torch.rand(z.shape, generator=g) < 0.25
     args = (conv, w, None, z, valid, torch.zeros_like(valid), delta, gw, MEAN, STD, torch.zeros_like(x))
     plain = refine_input(*args, tv_weight=0.0, iterations=300)
