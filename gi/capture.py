@@ -289,6 +289,13 @@ class Capture:
         return shared
 
     @property
+    def silent(self) -> bool:
+        """Whether every shared tensor is exactly zero: the client's loss had no gradient (e.g. a ReLU LeNet with
+        U(−0.5, 0.5) weights already predicts the true class with softmax 1.0), so the capture carries neither label
+        nor image information and no attack can recover anything from it."""
+        return not any(bool(t.any()) for t in self.shared.values())
+
+    @property
     def num_classes(self) -> int:
         return int(self.model_spec["num_classes"])
 

@@ -124,6 +124,8 @@ def image_sentence(verdicts: Sequence[str], guesses: Sequence[str]) -> str:
 def mismatch_phrase(mismatch: float, what: str = "gradient") -> str:
     """One capture's mismatch verdict in words, e.g. ``the reconstruction does not explain the gradient (relative
     mismatch 0.81)``; ``what``: ``gradient`` or ``update``."""
+    if math.isnan(mismatch):  # an all-zero capture (nothing to explain) or a non-finite reconstruction
+        return f"the reconstruction {mismatch_verdict(mismatch)} the {what} (no mismatch measured)"
     return f"the reconstruction {mismatch_verdict(mismatch)} the {what} (relative mismatch {mismatch:.2g})"
 
 
@@ -137,8 +139,11 @@ def mismatch_sentence(mismatches: Sequence[float], what: str = "gradient") -> st
     parts = [(word, count) for word, count in n.items() if count]
     said = [f"{parts[0][0]} the {what} of {parts[0][1]} of {len(mismatches)} captures"]
     said += [f"{word} it for {count}" for word, count in parts[1:]]
-    return (f"the reconstruction {', '.join(said)} (relative mismatch {min(mismatches):.2g} to "
-            f"{max(mismatches):.2g})")
+    finite = [m for m in mismatches if not math.isnan(m)]  # NaN: a capture with no gradient to explain
+    spread = f"relative mismatch {min(finite):.2g} to {max(finite):.2g}" if finite else "no mismatch measured"
+    unmeasured = len(mismatches) - len(finite)
+    return (f"the reconstruction {', '.join(said)} ({spread}"
+            + (f"; {unmeasured} capture(s) share no gradient" if finite and unmeasured else "") + ")")
 
 
 RULE = (f"recovered: PSNR >= {RECOVERED_MIN_PSNR_DB:g} dB and >= the best trivial guess + {RECOVERED_MARGIN_DB:g} "

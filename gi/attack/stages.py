@@ -150,9 +150,10 @@ def label_stage(lcfg: LabelConfig, captures: Sequence[Capture], truths: Sequence
                 ) -> tuple[list[LabelResult | None], str, dict[str, Any]]:
     """The label stage over every capture: its results, the label kind and its stage record (method, why)."""
     start, cpu = time.perf_counter(), time.process_time()
-    results, kinds = zip(*(attack_labels(lcfg, c, t, aux) for c, t in zip(captures, truths)))
+    results = [attack_labels(lcfg, c, t, aux)[0] for c, t in zip(captures, truths)]
+    kind = LABEL_MODES[lcfg.mode].kind
     seconds = time.perf_counter() - start
-    methods = sorted({r.method for r in results if r is not None}) or ["joint"]
+    methods = sorted({r.method for r in results if r is not None}) or (["joint"] if kind == "joint" else [None])
     whys = sorted({r.info.get("why") for r in results if r is not None and r.info.get("why")})
     record = {"name": "labels", "mode": lcfg.mode, "method": methods[0] if len(methods) == 1 else methods,
               "picked_by": lcfg.method if lcfg.method == "auto" and lcfg.mode in ("recovered", "recovered+joint")
@@ -160,7 +161,7 @@ def label_stage(lcfg: LabelConfig, captures: Sequence[Capture], truths: Sequence
               "ok": all(r.ok for r in results if r is not None), "seconds": seconds,
               "cpu_seconds": time.process_time() - cpu}
     log.info("labels: %s%s (%.2f s)", record["method"], f" ({record['why']})" if record["why"] else "", seconds)
-    return list(results), kinds[0], record
+    return results, kind, record
 
 
 def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_results: Sequence[LabelResult | None]
@@ -362,6 +363,20 @@ class PreparedAttack:
     matched: list[torch.Tensor | None]
     inversions: list[Any] | None
     stages: list[dict[str, Any]]
+    silent: dict[int, Capture] = field(default_factory=dict)  # position among the job's captures -> a capture
+    # that shares an all-zero gradient (:attr:`gi.capture.Capture.silent`): kept out of every stage
+
+    def splice(self, recs: Sequence[Reconstruction]) -> tuple[list[LabelResult | None], list[torch.Tensor | None],
+                                                               list[Reconstruction]]:
+        """The label results, matched features and reconstructions of every capture in the job's order: the
+        stages' (``recs`` for :attr:`captures`) with :func:`silent_labels` / :func:`silent_reconstruction` at the
+        :attr:`silent` positions."""
+        labels, matched, out = list(self.label_results), list(self.matched), list(recs)
+        for i in sorted(self.silent):
+            labels.insert(i, silent_labels(self.silent[i]))
+            matched.insert(i, None)
+            out.insert(i, silent_reconstruction(self.silent[i]))
+        return labels, matched, out
 
     @property
     def optimises(self) -> bool:
@@ -374,14 +389,61 @@ class PreparedAttack:
 
 def prepare_attack(lcfg: LabelConfig, attack: ReconConfig, captures: Sequence[Capture],
                    truths: Sequence[Truth | None] | None = None, aux: Any = None) -> PreparedAttack:
-    """labels → features over ``captures``: everything of :func:`attack_stages` but the reconstruction."""
+    """labels → features over ``captures``: everything of :func:`attack_stages` but the reconstruction. A capture
+    whose shared tensors are all zero (:attr:`gi.capture.Capture.silent`) goes through no stage: it is answered
+    by :func:`silent_reconstruction` (a flat grey guess, scored as such) instead of stopping the job."""
     truths = list(truths) if truths is not None else [None] * len(captures)
+    silent = {i: c for i, c in enumerate(captures) if c.silent}
+    live = [i for i in range(len(captures)) if i not in silent]
+    captures, truths = [captures[i] for i in live], [truths[i] for i in live]
     label_results, kind, lrec = label_stage(lcfg, captures, truths, aux)
     if attack.labels != kind:
         attack = dataclasses.replace(attack, labels=kind)
     features, inversions, frec = feature_stage(attack, captures, label_results)
     matched = features if attack.feature_weight > 0 else [None] * len(captures)
-    return PreparedAttack(attack, list(captures), label_results, kind, matched, inversions, [lrec, frec])
+    if silent:
+        lrec["silent_captures"] = sorted(silent)
+        log.warning("%s", silent_warning(sorted(silent), len(live) + len(silent)))
+    return PreparedAttack(attack, captures, label_results, kind, matched, inversions, [lrec, frec], silent)
+
+
+SILENT_WHY = ("its shared tensors are all zero (the client's loss had no gradient, e.g. the net already predicts "
+              "the true class with softmax 1.0): it carries no label or image information")
+
+
+def silent_warning(positions: Sequence[int], total: int) -> str:
+    """The warning of a run with captures that share nothing (:attr:`gi.capture.Capture.silent`)."""
+    which = ", ".join(str(i) for i in positions)
+    return (f"{len(positions)} of {total} capture(s) ({which}) not attacked: {SILENT_WHY}; each is answered by a "
+            "flat grey image and uniform labels, scored as not recovered")
+
+
+def silent_labels(capture: Capture) -> LabelResult:
+    """The label result of a capture that shares nothing: no counts, ``ok=False``, the reason in ``info``."""
+    import torch
+
+    from gi.label_result import LabelResult
+
+    return LabelResult.from_counts("none", torch.zeros(capture.num_classes, dtype=torch.long), ok=False,
+                                   info={"reason": SILENT_WHY})
+
+
+def silent_reconstruction(capture: Capture) -> Reconstruction:
+    """The answer for a capture that shares nothing: a flat grey image (0.5) per image slot and uniform soft labels,
+    what one knows without a capture; its ``gradient_mismatch`` is NaN (there is no gradient to explain)."""
+    import torch
+
+    from gi.attack.recon import Reconstruction
+    from gi.attack.recon.problem import image_slots
+
+    shape = (image_slots(capture), *(int(s) for s in capture.model_spec["in_shape"]))
+    image = torch.full(shape, 0.5)
+    soft = torch.full((shape[0], capture.num_classes), 1.0 / capture.num_classes)
+    return Reconstruction(images=image, all_images=image[None], labels=soft, objective=torch.tensor([float("nan")]),
+                          best_restart=0, history={"step": [], "objective": [], "warnings": [],
+                                                   "answered_by": "nothing (all-zero gradient)",
+                                                   "gradient_mismatch": float("nan")},
+                          seconds=0.0, iterations=0, all_labels=soft[None])
 
 
 def attack_stages(lcfg: LabelConfig, attack: ReconConfig, captures: Sequence[Capture],
@@ -396,8 +458,9 @@ def can_pack(a: PreparedAttack, b: PreparedAttack) -> bool:
     matched alike, captures of one global model (:func:`gi.attack.recon.problem.same_model`), no analytic answer."""
     from gi.attack.recon.problem import same_model
 
-    return a.attack == b.attack and a.inversions is None and b.inversions is None and \
-        (a.matched[0] is None) == (b.matched[0] is None) and same_model(a.captures[0], b.captures[0])
+    return bool(a.captures) and bool(b.captures) and a.attack == b.attack and a.inversions is None and \
+        b.inversions is None and (a.matched[0] is None) == (b.matched[0] is None) and \
+        same_model(a.captures[0], b.captures[0])
 
 
 def reconstruct_prepared(prepared: Sequence[PreparedAttack], callbacks: Sequence[Any] = ()) -> list[AttackResult]:
@@ -411,7 +474,11 @@ def reconstruct_prepared(prepared: Sequence[PreparedAttack], callbacks: Sequence
     captures = [c for p in prepared for c in p.captures]
     labels = [lr for p in prepared for lr in p.label_results]
     matched = [f for p in prepared for f in p.matched]
-    recs, rrec = reconstruct_stage(first.attack, captures, labels, matched, first.inversions, callbacks)
+    if captures:
+        recs, rrec = reconstruct_stage(first.attack, captures, labels, matched, first.inversions, callbacks)
+    else:  # every capture is silent
+        recs, rrec = [], {"name": "reconstruct", "captures": 0, "skipped": True, "iterations": 0,
+                          "why": "no capture shares a gradient", "seconds": 0.0, "cpu_seconds": 0.0}
     if len(prepared) > 1:
         rrec["packed_jobs"] = len(prepared)
     out, start = [], 0
@@ -419,7 +486,10 @@ def reconstruct_prepared(prepared: Sequence[PreparedAttack], callbacks: Sequence
         mine = recs[start:start + len(p.captures)]
         start += len(p.captures)
         warnings = sorted({w for r in mine for w in r.history.get("warnings", [])})
-        out.append(AttackResult(p.label_results, p.label_kind, p.matched, mine, [*p.stages, dict(rrec)], warnings))
+        if p.silent:
+            warnings.append(silent_warning(sorted(p.silent), len(p.captures) + len(p.silent)))
+        label_results, features, mine = p.splice(mine)
+        out.append(AttackResult(label_results, p.label_kind, features, mine, [*p.stages, dict(rrec)], warnings))
     return out
 
 

@@ -112,3 +112,9 @@ def test_mismatch_words():
                                "for 2 (relative mismatch 1e-06 to 0.9)")
     assert mismatch_summary([0.28, 0.31], "update")["summary"] == (
         "the reconstruction does not explain the update of 2 of 2 captures (relative mismatch 0.28 to 0.31)")
+    nan = float("nan")  # a capture that shares no gradient has nothing to explain: out of the range, counted
+    assert mismatch_summary([1e-6, nan])["summary"] == (
+        "the reconstruction explains the gradient of 1 of 2 captures, does not explain it for 1 (relative mismatch "
+        "1e-06 to 1e-06; 1 capture(s) share no gradient)")
+    assert mismatch_summary([nan, nan])["summary"].endswith("(no mismatch measured)")
+    assert mismatch_phrase(nan) == "the reconstruction does not explain the gradient (no mismatch measured)"

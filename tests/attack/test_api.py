@@ -37,3 +37,52 @@ def test_run_refuses_an_unknown_preset_before_any_work():
     capture, _ = _capture("lenet")
     with pytest.raises(ConfigError, match="preset"):
         gi.attack.run(capture, preset="nope")
+
+
+def _silenced(capture):
+    """``capture`` with every shared tensor zeroed: a client whose loss had no gradient."""
+    import dataclasses
+
+    return dataclasses.replace(capture, gradients={k: torch.zeros_like(v) for k, v in capture.gradients.items()})
+
+
+def test_silent_is_true_only_when_every_shared_tensor_is_zero():
+    capture, _ = _capture("lenet")
+    assert not capture.silent
+    zeroed = _silenced(capture)
+    assert zeroed.silent
+    one_left = dict(zeroed.gradients)
+    name = next(iter(one_left))
+    one_left[name] = one_left[name].clone()
+    one_left[name].view(-1)[0] = 1e-30  # one nonzero entry anywhere: the capture shares something
+    import dataclasses
+
+    assert not dataclasses.replace(zeroed, gradients=one_left).silent
+
+
+def test_a_capture_with_an_all_zero_gradient_is_answered_by_a_grey_guess_and_does_not_stop_the_others():
+    data = gi.world.data.load("cifar10-samples")
+    model = gi.world.models.build("lenet", 10, init="uniform", seed=0)
+    live, live_truth = gi.capture_gradients(model, data.images[1:2], data.labels[1:2], gi.Protocol())
+    dead, _ = gi.capture_gradients(model, data.images[:1], data.labels[:1], gi.Protocol())
+    result = gi.attack.run([_silenced(dead), live])
+    grey, answered = result.reconstructions
+    assert torch.equal(grey.images, torch.full((1, 3, 32, 32), 0.5))  # what one knows without a capture
+    assert grey.history["answered_by"] == "nothing (all-zero gradient)" and grey.iterations == 0
+    assert result.label_results[0].ok is False and int(result.label_results[0].counts.sum()) == 0
+    assert "all zero" in result.label_results[0].info["reason"]
+    # the live capture is attacked exactly as alone: the analytic answer, its own label
+    assert answered.history["answered_by"] == "analytic inversion"
+    assert float(gi.analysis.metrics.psnr(answered.images, live_truth.images)) > 40
+    assert int(result.label_results[1].counts.argmax()) == int(live_truth.labels[0])
+    assert any("1 of 2 capture(s) (0) not attacked" in w for w in result.warnings)
+    assert result.stages[0]["silent_captures"] == [0]
+
+
+def test_a_run_of_only_silent_captures_reconstructs_nothing_and_says_why():
+    capture, _ = _capture("lenet")
+    result = gi.attack.run([_silenced(capture)])
+    assert result.stages[2]["skipped"] and result.stages[2]["why"] == "no capture shares a gradient"
+    assert result.stages[0]["method"] is None and result.label_results[0].ok is False
+    assert result.reconstructions[0].history["gradient_mismatch"] != result.reconstructions[0].history[
+        "gradient_mismatch"]  # NaN: no gradient to explain
