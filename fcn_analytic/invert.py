@@ -249,19 +249,26 @@ def _linear_step(capture: Capture, layer: AnalyticLayer, gw: Tensor, a_out: Tens
 
 
 RELU_SNAP = 1e-5  # a recovered ReLU output below this fraction of its largest entry is a dead unit's zero
+# ... or below this multiple of its most negative entry: a ReLU output is never negative, so the negative entries
+# are the recovery's own error, which the dead units carry too (ReLU LeNet, seed 1, cifar10-samples 9: dead
+# units up to 3.1e-4, negatives down to -2.8e-4, the smallest active unit 6.0e-4, where 1e-5 of the largest entry
+# is 1.8e-5 and called 70 dead units active: docs/results/realistic.md, S1)
+RELU_SNAP_NOISE = 1.5
 
 
 def _is_relu(act: nn.Module) -> bool:
     return type(act) is nn.ReLU or (type(act) is nn.LeakyReLU and act.negative_slope == 0)
 
 
-def _snap_dead(act: nn.Module, a_out: Tensor) -> Tensor:
+def snap_dead(act: nn.Module, a_out: Tensor) -> Tensor:
     """A ReLU output recovered by least squares from the layer above holds rounding noise (~1e-8 relative) where
     the unit is dead; read as ``a > 0`` it would mark a quarter of the dead units active and give them forward
-    rows ``z = 0`` and a δ they do not have. Snap it to the exact zero the forward pass had."""
+    rows ``z = 0`` and a δ they do not have. Snap it to the exact zero the forward pass had: below
+    :data:`RELU_SNAP` of the largest entry, or below :data:`RELU_SNAP_NOISE` times the largest negative entry's
+    magnitude (the recovery's error, from float32 gradients amplified by the layers above)."""
     if not _is_relu(act):
         return a_out
-    bound = RELU_SNAP * float(a_out.abs().max())
+    bound = max(RELU_SNAP * float(a_out.abs().max()), RELU_SNAP_NOISE * float((-a_out).clamp(min=0).max()))
     return torch.where(a_out > bound, a_out, torch.zeros_like(a_out))
 
 
@@ -277,7 +284,7 @@ def _conv_step(capture: Capture, layer: AnalyticLayer, gw: Tensor, a_out: Tensor
                       f"{sorted(t.__name__ for t in ACTIVATION_INVERSES)}")
     state = capture.model_state  # the solve runs on the CPU in float64 (LAPACK), wherever the capture lives
     w, gw, a_out, grad_a = (t.detach().cpu().double() for t in (state[f"{layer.prefix}.weight"], gw, a_out, grad_a))
-    a_out = _snap_dead(act, a_out)
+    a_out = snap_dead(act, a_out)
     z, valid = ACTIVATION_INVERSES[type(act)](a_out, act)
     if conv.bias is not None:
         z = z - state[f"{layer.prefix}.bias"].detach().cpu().double().view(-1, 1, 1)

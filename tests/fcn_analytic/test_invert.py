@@ -111,3 +111,18 @@ def test_batch_capture_is_an_error():
     cap, _ = capture_gradients(model, torch.rand(2, 1, 6, 6), torch.tensor([0, 1]), Protocol(batch_size=2))
     with pytest.raises(GIError, match="one sample"):
         fcn_analytic.last_layer_features(cap, None)
+
+
+def test_snap_dead_reads_the_noise_level_from_the_negative_entries():
+    """A recovered ReLU output: the negative entries are the recovery's error, so a dead unit holding +3e-4 of
+    noise is snapped to 0 when the most negative entry is -2.8e-4 (1.5 x 2.8e-4 = 4.2e-4), while a true active
+    unit at 6e-4 stays; with clean rounding (no entry below -1e-9) the relative bound (1e-5 of the largest) rules."""
+    from torch import nn
+
+    from fcn_analytic.invert import snap_dead
+
+    noisy = torch.tensor([2.0, 6e-4, 3e-4, -2.8e-4, 1e-4, 0.5], dtype=torch.float64)
+    assert snap_dead(nn.ReLU(), noisy).tolist() == [2.0, 6e-4, 0.0, 0.0, 0.0, 0.5]
+    clean = torch.tensor([2.0, 6e-4, 1e-5, -1e-9, 3e-5, 0.5], dtype=torch.float64)
+    assert snap_dead(nn.ReLU(), clean).tolist() == [2.0, 6e-4, 0.0, 0.0, 3e-5, 0.5]
+    assert torch.equal(snap_dead(nn.Sigmoid(), noisy), noisy)  # only a ReLU has exact zeros to restore
