@@ -38,7 +38,7 @@ from gi.core.config import DOTTED_KEYS, from_dict, set_dotted, to_dict
 from gi.core.errors import ConfigError, GIError
 from gi.experiments.outdir import cells_dir, load_cell, restore_cell_file, save_cell, staged_output
 from gi.experiments.run import MetricConfig, RunConfig, build_victim, capture_client, make_aux
-from gi.world.setup import deprecated, load_config, upgrade_key
+from gi.world.setup import deprecated, upgrade_key
 
 log = logging.getLogger("gi.experiments.ablate")
 METRIC_KEYS = ("psnr", "ssim", "lpips", "L_r")
@@ -129,10 +129,6 @@ def _upgraded_keys(over: Any, where: str) -> Any:
             raise ConfigError(f"{where}: {key} and {new} are both given; keep {new} only")
         out[new] = value
     return out
-
-
-def load_ablate_config(path: str | Path, overrides: list[str] | None = None) -> AblateConfig:
-    return load_config(AblateConfig, path, overrides)
 
 
 def setting_config(cfg: AblateConfig, name: str) -> AblateConfig:

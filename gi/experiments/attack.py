@@ -30,10 +30,10 @@ from gi.attack.stages import (
     prepare_attack,
     reconstruct_prepared,
 )
-from gi.core.config import to_dict
+from gi.core.config import format_override, load, to_dict
 from gi.core.errors import ConfigError
 from gi.experiments.outdir import check_run_name, staged_output
-from gi.world.setup import AuxConfig, DataConfig, load_config
+from gi.world.setup import AuxConfig, DataConfig
 
 if TYPE_CHECKING:
 
@@ -163,18 +163,8 @@ class AttackConfig:
 
 def load_attack_config(capture: str, overrides: list[str] | None = None, path: str | Path | None = None
                        ) -> AttackConfig:
-    """The config of ``gi attack``: ``path`` (a YAML file, optional) with ``capture`` and the overrides."""
-    import tempfile
-
-    if path is None:
-        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as fh:
-            fh.write("{}\n")
-            path = fh.name
-        try:
-            return load_config(AttackConfig, path, [f"capture={capture}", *(overrides or [])])
-        finally:
-            Path(path).unlink()
-    return load_config(AttackConfig, path, [f"capture={capture}", *(overrides or [])])
+    """The config of ``gi attack``: :func:`gi.core.config.load` of ``path`` (optional) with ``capture`` first."""
+    return load(AttackConfig, path, [format_override("capture", capture), *(overrides or [])])
 
 
 @dataclass

@@ -51,7 +51,7 @@ from gi.experiments.attack import with_preset
 from gi.experiments.outdir import cells_dir, check_run_name, load_cell, restore_cell_file, save_cell, staged_output
 from gi.experiments.run import MetricConfig
 from gi.world.fl.protocol import Protocol
-from gi.world.setup import AuxConfig, DataConfig, ModelConfig, VictimSetup, load_config, section
+from gi.world.setup import AuxConfig, DataConfig, ModelConfig, VictimSetup, section
 
 log = logging.getLogger("gi.experiments.defend")
 BASELINE = "none"
@@ -195,10 +195,6 @@ def cell_protocol(base: Protocol, sweep: dict[str, Any] | None, strength: float 
         return dataclasses.replace(base, defences=[*base.defences, extra])
     except ConfigError as exc:
         raise ConfigError(f"defences {sweep['label']!r} at strength {strength!r}: {exc}") from None
-
-
-def load_defend_config(path: str | Path, overrides: list[str] | None = None) -> DefendConfig:
-    return load_config(DefendConfig, path, overrides)
 
 
 # ----------------------------------------------------------------------------- the shared setup

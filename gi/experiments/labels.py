@@ -35,7 +35,7 @@ from gi.analysis.report import save_bar_plot, save_line_plot, write_csv, write_j
 from gi.core.config import set_dotted, to_dict
 from gi.core.errors import ConfigError
 from gi.experiments.outdir import check_run_name, staged_output
-from gi.world.setup import deprecated, load_config, upgrade
+from gi.world.setup import deprecated, upgrade
 
 log = logging.getLogger("gi.labels")
 
@@ -103,10 +103,6 @@ class LabelBenchConfig:
                 scenario.resolve(setup)
             except ConfigError as exc:
                 raise ConfigError(f"grid point {point!r}: {exc}" if self.grid else str(exc)) from None
-
-
-def load_label_bench_config(path: str | Path, overrides: list[str] | None = None) -> LabelBenchConfig:
-    return load_config(LabelBenchConfig, path, overrides)
 
 
 def grid_points(cfg: LabelBenchConfig, pooled: bool = False) -> list[tuple[str, dict[str, Any]]]:

@@ -37,7 +37,6 @@ from gi.world.setup import (  # noqa: F401  (DataConfig, ModelConfig: the sectio
     VictimSetup,
     build_model,
     draw_aux,
-    load_config,
     load_data,
     train_on,
 )
@@ -131,10 +130,6 @@ class RunConfig(VictimSetup):
         keys (name, seed, out, overwrite) first."""
         data = to_dict(self)
         return {**{k: data.pop(k) for k in ("name", "seed", "out", "overwrite")}, **data}
-
-
-def load_run_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
-    return load_config(RunConfig, path, overrides)
 
 
 # ----------------------------------------------------------------------------- stages
