@@ -33,7 +33,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     cfg = load(LabelBenchConfig, args.config, args.overrides)
-    options = cfg.method_options.get(args.method, {})
+    options = cfg.labels.call(args.method)[1] if args.method in cfg.labels.methods else {}
     print(f"| point | n | top-1 | mean L1 | wall ms/sample (median of {args.reps}) | CPU ms/sample |")
     print("|---|---|---|---|---|---|")
     for index, (point, setup) in enumerate(grid_points(cfg)):

@@ -87,6 +87,21 @@ def load(cls: type[T], path: str | Path | None, overrides: list[str] | None = No
     return make(data) if make is not None else from_dict(cls, data)
 
 
+def refuse_renamed(data: Any, renamed: dict[str, str], doc: str = 'docs/usage.md, "Configs"') -> None:
+    """A one-line ConfigError for the first key of mapping ``data`` that ``renamed`` lists (old dotted key → its
+    new spelling), naming the new one: an old spelling is refused, never read as if it were the new one."""
+    for old, new in renamed.items():
+        node: Any = data
+        for key in old.split("."):
+            node = node.get(key, _ABSENT) if isinstance(node, dict) else _ABSENT
+        if node is not _ABSENT:
+            raise ConfigError(f"{old}={show(node, 40)}: renamed, write {new} instead (one spelling in every gi "
+                              f"command, {doc})")
+
+
+_ABSENT = object()
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """The mapping of config file ``path``, with its ``defaults`` files merged in (see the module docstring)."""
     return _load(Path(path), ())

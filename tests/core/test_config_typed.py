@@ -5,6 +5,7 @@ grids; bounded aliases; value ranges; ``defaults:`` composition; every shipped c
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 
 import pytest
@@ -202,12 +203,25 @@ def test_every_shipped_config_loads(path):
 
 def test_the_posterior_table2_family_is_composed_from_shared_fragments():
     cfg = load(LabelBenchConfig, "configs/labels/posterior-table2-cifar10-samples.yaml")
-    assert cfg.scenario == "fedsgd-batch" and cfg.trials == 20 and len(cfg.methods) == 10
-    assert cfg.method_options["posterior"] == {"dtype": "float32", "missing": "prior"}
+    assert cfg.scenario == "fedsgd-batch" and cfg.trials == 20 and len(cfg.labels.methods) == 10
+    assert cfg.labels.call("posterior") == ("posterior", {"dtype": "float32", "missing": "prior"})
     c100 = load(LabelBenchConfig, "configs/labels/posterior-table2-resnet50-c100.yaml")
-    assert c100.methods == ["posterior", "ilrg", "ilrg-robust", "llg*"]  # lists are replaced, not merged
+    assert c100.labels.methods == ["posterior", "ilrg", "ilrg-robust", "llg*"]  # lists are replaced, not merged
 
 
 def test_from_dict_keeps_checking_unknown_keys():
     with pytest.raises(ConfigError, match=r"valid keys of attack"):
         from_dict(RunConfig, {"attack": {"iterationz": 1}})
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (["labels.method=posterior", "labels.options={dtyp: float32}"],
+     r"labels.method='posterior' takes no option\(s\) \['dtyp'\]; valid: \['dtype', 'missing', 'weighting'\]"),
+    (["labels.method=auto", "labels.options={threshold: 1}"],
+     r"labels.method='auto' takes no option\(s\) \['threshold'\]"),
+    (["labels.method=psychic"], r"labels.method='psychic': unknown label method"),
+])
+def test_the_label_method_and_its_options_are_checked_at_load(overrides, match):
+    """docs/usage.md, "The labels section": before any data, model or capture work."""
+    assert re.search(match, _error(overrides))
+    assert re.search(match, _error(overrides, "configs/ablate/table4.yaml", AblateConfig))

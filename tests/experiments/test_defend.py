@@ -14,7 +14,7 @@ from gi.experiments.defend import BASELINE, DefendConfig, cells, run_defend
 
 TINY = ["federation.num_clients=3", "federation.samples=48", "federation.rounds=1", "federation.capture_round=1",
         "federation.eval_samples=40", "aux.per_class=2", "images.count=1", "images.batch_size=1", "attack.iterations=2",
-        "protocol.batch_size=8", "label_batch=8", "label_methods={rlu: update, posterior: gradient}",
+        "protocol.batch_size=8", "label_batch=8", "labels.methods={rlu: update, posterior: gradient}",
         "defences=[{name: gaussian, strengths: [0.01]}, {name: dp-sgd, strengths: [1.0], label: dp}]"]
 
 
@@ -23,7 +23,7 @@ def test_study_config_has_six_defences_at_three_strengths_and_ten_rounds():
     grid = cells(cfg)
     assert grid[0][0] == BASELINE and grid[0][2].defences == []
     assert len({c[0] for c in grid[1:]}) >= 6 and all(len(e["strengths"]) >= 3 for e in cfg.defences)
-    assert cfg.federation.rounds >= 10 and cfg.images.count >= 4 and {"rlu", "posterior"} <= set(cfg.label_methods)
+    assert cfg.federation.rounds >= 10 and cfg.images.count >= 4 and {"rlu", "posterior"} <= set(cfg.labels.methods)
     dp = [c for c in grid if c[0] == "dp-sgd"]
     assert [c[2].defences[-1]["strength"] for c in dp] == [0.5, 1.0, 2.0]
     assert {"label-smoothing", "mixup"} <= {c[0] for c in grid}
@@ -47,8 +47,14 @@ def test_study_images_are_attacked_by_the_default_job():
     (["defences=[{name: gaussian, strengths: [-1]}]"], "must be >= 0"),
     (["defences=[{name: gaussian, strengths: [1], sigma: 2}]"], "unknown key"),
     (["defences=[{name: gaussian, strengths: [1]}, {name: gaussian, strengths: [2]}]"], "used twice"),
-    (["label_methods={rlu: weights}"], "'update' or 'gradient'"),
-    (["label_methods={psychic: update}"], "unknown"),
+    (["labels.methods={rlu: weights}"], "'update' or 'gradient'"),
+    (["labels.methods={psychic: update}"], "unknown label method"),
+    (["labels.methods={}"], "labels.methods is empty"),
+    (["labels.variants={rlu: {options: {nope: 1}}}"], r"labels.variants.rlu.method='rlu' takes no option\(s\)"),
+    (["labels.variants={v: {method: rlu}}"], r"labels.variants \['v'\] are not in labels.methods"),
+    (["labels.method=posterior", "labels.options={dtyp: float32}"], r"labels.method='posterior' takes no option"),
+    (["label_methods={rlu: update}"], r"label_methods=\{rlu: update\}: renamed, write labels.methods instead"),
+    (["method_options={rlu: {}}"], r"method_options=.*renamed, write labels.variants.NAME.options instead"),
     (["only=[nope]"], "only names unknown"),
     (["protocol.scheme=fedsgd"], "update scheme"),
     (["federation.capture_round=11"], "capture_round"),
@@ -59,8 +65,9 @@ def test_study_images_are_attacked_by_the_default_job():
     (["attack.labels=joint"], "contradicts labels.mode"),
 ])
 def test_bad_defend_configs_raise_clear_errors(over, match):
-    with pytest.raises(ConfigError, match=match):
+    with pytest.raises(ConfigError, match=match) as info:
         load(DefendConfig, "configs/defend/fmnist.yaml", over)
+    assert "\n" not in str(info.value)
 
 
 @pytest.mark.slow

@@ -147,8 +147,8 @@ def test_section_defaults_are_per_command_and_derived_settings_are_not_stored():
 
 def test_grid_keys_in_the_old_spelling_set_the_new_keys_and_keep_their_labels(tmp_path):
     path = tmp_path / "g.yaml"
-    path.write_text(yaml.safe_dump({"scenario": "fedavg-client", "methods": ["rlu"], "setup": {"aux_per_class": 5},
-                                    "grid": {"aux_per_class": [1, 2]}}))
+    path.write_text(yaml.safe_dump({"scenario": "fedavg-client", "labels": {"methods": ["rlu"]},
+                                    "setup": {"aux_per_class": 5}, "grid": {"aux_per_class": [1, 2]}}))
     points = grid_points(load(LabelBenchConfig, path))
     assert [p for p, _ in points] == ["aux_per_class=1", "aux_per_class=2"]
     assert [s["aux"] for _, s in points] == [{"per_class": 1}, {"per_class": 2}]
