@@ -79,6 +79,9 @@ class AblateConfig(RunConfig):
         return super().from_mapping(data, where)
 
     def __post_init__(self) -> None:
+        if self.data.images is not None:
+            raise ConfigError("gi ablate draws `trials` random client batches per setting; data.images would be "
+                              "ignored here: leave it out and set trials=N")
         super().__post_init__()
         unknown = sorted(set(self.only or []) - set(self.settings))
         if unknown:
@@ -88,9 +91,6 @@ class AblateConfig(RunConfig):
             raise ConfigError(f"modes has unknown {bad}; valid: {list(LABEL_MODES)}")
         if self.trials < 1:
             raise ConfigError(f"trials must be >= 1, got {self.trials}")
-        if self.data.captures != 1 or self.data.images is not None:
-            raise ConfigError("gi ablate draws `trials` client batches per setting; data.captures and data.images "
-                              "are gi run's and would be ignored here: set trials=N instead")
         valid_attack = {f.name for f in dataclasses.fields(ReconConfig)} - {"labels"}  # labels: the row's mode
         for name, over in self.variants.items():
             if not isinstance(over, dict):

@@ -225,3 +225,21 @@ def test_the_label_method_and_its_options_are_checked_at_load(overrides, match):
     """docs/usage.md, "The labels section": before any data, model or capture work."""
     assert re.search(match, _error(overrides))
     assert re.search(match, _error(overrides, "configs/ablate/table4.yaml", AblateConfig))
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (["data.captures=3"], r"^data.captures=3: renamed, write trials instead"),
+    (["trials=2", "data.indices=[0]"], r"^trials=2 with data.images or data.indices"),
+    (["trials=2", "data.indices=null", "data.images=[0, 1]"], r"^trials=2 with data.images or data.indices"),
+    (["trials=0"], r"^trials=0: expected >= 1"),
+])
+def test_trials_is_the_one_name_for_the_client_batches(overrides, match):
+    """gi run draws `trials` batches as gi labels and gi ablate do (docs/usage.md, "Config keys")."""
+    assert re.search(match, _error(overrides))
+
+
+def test_trials_draws_that_many_batches():
+    from gi.experiments.run import victim_batches
+
+    cfg = load(RunConfig, DEMO, ["trials=3", "data.indices=null"])
+    assert cfg.trials == 3 and victim_batches(cfg, None) == [None, None, None]

@@ -41,7 +41,12 @@ def test_bad_ablation_configs_raise_clear_errors(over, match):
         load(AblateConfig, "configs/ablate/table4.yaml", over)
 
 
-@pytest.mark.parametrize("override", ["data.captures=3", "data.images=[0,1]"])
-def test_gi_run_batch_keys_are_refused_not_ignored(override):
-    with pytest.raises(ConfigError, match="trials"):
+@pytest.mark.parametrize("override, match", [
+    ("data.captures=3", r"^data.captures=3: renamed, write trials instead"),
+    ("data.images=[0,1]", r"^gi ablate draws `trials` random client batches per setting; data.images would be ignored"),
+])
+def test_gi_run_batch_keys_are_refused_not_ignored(override, match):
+    """One name for the client batches attacked, trials, in every command; gi ablate refuses data.images."""
+    with pytest.raises(ConfigError, match=match) as info:
         load(AblateConfig, "configs/ablate/table4.yaml", [override])
+    assert "\n" not in str(info.value)
