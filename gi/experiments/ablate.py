@@ -29,7 +29,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from gi.analysis.report import save_grid, write_csv, write_json, write_markdown_table, write_yaml
 from gi.attack.recon.config import ReconConfig
@@ -55,8 +55,6 @@ class AblateConfig(RunConfig):
     {psnr, ssim, lpips, L_r}};
     ``only``: run just these settings; ``mode_attack``: {mode: {attack key: value}} per label mode (e.g. a smaller
     ``label_lr`` when joint labels start from recovered ones)."""
-
-    ATTACK_PRESET: ClassVar[str | None] = None  # an ablation's attack is its config's, no preset filled in
 
     name: str = "ablate"
     metrics: MetricConfig = field(default_factory=lambda: MetricConfig(lpips_vgg=False))

@@ -39,7 +39,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from gi.analysis.report import save_grid, save_tradeoff_plot, write_csv, write_json, write_markdown_table, write_yaml
 from gi.attack.recon.config import ReconConfig
@@ -130,10 +130,8 @@ class DefendConfig(VictimSetup):
     and ``defences``: a list of ``{name, strengths: [...], params: {...}, label}`` (``label`` names the curve;
     default ``name``). ``only``: run just these labels; ``workers``: cells computed at once, each in its own
     process (the same numbers as one at a time: every cell reseeds). The baseline (no extra defence) is always the
-    first row. ``attack.preset`` (e.g. ``default``, :mod:`gi.attack.recon.presets`) fills the attack keys the
-    config leaves out, as in ``gi run``; without it the ``attack`` section is taken as written."""
-
-    ATTACK_PRESET: ClassVar[str | None] = None
+    first row. ``attack.preset`` (default ``auto``, :mod:`gi.attack.recon.presets`) fills the attack keys the
+    config leaves out, as in ``gi run``."""
 
     name: str = "defend"
     seed: int = 0
@@ -157,7 +155,7 @@ class DefendConfig(VictimSetup):
     def from_mapping(cls, data: dict[str, Any] | None, where: str = "") -> Any:
         refuse_renamed(data, {"label_methods": "labels.methods", "method_options": "labels.variants.NAME.options"},
                        LABELS_DOC)
-        return super().from_mapping(with_preset(data, cls.ATTACK_PRESET), where)
+        return super().from_mapping(with_preset(data), where)
 
     def __post_init__(self) -> None:
         check_run_name(self.name)

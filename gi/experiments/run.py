@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from gi.analysis.outputs import truth_monitor, verdict_line, write_outputs
 from gi.attack.recon.config import ReconConfig
-from gi.attack.recon.presets import DEFAULT
 from gi.attack.stages import (
     LabelConfig,
     PreparedAttack,
@@ -96,9 +95,8 @@ class RunConfig(VictimSetup):
     ``aux``, ``protocol``), ``trials`` (how many client batches are drawn and attacked, each one capture; the name
     every command gives it), the label stage, the attack and the scores. ``attack.labels`` is derived from
     ``labels.mode`` (an explicit different value is a ConfigError). The ``attack`` section is filled from
-    ``attack.preset`` (default :data:`ATTACK_PRESET`; :mod:`gi.attack.recon.presets`) under its explicit keys."""
-
-    ATTACK_PRESET: ClassVar[str | None] = DEFAULT
+    ``attack.preset`` (default ``auto``, as in every command; :mod:`gi.attack.recon.presets`) under its explicit
+    keys."""
 
     LEGACY: ClassVar[dict[str, str]] = {"model.train_epochs": "train.epochs", "model.train_lr": "train.lr",
                                         "labels.aux_per_class": "aux.per_class"}
@@ -116,7 +114,7 @@ class RunConfig(VictimSetup):
     @classmethod
     def from_mapping(cls, data: dict[str, Any] | None, where: str = "") -> Any:
         refuse_renamed(data, RENAMED)
-        return super().from_mapping(with_preset(data, cls.ATTACK_PRESET), where)
+        return super().from_mapping(with_preset(data), where)
 
     def __post_init__(self) -> None:
         check_run_name(self.name)

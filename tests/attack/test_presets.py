@@ -71,3 +71,21 @@ def test_resnet18_default_job_runs_the_resnet_preset(tmp_path):
     assert stages[1]["available"] and not stages[1]["matched"]  # f* computed, beta = 0 for ResNets
     objective = result.reconstructions[0].history["objective"]
     assert min(o[0] for o in objective[1:]) < objective[0][0]
+
+
+def test_every_command_fills_its_attack_from_the_same_default_preset(tmp_path):
+    """One default (preset auto) in gi run, gi attack, gi ablate and gi defend: the same attack keys in each."""
+    from gi.experiments.ablate import AblateConfig
+    from gi.experiments.attack import load_attack_config
+    from gi.experiments.defend import DefendConfig
+
+    path = tmp_path / "bare.yaml"
+    path.write_text("model: {name: lenet}\nattack: {threads: 1}\nlabels: {mode: truth}\n")
+    run = load(RunConfig, path).attack
+    ablate = load(AblateConfig, path).attack
+    defend = load(DefendConfig, path).attack
+    attack = load_attack_config("runs/x.safetensors", ["attack.threads=1", "labels.mode=truth"]).attack
+    assert run.preset == ablate.preset == defend.preset == attack.preset == "default"
+    assert run == ablate == defend == attack
+    for key, value in PRESETS["default"].items():
+        assert getattr(run, key) == value, key

@@ -37,8 +37,9 @@ def test_study_images_are_attacked_by_the_default_job():
     assert cfg.attack.preset == "default"
     for key, value in PRESETS["default"].items():
         assert getattr(cfg.attack, key) == value, key
-    quick = load(DefendConfig, "configs/defend/quick.yaml")  # no preset: the attack section as written
-    assert quick.attack.preset is None and quick.attack.optimizer == "adam" and quick.attack.iterations == 20
+    quick = load(DefendConfig, "configs/defend/quick.yaml")  # preset auto, as every command: its keys win
+    assert quick.attack.preset == "default" and quick.attack.optimizer == "adam" and quick.attack.iterations == 20
+    assert quick.attack.schedule == "multistep" and quick.attack.cull_after == 0 and quick.attack.feature_weight == 0
 
 
 @pytest.mark.parametrize("over, match", [
