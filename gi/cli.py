@@ -144,11 +144,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def _cmd_methods(args: argparse.Namespace) -> int:
     import labels
+    from gi.core.names import label_options
 
     _apply_threads()
 
     for name, summary in labels.describe().items():
-        print(f"{name:24s} {summary}")
+        options = label_options(name)
+        taken = "any (passed on)" if options is None else ", ".join(options) or "none"
+        print(f"{name:24s} {summary}\n{'':24s} options (labels.options): {taken}")
     return 0
 
 
