@@ -43,7 +43,15 @@ from typing import Any
 
 from gi.analysis.report import save_grid, save_tradeoff_plot, write_csv, write_json, write_markdown_table, write_yaml
 from gi.attack.recon.config import ReconConfig
-from gi.attack.stages import LABELS_DOC, LabelConfig, attack_stages, check_table, derived_attack, variant_call
+from gi.attack.stages import (
+    LABELS_DOC,
+    RENAMED_LABEL_KEYS,
+    LabelConfig,
+    attack_stages,
+    check_table,
+    derived_attack,
+    variant_call,
+)
 from gi.core.config import refuse_renamed, require, to_dict
 from gi.core.errors import ConfigError, GIError
 from gi.experiments.attack import with_preset
@@ -153,8 +161,7 @@ class DefendConfig(VictimSetup):
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any] | None, where: str = "") -> Any:
-        refuse_renamed(data, {"label_methods": "labels.methods", "method_options": "labels.variants.NAME.options"},
-                       LABELS_DOC)
+        refuse_renamed(data, {k: RENAMED_LABEL_KEYS[k] for k in ("label_methods", "method_options")}, LABELS_DOC)
         return super().from_mapping(with_preset(data), where)
 
     def __post_init__(self) -> None:
