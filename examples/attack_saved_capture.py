@@ -35,12 +35,13 @@ def main(argv: list[str] | None = None) -> dict:
 
     import torch
 
+    from gi.core.config import load
     from gi.experiments.attack import load_attack_config, run_attack
-    from gi.experiments.run import load_run_config, run
+    from gi.experiments.run import RunConfig, run
 
     work = Path(args.out or tempfile.mkdtemp(prefix="gi-attack-example-"))
     keys = [f"attack.iterations={args.iterations}", "attack.progress=false", "metrics.lpips_vgg=false"]
-    first = run(load_run_config("configs/demo.yaml", keys + [f"out={work / 'run'}"]))   # victim + attack
+    first = run(load(RunConfig, "configs/demo.yaml", keys + [f"out={work / 'run'}"]))   # victim + attack
     again = run_attack(load_attack_config(str(work / "run"), keys[:2] + [f"truth={work / 'run'}",
                                                                          f"out={work / 'attack'}"]))
     rec = again.outcome.reconstructions[0]

@@ -10,6 +10,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 
+from gi.core.config import load
 from gi.core.devices import env_threads
 from gi.core.errors import ConfigError, GIError, Stopped
 
@@ -40,9 +41,9 @@ Overrides use dotted keys (attack.iterations=500); unknown keys are errors that 
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from gi.experiments.run import load_run_config, run
+    from gi.experiments.run import RunConfig, run
 
-    cfg = load_run_config(args.config, args.overrides)
+    cfg = load(RunConfig, args.config, args.overrides)
     _apply_threads()
     result = run(cfg)
     _print_summary(result.metrics)
@@ -82,9 +83,9 @@ def _cmd_attack(args: argparse.Namespace) -> int:
 
 
 def _cmd_labels(args: argparse.Namespace) -> int:
-    from gi.experiments.labels import load_label_bench_config, run_label_bench
+    from gi.experiments.labels import LabelBenchConfig, run_label_bench
 
-    cfg = load_label_bench_config(args.config, args.overrides)
+    cfg = load(LabelBenchConfig, args.config, args.overrides)
     _apply_threads()
     out = run_label_bench(cfg)
     print(f"wrote {out}")
@@ -92,9 +93,9 @@ def _cmd_labels(args: argparse.Namespace) -> int:
 
 
 def _cmd_ablate(args: argparse.Namespace) -> int:
-    from gi.experiments.ablate import load_ablate_config, run_ablation
+    from gi.experiments.ablate import AblateConfig, run_ablation
 
-    cfg = load_ablate_config(args.config, args.overrides)
+    cfg = load(AblateConfig, args.config, args.overrides)
     _apply_threads()
     out = run_ablation(cfg)
     print(f"wrote {out}")
@@ -102,9 +103,9 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
 
 
 def _cmd_defend(args: argparse.Namespace) -> int:
-    from gi.experiments.defend import load_defend_config, run_defend
+    from gi.experiments.defend import DefendConfig, run_defend
 
-    cfg = load_defend_config(args.config, args.overrides)
+    cfg = load(DefendConfig, args.config, args.overrides)
     _apply_threads()
     out = run_defend(cfg)
     print(f"wrote {out}")
@@ -112,9 +113,9 @@ def _cmd_defend(args: argparse.Namespace) -> int:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from gi.experiments.sweep import load_sweep_config, run_sweep
+    from gi.experiments.sweep import SweepConfig, run_sweep
 
-    cfg = load_sweep_config(args.config, args.overrides)
+    cfg = load(SweepConfig, args.config, args.overrides)
     if cfg.dry_run:
         from gi.experiments.sweep import dry_run
 
@@ -127,12 +128,12 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from gi.experiments.bench import bench_kind, load_bench_config
+    from gi.experiments.bench import BenchConfig, bench_kind
 
     config, overrides = args.config, list(args.overrides)
     if config and "=" in config and not os.path.exists(config):  # `gi bench key=value ...` without a config
         config, overrides = None, [config] + overrides
-    cfg = load_bench_config(config, overrides)
+    cfg = load(BenchConfig, config, overrides)
     kind = bench_kind(cfg)
     _apply_threads()
     path = kind.run(cfg)
@@ -143,11 +144,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def _cmd_methods(args: argparse.Namespace) -> int:
     import labels
+    from gi.core.names import label_options
 
     _apply_threads()
 
     for name, summary in labels.describe().items():
-        print(f"{name:24s} {summary}")
+        options = label_options(name)
+        taken = "any (passed on)" if options is None else ", ".join(options) or "none"
+        print(f"{name:24s} {summary}\n{'':24s} options (labels.options): {taken}")
     return 0
 
 

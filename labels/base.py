@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -18,6 +17,7 @@ import torch
 
 from gi.capture import Capture
 from gi.core.errors import CaptureError, ConfigError
+from gi.core.names import label_options
 from gi.label_result import LabelResult
 
 Tensor = torch.Tensor
@@ -69,12 +69,11 @@ def check_call(method: str, captures: list[Capture], options: dict[str, Any]) ->
     readable (present, float, finite, the model's shapes). Raises :class:`ConfigError` / :class:`CaptureError`."""
     if method not in METHODS:
         raise ConfigError(f"unknown label method {method!r}; valid: {sorted(METHODS)}")
-    params = inspect.signature(METHODS[method]).parameters
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        valid = sorted(n for n in params if n not in ("capture", "captures", "aux"))
+    valid = label_options(method)  # the one table of the options a method takes (configs check it at load)
+    if valid is not None:
         unknown = sorted(set(options) - set(valid))
         if unknown:
-            raise ConfigError(f"label method {method!r} takes no option(s) {unknown}; valid: {valid}")
+            raise ConfigError(f"label method {method!r} takes no option(s) {unknown}; valid: {sorted(valid)}")
     for capture in captures:
         if not isinstance(capture, Capture):
             raise CaptureError(f"labels.recover needs a gi.Capture, got {type(capture).__name__}")

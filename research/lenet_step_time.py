@@ -28,7 +28,8 @@ from gi.attack.recon.module import GradientInversion
 from gi.attack.recon.optim import BatchedLBFGS
 from gi.attack.recon.problem import build_problem
 from gi.attack.stages import feature_stage, label_stage
-from gi.experiments.run import build_victim, capture_all, load_run_config, make_aux
+from gi.core.config import load
+from gi.experiments.run import RunConfig, build_victim, capture_all, make_aux
 
 
 def old_lbfgs(ref: str) -> type:
@@ -53,7 +54,7 @@ def main(argv: list[str]) -> None:
     variants = keys.get("variants", "old,compact").split(",")
     rounds, steps, warm = int(keys.get("rounds", 5)), int(keys.get("steps", 100)), int(keys.get("warm", 120))
     torch.set_num_threads(1)
-    cfg = load_run_config(keys.get("config", "configs/default.yaml"),
+    cfg = load(RunConfig, keys.get("config", "configs/default.yaml"),
                           [f"data.images=[{keys.get('image', 0)}]", f"seed={keys.get('seed', 0)}"])
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)

@@ -33,6 +33,7 @@ import labels
 from gi.attack.recon.config import ReconConfig
 from gi.attack.recon.module import GradientInversion
 from gi.attack.recon.problem import build_problem
+from gi.core.config import load
 from gi.experiments import ttq
 from gi.world.models import features_and_logits
 
@@ -44,7 +45,7 @@ SUBSETS = {"all": None, "convs+fc": ("body.0.conv", "body.0.layer", "fc"),
 def setup(image: int) -> tuple[Any, Any, Any, torch.Tensor]:
     """The capture ``image`` of the bench's job, its scorer, soft-λ labels and exact features f*."""
     torch.set_num_threads(1)
-    cfg = ttq.load_ttq_config("configs/bench/ttq-resnet18.yaml", [f"select=[{image}]", "contenders=[gi]"])
+    cfg = load(ttq.TTQConfig, "configs/bench/ttq-resnet18.yaml", [f"select=[{image}]", "contenders=[gi]"])
     victim = ttq.build_victim_side(cfg)
     capture = victim.captures[0]
     result = labels.recover(capture, "soft-lambda")

@@ -18,7 +18,8 @@ import time
 import torch
 
 import labels
-from gi.experiments.labels import grid_points, load_label_bench_config
+from gi.core.config import load
+from gi.experiments.labels import LabelBenchConfig, grid_points
 from gi.world.scenarios import get_scenario
 
 
@@ -31,8 +32,8 @@ def main() -> None:
     ap.add_argument("--only", default="", help="run only grid points whose label contains this text")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    cfg = load_label_bench_config(args.config, args.overrides)
-    options = cfg.method_options.get(args.method, {})
+    cfg = load(LabelBenchConfig, args.config, args.overrides)
+    options = cfg.labels.call(args.method)[1] if args.method in cfg.labels.methods else {}
     print(f"| point | n | top-1 | mean L1 | wall ms/sample (median of {args.reps}) | CPU ms/sample |")
     print("|---|---|---|---|---|---|")
     for index, (point, setup) in enumerate(grid_points(cfg)):

@@ -26,7 +26,8 @@ import torch
 
 from gi.analysis.metrics import match_images, psnr
 from gi.attack.stages import attack_stages
-from gi.experiments.run import build_victim, capture_all, load_run_config, make_aux
+from gi.core.config import load
+from gi.experiments.run import RunConfig, build_victim, capture_all, make_aux
 
 TUNE_DATA = ("cifar10-samples", "fashion-mnist")
 
@@ -40,7 +41,7 @@ def literal(value: str) -> object:
 
 def run_seed(path: str, overrides: list[str], keys: dict[str, object], seed: int) -> tuple[torch.Tensor, float, float]:
     """Per-image PSNR, CPU and wall seconds of the attack stages on the captures of ``path`` at ``seed``."""
-    cfg = load_run_config(path, [*overrides, f"seed={seed}"])
+    cfg = load(RunConfig, path, [*overrides, f"seed={seed}"])
     if cfg.data.name not in TUNE_DATA:
         raise SystemExit(f"tune only on {TUNE_DATA}, not {cfg.data.name}")
     attack = dataclasses.replace(cfg.attack, progress=False, threads=1, **keys)

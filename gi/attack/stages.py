@@ -30,14 +30,22 @@ if TYPE_CHECKING:
 log = logging.getLogger("gi.attack")
 
 
-# --------------------------------------------------------------------------- label modes
+# --------------------------------------------------------------------------- the labels section
+# One spelling in every command (docs/usage.md, "The labels section"): ``labels.method`` + ``labels.options`` for
+# the one method an attack uses, ``labels.methods`` (+ ``labels.variants``) for the methods a table compares.
+LABELS_DOC = 'docs/usage.md, "The labels section"'
+RENAMED_LABEL_KEYS = {"methods": "labels.methods", "method_options": "labels.variants.NAME.options",
+                      "variants": "labels.variants", "label_methods": "labels.methods"}
+
+
 @dataclass
 class LabelConfig:
     """``mode`` (a name of :data:`LABEL_MODES`): ``truth`` (oracle), ``recovered`` (``method`` of the label
-    registry; soft labels are soft targets, counts become per-slot one-hot labels), ``hard`` (one-hot labels of
-    ``hard_method``, iDLG by default), ``joint`` (DLG: labels optimised with the images from a random start),
-    ``recovered+joint`` (joint, initialised from ``method``'s labels). ``method: auto`` (the default) picks the
-    method from the capture (:mod:`labels.auto`). The attack's ``labels`` (fixed or joint) follows from ``mode``;
+    registry with its ``options``; soft labels are soft targets, counts become per-slot one-hot labels), ``hard``
+    (one-hot labels of ``hard_method``, iDLG by default), ``joint`` (DLG: labels optimised with the images from a
+    random start), ``recovered+joint`` (joint, initialised from ``method``'s labels). ``method: auto`` (the
+    default) picks the method from the capture (:mod:`labels.auto`). The method and its options are checked at
+    load (:func:`gi.core.names.check_label_call`). The attack's ``labels`` (fixed or joint) follows from ``mode``;
     methods that need auxiliary samples get the ``aux`` section's. ``device``: where label recovery runs
     (``cpu``, ``auto``, ``gpu``/``cuda``, ``cuda:N``; a GPU this machine lacks is refused at load)."""
 
@@ -49,11 +57,64 @@ class LabelConfig:
 
     def __post_init__(self) -> None:
         from gi.core.devices import torch_device
-        from gi.core.names import check_name
+        from gi.core.names import check_label_call
 
         torch_device(self.device, "labels.device")
-        check_name("label method", self.method, "labels.method")
-        check_name("label method", self.hard_method, "labels.hard_method")
+        check_label_call(self.method, self.options, "labels.method")
+        check_label_call(self.hard_method, {}, "labels.hard_method")
+
+
+@dataclass
+class LabelTable:
+    """The label methods a table compares (``gi labels``; ``gi defend``'s label leakage has its own ``methods``):
+    ``methods`` lists names of the label registry or of ``variants``; ``variants``: {name: {method: NAME, options:
+    {...}}}, a method run with fixed options under its own row name (``method`` defaults to the name: a variant
+    named after a method sets that method's options). Every name and option is checked at load."""
+
+    methods: list[str] = field(default_factory=list)
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.methods:
+            raise ConfigError("labels.methods is empty; list label methods to compare, e.g. [idlg, yin]")
+        check_table(self.methods, self.variants)
+
+    def call(self, name: str) -> tuple[str, dict[str, Any]]:
+        """The label method and options the ``methods`` entry ``name`` runs."""
+        return variant_call(self.variants, name)
+
+
+def variant_call(variants: dict[str, dict[str, Any]], name: str) -> tuple[str, dict[str, Any]]:
+    """The label method and options of table entry ``name``: a variant's (method, options), else (name, {})."""
+    spec = variants.get(name, {})
+    return spec.get("method", name), dict(spec.get("options", {}))
+
+
+def check_table(methods: list[str], variants: dict[str, dict[str, Any]]) -> None:
+    """One-line ConfigErrors, before any work, for ``labels.variants`` specs that are not ``{method, options}`` of
+    a known method and the options it takes, a variant named after another method, a ``labels.methods`` entry
+    that is neither a method nor a variant, and a variant no entry runs."""
+    from gi.core.names import check_label_call, known
+
+    registry = known("label method")
+    for name, spec in variants.items():
+        where = f"labels.variants.{name}"
+        if not isinstance(spec, dict) or set(spec) - {"method", "options"}:
+            raise ConfigError(f"{where} must be {{method: NAME, options: {{...}}}}, got {spec!r}")
+        method = spec.get("method", name)
+        if name in registry and method != name:
+            raise ConfigError(f"{where}: {name!r} is a label method; a variant named after a method only sets its "
+                              f"options: give this variant another name")
+        if name not in registry and "method" not in spec:
+            raise ConfigError(f"{where}: {name!r} is not a label method; give the variant's method: {{method: NAME}}")
+        check_label_call(method, spec.get("options", {}), f"{where}.method")
+    unknown = [m for m in methods if m not in registry and m not in variants]
+    if unknown:
+        raise ConfigError(f"labels.methods has unknown label method(s) {unknown}; valid: {registry} or a name in "
+                          f"labels.variants ({sorted(variants)})")
+    unused = sorted(set(variants) - set(methods))
+    if unused:
+        raise ConfigError(f"labels.variants {unused} are not in labels.methods; list them there or leave them out")
 
 
 def _truth_labels(lcfg: LabelConfig, capture: Capture, truth: Truth | None, aux: Any) -> LabelResult | None:

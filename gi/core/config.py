@@ -1,5 +1,7 @@
 """YAML configs mapped onto dataclasses, strictly and typed (docs/architecture.md, "Conventions").
 
+* The one loader of every command's config (:func:`load`): the YAML file (or nothing), the dotted overrides, then
+  the class's own ``from_mapping`` step (old spellings, presets, section defaults) or :func:`from_dict`.
 * Loading (:func:`load_yaml`): UTF-8 only; YAML 1.2 floats (``1e-3`` is a float, PyYAML's YAML 1.1 would read a
   string); aliases may expand to at most :data:`MAX_NODES` nodes (a 481-byte file must not become a 20 MB
   config.yaml); a top-level ``defaults: [relative/path.yaml, ...]`` composes files: later files and then the
@@ -28,7 +30,7 @@ Why a thin layer over pydantic's ``TypeAdapter(hint).validate_python(value, stri
 * pydantic strict on the whole dataclass refuses plain dicts ("Input should be an instance of RunConfig"), lax
   mode coerces; per field hint, strict mode is exactly the wanted semantics: 1.5 and true are not ints, 1 is a
   float, '1e-3' is not a float, unions with containers work, and its error ``loc``/``input`` name the bad item.
-  Import 0.13-0.28 s in a fresh process; the first load_run_config (adapters built) 0.08-0.10 s, later ones 5 ms.
+  Import 0.13-0.28 s in a fresh process; the first load of a RunConfig (adapters built) 0.08-0.10 s, later ones 5 ms.
 * typeguard accepts ``True`` for ``int`` (bool is an int subclass) and words union errors on several lines.
 
 The loader, the alias bound and ``defaults`` stay here (no library above bounds alias expansion).
@@ -70,6 +72,36 @@ for _cls in (_Loader, _Dumper):
 
 
 # ----------------------------------------------------------------------------- loading
+def load(cls: type[T], path: str | Path | None, overrides: list[str] | None = None) -> T:
+    """The config of type ``cls`` of every ``gi`` command (docs/usage.md, "Configs"): the YAML file ``path`` (with
+    its ``defaults:``; None: an empty mapping), the dotted ``overrides`` (:func:`apply_overrides`), then
+    ``cls.from_mapping`` when the class has its own loading step, else :func:`from_dict`. A class whose files name
+    their own class (``gi bench``'s ``kind``) gives ``config_class(data, overrides)``, which picks it first."""
+    data = load_yaml(path) if path is not None else {}
+    overrides = list(overrides or [])
+    pick = getattr(cls, "config_class", None)
+    if pick is not None:
+        cls = pick(data, overrides)
+    data = apply_overrides(data, overrides, cls)
+    make = getattr(cls, "from_mapping", None)
+    return make(data) if make is not None else from_dict(cls, data)
+
+
+def refuse_renamed(data: Any, renamed: dict[str, str], doc: str = 'docs/usage.md, "Configs"') -> None:
+    """A one-line ConfigError for the first key of mapping ``data`` that ``renamed`` lists (old dotted key → its
+    new spelling), naming the new one: an old spelling is refused, never read as if it were the new one."""
+    for old, new in renamed.items():
+        node: Any = data
+        for key in old.split("."):
+            node = node.get(key, _ABSENT) if isinstance(node, dict) else _ABSENT
+        if node is not _ABSENT:
+            raise ConfigError(f"{old}={show(node, 40)}: renamed, write {new} instead (one spelling in every gi "
+                              f"command, {doc})")
+
+
+_ABSENT = object()
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """The mapping of config file ``path``, with its ``defaults`` files merged in (see the module docstring)."""
     return _load(Path(path), ())

@@ -29,6 +29,23 @@ LABEL_METHODS = ("auto", "decaf", "decaf-paper", "dist-aux-bias-grad", "dist-aux
                  "ilrg-robust", "ilrg-update", "llg", "llg*", "llg+", "llg+-update", "posterior", "rlg", "rlu",
                  "soft-lambda", "uniform-guess", "yin", "zlg", "zlg+", "zlg+-update")
 
+# the keyword options of every method of labels.METHODS (its function's parameters but capture(s) and aux; None:
+# the method takes **options and passes them on, so they are checked where they land, by labels.recover)
+LABEL_OPTIONS: dict[str, tuple[str, ...] | None] = {
+    "auto": (), "decaf": ("calibrator", "dtype", "epochs", "min_count", "null_removal", "null_test", "solver", "step",
+                          "threshold"),
+    "decaf-paper": ("epochs", "step", "threshold"), "dist-aux-bias-grad": ("aux_steps", "normalize", "solver"),
+    "dist-aux-weight-grad": ("aux_steps", "include_bias", "normalize"), "dist-exact": ("strict",),
+    "dist-init-bias": ("normalize",), "dist-soft-label": ("aux_steps", "normalize", "solver"),
+    "dist-soft-label-path": ("normalize", "points", "solver"), "idlg": (), "idlg-batch": (),
+    "ilrg": ("iterations", "probs", "robust"), "ilrg-robust": ("iterations", "probs"), "ilrg-update": None,
+    "llg": (), "llg*": ("dtype", "dummy", "seed"), "llg+": ("dtype",), "llg+-update": None,
+    "posterior": ("dtype", "missing", "weighting"), "rlg": ("rtol",),
+    "rlu": ("dtype", "iterations", "move", "samples", "search", "seed", "solver"),
+    "soft-lambda": ("accept", "bound", "candidates", "grid_step", "kind", "lbfgs", "pso", "ratio", "route", "seed",
+                    "stages", "threshold"),
+    "uniform-guess": (), "yin": (), "zlg": ("dtype", "dummy", "seed"), "zlg+": ("dtype", "prob"), "zlg+-update": None}
+
 # the attack's registries (gi.attack.recon): attack.objective, attack.init, attack.optimizer, attack.regularizers
 ATTACK_OBJECTIVES = ("cosine", "cosine-layerwise", "l1", "l2")  # gi.attack.recon.objectives.OBJECTIVES
 ATTACK_INITS = ("analytic", "constant", "gaussian", "uniform")  # gi.attack.recon.inits.INITS
@@ -57,6 +74,35 @@ def known(kind: str) -> list[str]:
     static, module, table = REGISTRIES[kind]
     live = getattr(sys.modules.get(module), table, None) or {}
     return sorted({*static, *live})
+
+
+def label_options(method: str) -> tuple[str, ...] | None:
+    """The option names label method ``method`` takes (:data:`LABEL_OPTIONS`; a method registered at run time: its
+    function's parameters, read from the loaded registry; None: any, passed on by the method)."""
+    if method in LABEL_OPTIONS:
+        return LABEL_OPTIONS[method]
+    fn = getattr(sys.modules.get("labels.base"), "METHODS", {}).get(method)
+    if fn is None:
+        return None
+    import inspect
+
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    return tuple(sorted(n for n in params if n not in ("capture", "captures", "aux")))
+
+
+def check_label_call(method: object, options: object, key: str) -> None:
+    """A one-line :class:`ConfigError` unless ``method`` is a known label method and ``options`` a mapping of the
+    options it takes (:func:`label_options`); ``key`` names the config key of the method (``labels.method``), the
+    options' key is that of the error. The check ``labels.recover`` makes, made when a config loads."""
+    check_name("label method", method, key)
+    if not isinstance(options, dict):
+        raise ConfigError(f"{key} options={options!r}: expected a mapping of option names to values")
+    valid = label_options(str(method))
+    unknown = sorted(set(options) - set(valid)) if valid is not None else []
+    if unknown:
+        raise ConfigError(f"{key}={method!r} takes no option(s) {unknown}; valid: {sorted(valid or ())}")
 
 
 def check_name(kind: str, name: object, key: str, also: Iterable[str] = ()) -> None:

@@ -29,7 +29,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from gi.analysis.report import save_grid, write_csv, write_json, write_markdown_table, write_yaml
 from gi.attack.recon.config import ReconConfig
@@ -38,7 +38,7 @@ from gi.core.config import DOTTED_KEYS, from_dict, set_dotted, to_dict
 from gi.core.errors import ConfigError, GIError
 from gi.experiments.outdir import cells_dir, load_cell, restore_cell_file, save_cell, staged_output
 from gi.experiments.run import MetricConfig, RunConfig, build_victim, capture_client, make_aux
-from gi.world.setup import deprecated, load_config, upgrade_key
+from gi.world.setup import deprecated, upgrade_key
 
 log = logging.getLogger("gi.experiments.ablate")
 METRIC_KEYS = ("psnr", "ssim", "lpips", "L_r")
@@ -55,8 +55,6 @@ class AblateConfig(RunConfig):
     {psnr, ssim, lpips, L_r}};
     ``only``: run just these settings; ``mode_attack``: {mode: {attack key: value}} per label mode (e.g. a smaller
     ``label_lr`` when joint labels start from recovered ones)."""
-
-    ATTACK_PRESET: ClassVar[str | None] = None  # an ablation's attack is its config's, no preset filled in
 
     name: str = "ablate"
     metrics: MetricConfig = field(default_factory=lambda: MetricConfig(lpips_vgg=False))
@@ -79,6 +77,9 @@ class AblateConfig(RunConfig):
         return super().from_mapping(data, where)
 
     def __post_init__(self) -> None:
+        if self.data.images is not None:
+            raise ConfigError("gi ablate draws `trials` random client batches per setting; data.images would be "
+                              "ignored here: leave it out and set trials=N")
         super().__post_init__()
         unknown = sorted(set(self.only or []) - set(self.settings))
         if unknown:
@@ -88,9 +89,6 @@ class AblateConfig(RunConfig):
             raise ConfigError(f"modes has unknown {bad}; valid: {list(LABEL_MODES)}")
         if self.trials < 1:
             raise ConfigError(f"trials must be >= 1, got {self.trials}")
-        if self.data.captures != 1 or self.data.images is not None:
-            raise ConfigError("gi ablate draws `trials` client batches per setting; data.captures and data.images "
-                              "are gi run's and would be ignored here: set trials=N instead")
         valid_attack = {f.name for f in dataclasses.fields(ReconConfig)} - {"labels"}  # labels: the row's mode
         for name, over in self.variants.items():
             if not isinstance(over, dict):
@@ -129,10 +127,6 @@ def _upgraded_keys(over: Any, where: str) -> Any:
             raise ConfigError(f"{where}: {key} and {new} are both given; keep {new} only")
         out[new] = value
     return out
-
-
-def load_ablate_config(path: str | Path, overrides: list[str] | None = None) -> AblateConfig:
-    return load_config(AblateConfig, path, overrides)
 
 
 def setting_config(cfg: AblateConfig, name: str) -> AblateConfig:

@@ -17,7 +17,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from gi.analysis.outputs import truth_monitor, verdict_line, write_outputs
 from gi.attack.recon.config import ReconConfig
@@ -30,10 +30,10 @@ from gi.attack.stages import (
     prepare_attack,
     reconstruct_prepared,
 )
-from gi.core.config import to_dict
+from gi.core.config import format_override, load, to_dict
 from gi.core.errors import ConfigError
 from gi.experiments.outdir import check_run_name, staged_output
-from gi.world.setup import AuxConfig, DataConfig, load_config
+from gi.world.setup import AuxConfig, DataConfig
 
 if TYPE_CHECKING:
 
@@ -55,22 +55,19 @@ def check_attack_labels(data: Any) -> None:
                           f"{LABEL_MODES[mode].kind!r}); attack.labels follows from labels.mode: leave it out")
 
 
-def with_preset(data: Any, default: str | None) -> Any:
-    """A config mapping with its ``attack`` section filled from its preset (``attack.preset``, else ``default``)
-    under the explicit keys (:func:`gi.attack.recon.presets.apply_preset`; ``auto`` picks by the config's
-    ``model.name``),
-    after :func:`check_attack_labels`: the one loading step of every config with ``labels`` and ``attack`` sections
-    (gi run, gi attack)."""
+def with_preset(data: Any) -> Any:
+    """A config mapping with its ``attack`` section filled from its preset (``attack.preset``, else
+    :data:`gi.attack.recon.presets.DEFAULT`, ``auto``, in every command) under the explicit keys
+    (:func:`gi.attack.recon.presets.apply_preset`; ``auto`` picks by the config's ``model.name``), after
+    :func:`check_attack_labels`: the one loading step of every config with ``labels`` and ``attack`` sections
+    (gi run, gi attack, gi ablate, gi defend)."""
     check_attack_labels(data)
-    if default is None and not (isinstance(data, dict) and isinstance(data.get("attack"), dict)
-                                and "preset" in data["attack"]):
-        return data
     data = dict(data or {})
     attack = data.get("attack")
     if attack is not None and not isinstance(attack, dict):
         return data  # the loader's type check names the problem
     model = data.get("model")
-    data["attack"] = apply_preset(attack, default, model.get("name") if isinstance(model, dict) else None)
+    data["attack"] = apply_preset(attack, DEFAULT, model.get("name") if isinstance(model, dict) else None)
     return data
 
 
@@ -116,7 +113,7 @@ class AttackConfig:
 
     ``capture``: a capture file or a ``gi run`` output directory; ``truth``: the matching truth file or directory
     (optional: only then are images scored); ``labels`` and ``attack`` as in ``gi run`` (``attack.preset``
-    defaults to ``default``); ``aux_data`` + ``aux``: the attacker's labelled samples (``aux.per_class`` per class
+    defaults to ``auto``); ``aux_data`` + ``aux``: the attacker's labelled samples (``aux.per_class`` per class
     of the dataset ``aux_data``; none by default).
 
     A capture of a ``factory`` model (your own ``nn.Module``) names its factory in the file; it is never imported
@@ -124,8 +121,6 @@ class AttackConfig:
     keyword arguments; or register it in your code (:func:`gi.world.models.register_factory`); or ``trust_factory:
     true``, which imports and calls whatever factory the file names, with the file's arguments: arbitrary code
     from the file, only for captures from a trusted source (:meth:`gi.Capture.load`)."""
-
-    ATTACK_PRESET: ClassVar[str | None] = DEFAULT
 
     capture: str = ""
     truth: str | None = None
@@ -145,7 +140,7 @@ class AttackConfig:
     def from_mapping(cls, data: dict[str, Any] | None, where: str = "") -> Any:
         from gi.core.config import from_dict
 
-        return from_dict(cls, with_preset(data, cls.ATTACK_PRESET))
+        return from_dict(cls, with_preset(data))
 
     def __post_init__(self) -> None:
         check_run_name(self.name)
@@ -163,18 +158,8 @@ class AttackConfig:
 
 def load_attack_config(capture: str, overrides: list[str] | None = None, path: str | Path | None = None
                        ) -> AttackConfig:
-    """The config of ``gi attack``: ``path`` (a YAML file, optional) with ``capture`` and the overrides."""
-    import tempfile
-
-    if path is None:
-        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as fh:
-            fh.write("{}\n")
-            path = fh.name
-        try:
-            return load_config(AttackConfig, path, [f"capture={capture}", *(overrides or [])])
-        finally:
-            Path(path).unlink()
-    return load_config(AttackConfig, path, [f"capture={capture}", *(overrides or [])])
+    """The config of ``gi attack``: :func:`gi.core.config.load` of ``path`` (optional) with ``capture`` first."""
+    return load(AttackConfig, path, [format_override("capture", capture), *(overrides or [])])
 
 
 @dataclass

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from gi.attack.recon.config import ReconConfig, compile_mode
-from gi.core.config import apply_overrides, from_dict, load_yaml, require, to_dict
+from gi.core.config import from_dict, require, to_dict
 from gi.core.errors import ConfigError
 from gi.core.registry import registrar
 from gi.experiments.outdir import check_output_file, check_run_name, publish_file
@@ -91,6 +91,15 @@ class BenchConfig:
     out: str | None = None
     overwrite: bool = False
 
+    @classmethod
+    def config_class(cls, data: dict[str, Any], overrides: list[str]) -> type:
+        """The config class of a ``gi bench`` file (:func:`gi.core.config.load` asks it first): that of its ``kind``
+        (a ``kind=`` override wins; default ``throughput``: this class) in :data:`BENCH_KINDS`."""
+        kind = next((o.split("=", 1)[1] for o in overrides if o.startswith("kind=")), data.get("kind", "throughput"))
+        if kind not in BENCH_KINDS:
+            raise ConfigError(f"kind={kind!r} is not a bench kind; valid: {sorted(BENCH_KINDS)}")
+        return BENCH_KINDS[kind].config()
+
     def __post_init__(self) -> None:
         from gi.core.names import known
 
@@ -125,20 +134,6 @@ BENCH_KINDS: dict[str, BenchKind] = {}
 
 
 register_bench_kind = registrar(BENCH_KINDS, "bench kind")  # register_bench_kind(name)(BenchKind(...))
-
-
-def load_bench_config(path: str | Path | None, overrides: list[str] | None = None) -> Any:
-    """The config of ``gi bench``: the dataclass of the file's ``kind`` (default ``throughput``:
-    :class:`BenchConfig`), with the overrides."""
-    data = load_yaml(path) if path else {}
-    overrides = list(overrides or [])
-    kind = next((o.split("=", 1)[1] for o in overrides if o.startswith("kind=")), data.get("kind", "throughput"))
-    if kind not in BENCH_KINDS:
-        raise ConfigError(f"kind={kind!r} is not a bench kind; valid: {sorted(BENCH_KINDS)}")
-    cls = BENCH_KINDS[kind].config()
-    data = apply_overrides(data, overrides, cls)
-    make = getattr(cls, "from_mapping", None)  # a kind's own loading step (time-to-quality: its job's config)
-    return make(data) if make is not None else from_dict(cls, data)
 
 
 def bench_kind(cfg: Any) -> BenchKind:

@@ -6,7 +6,7 @@ For every defence × strength of the config (plus the undefended baseline) the *
 - **utility**: the global model's test accuracy after ``federation.rounds`` rounds
   (:func:`gi.world.fl.victim.run_federation`);
 - **label leakage**: every captured client at ``federation.capture_round`` is attacked by each of
-  ``label_methods`` (``labels.recover`` with the attacker's aux set) on what that method reads: its ``update``
+  ``labels.methods`` (``labels.recover`` with the attacker's aux set) on what that method reads: its ``update``
   (e.g. RLU), or (``gradient``, e.g. the posterior attack) a defended FedSGD gradient of ``label_batch`` of its
   samples at the same global model; ``label_acc`` = 1 − ½‖p̂ − p‖₁ (the proportion of the client's label
   distribution recovered, 1 = exact), ``ins_acc`` and ``prop_mse`` beside it. Under secure aggregation the
@@ -39,19 +39,26 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from gi.analysis.report import save_grid, save_tradeoff_plot, write_csv, write_json, write_markdown_table, write_yaml
 from gi.attack.recon.config import ReconConfig
-from gi.attack.stages import LabelConfig, attack_stages, derived_attack
-from gi.core.config import require, to_dict
+from gi.attack.stages import (
+    LABELS_DOC,
+    RENAMED_LABEL_KEYS,
+    LabelConfig,
+    attack_stages,
+    check_table,
+    derived_attack,
+    variant_call,
+)
+from gi.core.config import refuse_renamed, require, to_dict
 from gi.core.errors import ConfigError, GIError
-from gi.core.names import known
 from gi.experiments.attack import with_preset
 from gi.experiments.outdir import cells_dir, check_run_name, load_cell, restore_cell_file, save_cell, staged_output
 from gi.experiments.run import MetricConfig
 from gi.world.fl.protocol import Protocol
-from gi.world.setup import AuxConfig, DataConfig, ModelConfig, VictimSetup, load_config, section
+from gi.world.setup import AuxConfig, DataConfig, ModelConfig, VictimSetup, section
 
 log = logging.getLogger("gi.experiments.defend")
 BASELINE = "none"
@@ -103,19 +110,36 @@ class ImageConfig:
 
 
 @dataclass
+class DefendLabels(LabelConfig):
+    """``gi defend``'s ``labels`` section: the reconstruction's label stage (:class:`LabelConfig`: ``mode``,
+    ``method``, ``options``) and the label-leakage attacks, spelled as in ``gi labels`` (docs/usage.md, "The labels
+    section"): ``methods``: {method or variant name: ``update`` or ``gradient``, what it reads}; ``variants``: {name:
+    {method, options}} (a variant named after a method sets that method's options)."""
+
+    methods: dict[str, str] = field(default_factory=lambda: {"rlu": "update", "posterior": "gradient"})
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.methods:
+            raise ConfigError("labels.methods is empty; give {method: update or gradient}, e.g. {rlu: update}")
+        check_table(list(self.methods), self.variants)
+        bad = {m: v for m, v in self.methods.items() if v not in ("update", "gradient")}
+        if bad:
+            raise ConfigError(f"labels.methods {bad}: say what each method reads, 'update' or 'gradient'")
+
+
+@dataclass
 class DefendConfig(VictimSetup):
     """``gi defend``: the victim setup (``data``, ``model``, ``aux``, ``protocol``: the clients' protocol without the
-    swept defence; its own ``defences`` apply in every cell), the ``federation``, the attacks (``label_methods``:
-    {method: ``update`` or ``gradient``, what it reads}, their ``method_options``, ``label_batch``: samples per
-    FedSGD label capture, default ``protocol.batch_size``; ``images``, ``labels`` and ``attack`` for the
-    reconstruction) and ``defences``: a list of ``{name, strengths: [...], params: {...}, label}`` (``label`` names
-    the curve; default ``name``).
-    ``only``: run just these labels; ``workers``: cells computed at once, each in its own process (the same
-    numbers as one at a time: every cell reseeds). The baseline (no extra defence) is always the first row.
-    ``attack.preset`` (e.g. ``default``, :mod:`gi.attack.recon.presets`) fills the attack keys the config leaves out, as
-    in ``gi run``; without it the ``attack`` section is taken as written."""
-
-    ATTACK_PRESET: ClassVar[str | None] = None
+    swept defence; its own ``defences`` apply in every cell), the ``federation``, the attacks (``labels``:
+    :class:`DefendLabels`, the label-leakage methods and the reconstruction's label mode; ``label_batch``: samples
+    per FedSGD label capture, default ``protocol.batch_size``; ``images`` and ``attack`` for the reconstruction)
+    and ``defences``: a list of ``{name, strengths: [...], params: {...}, label}`` (``label`` names the curve;
+    default ``name``). ``only``: run just these labels; ``workers``: cells computed at once, each in its own
+    process (the same numbers as one at a time: every cell reseeds). The baseline (no extra defence) is always the
+    first row. ``attack.preset`` (default ``auto``, :mod:`gi.attack.recon.presets`) fills the attack keys the
+    config leaves out, as in ``gi run``."""
 
     name: str = "defend"
     seed: int = 0
@@ -126,11 +150,9 @@ class DefendConfig(VictimSetup):
     aux: AuxConfig = section(AuxConfig, per_class=20, split="test")
     protocol: Protocol = section(Protocol, scheme="fedavg", batch_size=32, lr=0.05)
     federation: FederationConfig = field(default_factory=FederationConfig)
-    label_methods: dict[str, str] = field(default_factory=lambda: {"rlu": "update", "posterior": "gradient"})
     label_batch: int | None = None
-    method_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     images: ImageConfig = field(default_factory=ImageConfig)
-    labels: LabelConfig = field(default_factory=lambda: LabelConfig(mode="truth"))
+    labels: DefendLabels = field(default_factory=lambda: DefendLabels(mode="truth"))
     attack: ReconConfig = field(default_factory=ReconConfig)
     metrics: MetricConfig = field(default_factory=lambda: MetricConfig(lpips_vgg=False))
     defences: list[dict[str, Any]] = field(default_factory=list)
@@ -139,7 +161,8 @@ class DefendConfig(VictimSetup):
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any] | None, where: str = "") -> Any:
-        return super().from_mapping(with_preset(data, cls.ATTACK_PRESET), where)
+        refuse_renamed(data, {k: RENAMED_LABEL_KEYS[k] for k in ("label_methods", "method_options")}, LABELS_DOC)
+        return super().from_mapping(with_preset(data), where)
 
     def __post_init__(self) -> None:
         check_run_name(self.name)
@@ -149,13 +172,6 @@ class DefendConfig(VictimSetup):
         if self.train.epochs > 0:
             raise ConfigError("train: gi defend's federation starts from the initial model; leave train out")
         self.attack = derived_attack(self.labels, self.attack)  # attack.labels from labels.mode, as in gi run
-        methods = known("label method")
-        unknown = sorted(set(self.label_methods) - set(methods))
-        if unknown or not self.label_methods:
-            raise ConfigError(f"label_methods has unknown {unknown}; valid: {methods}")
-        bad = {m: v for m, v in self.label_methods.items() if v not in ("update", "gradient")}
-        if bad:
-            raise ConfigError(f"label_methods {bad}: say what each method reads, 'update' or 'gradient'")
         require(self.workers >= 1, "workers", self.workers, ">= 1 (processes computing cells at once)")
         require(self.label_batch is None or self.label_batch >= 1, "label_batch", self.label_batch, ">= 1 or null")
         seen = set()
@@ -195,10 +211,6 @@ def cell_protocol(base: Protocol, sweep: dict[str, Any] | None, strength: float 
         return dataclasses.replace(base, defences=[*base.defences, extra])
     except ConfigError as exc:
         raise ConfigError(f"defences {sweep['label']!r} at strength {strength!r}: {exc}") from None
-
-
-def load_defend_config(path: str | Path, overrides: list[str] | None = None) -> DefendConfig:
-    return load_config(DefendConfig, path, overrides)
 
 
 # ----------------------------------------------------------------------------- the shared setup
@@ -249,15 +261,16 @@ def _label_leakage(cfg: DefendConfig, setup: Setup, protocol: Protocol, model: A
 
     batch = cfg.label_batch or protocol.batch_size
     gradient = {c: fedsgd_capture(cfg, setup, protocol, model, c, group_size(protocol), batch, 0)
-                for c, _, _ in captures} if "gradient" in cfg.label_methods.values() else {}
+                for c, _, _ in captures} if "gradient" in cfg.labels.methods.values() else {}
     per_client, summary = [], {}
-    for method, reads in cfg.label_methods.items():
+    for method, reads in cfg.labels.methods.items():
         scores = []
         for client, capture, truth in captures:
             if reads == "gradient":
                 capture, truth = gradient[client]
             try:
-                result = labels.recover(capture, method, aux=setup.aux, **cfg.method_options.get(method, {}))
+                base, options = variant_call(cfg.labels.variants, method)
+                result = labels.recover(capture, base, aux=setup.aux, **options)
                 m = label_metrics(result, truth, match_soft=False)
                 own = label_metrics_from_counts(result.counts, truth.meta.get("member_counts", [truth.counts])[0],
                                                 pred_proportions=result.proportions)
@@ -396,7 +409,7 @@ def _slug(text: str) -> str:
 
 def _plots(out: Path, cfg: DefendConfig, table: list[dict[str, Any]]) -> list[str]:
     """Privacy–utility plots: one per leakage metric, accuracy against leakage, one curve per defence."""
-    metrics = [f"label_acc:{m}" for m in cfg.label_methods]
+    metrics = [f"label_acc:{m}" for m in cfg.labels.methods]
     if cfg.images.count:
         metrics += ["psnr_mean"] + (["psnr_mean:oracle"] if cfg.images.oracle else [])
     base = next((r for r in table if r["defence"] == BASELINE), None)
@@ -441,7 +454,7 @@ def compute_cell(cfg: DefendConfig, label: str, strength: float | None, protocol
 
 def _report_cell(label: str, strength: float | None, cfg: DefendConfig, record: dict[str, Any]) -> None:
     s = record["summary"]
-    leak = "  ".join(f"{m} {s[f'label_acc:{m}']:.3f}" for m in cfg.label_methods)
+    leak = "  ".join(f"{m} {s[f'label_acc:{m}']:.3f}" for m in cfg.labels.methods)
     eps = f"  ε {s['epsilon']:.3g}" if "epsilon" in s else ""
     print(f"  {label:>16s} {strength!s:>8s}  acc {s['accuracy']:.3f}  {leak}  PSNR {s.get('psnr_mean', math.nan):5.2f}"
           f"{eps}  ({s['seconds']:.0f} s)", flush=True)

@@ -7,11 +7,12 @@ vectorised call (:func:`labels.recover_many`). Output: ``trials.csv`` (one row p
 ``summary.csv`` / ``summary.md`` / ``summary.json`` (means per grid point and method, with the paper's
 value next to ours where the config gives one), ``config.yaml``, ``plot.png`` and the log.
 
-``variants`` names a method with fixed options (``{no-null: {method: decaf, options: {null_removal: false}}}``) so
-one table compares switches of the same method; ``methods`` lists variants like methods. Pooled metrics
+The methods are the ``labels`` section's (:class:`gi.attack.stages.LabelTable`, docs/usage.md "The labels section"):
+``labels.methods`` lists them, ``labels.variants`` names a method with fixed options (``{no-null: {method: decaf,
+options: {null_removal: false}}}``, or ``{posterior: {options: {dtype: float32}}}`` for a method's own options) so
+one table compares switches of the same method; ``labels.methods`` lists variants like methods. Pooled metrics
 (:data:`gi.analysis.metrics.POOLED_METRICS`: ``absent_precision``, ``absent_recall``) are Σ hits / Σ decisions over
-every
-trial of a row, not means. ``proportion_class: c`` adds ``proportions.png``: the estimated against the true
+every trial of a row, not means. ``proportion_class: c`` adds ``proportions.png``: the estimated against the true
 proportion of class c, one point per captured client (Ramakrishna & Dán Figs. 5–6), and ``p_true`` / ``p_hat`` to
 ``trials.csv``. ``pool: [key, ...]`` pools grid keys into one summary row (e.g. ``pool: [round]`` averages rounds
 1–10 as Decaf Figs. 7–8 do); ``trials.csv`` keeps every point in its ``grid`` column. Trials that carry earlier
@@ -32,10 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from gi.analysis.report import save_bar_plot, save_line_plot, write_csv, write_json, write_markdown_table, write_yaml
-from gi.core.config import set_dotted, to_dict
+from gi.attack.stages import LABELS_DOC, RENAMED_LABEL_KEYS, LabelTable
+from gi.core.config import from_dict, refuse_renamed, set_dotted, to_dict
 from gi.core.errors import ConfigError
 from gi.experiments.outdir import check_run_name, staged_output
-from gi.world.setup import deprecated, load_config, upgrade
+from gi.world.setup import deprecated, upgrade
 
 log = logging.getLogger("gi.labels")
 
@@ -53,40 +55,25 @@ class LabelBenchConfig:
     overwrite: bool = False
     setup: dict[str, Any] = field(default_factory=dict)
     grid: dict[str, list[Any]] = field(default_factory=dict)
-    methods: list[str] = field(default_factory=list)
-    method_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    labels: LabelTable = field(default_factory=LabelTable)
     metrics: list[str] = field(default_factory=lambda: ["ins_acc", "cls_acc"])
     paper: dict[str, dict[str, float]] = field(default_factory=dict)
-    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
     proportion_class: int | None = None
     pool: list[str] = field(default_factory=list)
     progress: bool = True
 
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any] | None) -> LabelBenchConfig:
+        """The loading step of :func:`gi.core.config.load`: the old top-level label keys refused, then typed."""
+        refuse_renamed(data, RENAMED_LABEL_KEYS, LABELS_DOC)
+        return from_dict(cls, data)
+
     def __post_init__(self) -> None:
-        from gi.core.names import LABEL_METRICS, POOLED_METRICS, known
+        from gi.core.names import LABEL_METRICS, POOLED_METRICS
         from gi.world.scenarios import get_scenario
 
         check_run_name(self.name)
         scenario = get_scenario(self.scenario)
-        if not self.methods:
-            raise ConfigError("methods is empty; list label methods to compare, e.g. [idlg, yin]")
-        methods = known("label method")
-        for name, spec in self.variants.items():
-            if name in methods:
-                raise ConfigError(f"variants: {name!r} is already a label method; give the variant another name")
-            if not isinstance(spec, dict) or set(spec) - {"method", "options"} or "method" not in spec:
-                raise ConfigError(f"variants.{name} must be {{method: NAME, options: {{...}}}}, got {spec!r}")
-            if spec["method"] not in methods:
-                raise ConfigError(f"variants.{name}: unknown label method {spec['method']!r}; valid: {methods}")
-            if not isinstance(spec.get("options", {}), dict):
-                raise ConfigError(f"variants.{name}.options must be a mapping, got {spec['options']!r}")
-        unknown = [m for m in self.methods if m not in methods and m not in self.variants]
-        if unknown:
-            raise ConfigError(f"unknown label method(s) {unknown}; valid: {methods} or a name in "
-                              f"`variants` ({sorted(self.variants)})")
-        extra = sorted(set(self.method_options) - set(self.methods))
-        if extra:
-            raise ConfigError(f"method_options for methods not in `methods`: {extra}")
         stray = [k for k in self.pool if k not in self.grid]
         if stray:
             raise ConfigError(f"pool={self.pool}: {stray} not grid keys; pool names keys of `grid` ({list(self.grid)})")
@@ -103,10 +90,6 @@ class LabelBenchConfig:
                 scenario.resolve(setup)
             except ConfigError as exc:
                 raise ConfigError(f"grid point {point!r}: {exc}" if self.grid else str(exc)) from None
-
-
-def load_label_bench_config(path: str | Path, overrides: list[str] | None = None) -> LabelBenchConfig:
-    return load_config(LabelBenchConfig, path, overrides)
 
 
 def grid_points(cfg: LabelBenchConfig, pooled: bool = False) -> list[tuple[str, dict[str, Any]]]:
@@ -148,13 +131,6 @@ def line_axis(cfg: LabelBenchConfig) -> str | None:
     return None
 
 
-def method_call(cfg: LabelBenchConfig, name: str) -> tuple[str, dict[str, Any]]:
-    """The label method and options a ``methods`` entry runs: a variant's method with its options, updated by
-    ``method_options[name]``."""
-    spec = cfg.variants.get(name, {"method": name})
-    return spec["method"], {**spec.get("options", {}), **cfg.method_options.get(name, {})}
-
-
 def _paper_value(cfg: LabelBenchConfig, point: str, method: str) -> float | None:
     for key in (point, "*"):
         if key in cfg.paper and method in cfg.paper[key]:
@@ -190,8 +166,8 @@ def run_label_bench(cfg: LabelBenchConfig) -> Path:
             groups: dict[tuple[int, int], list[tuple[int, int, Any]]] = defaultdict(list)
             for entry in trials:
                 groups[(id(entry[2].aux), len(entry[2].history))].append(entry)
-            for method in cfg.methods:
-                base, options = method_call(cfg, method)
+            for method in cfg.labels.methods:
+                base, options = cfg.labels.call(method)
                 for (_, earlier), entries in groups.items():
                     caps = [e[2].capture for e in entries]
                     start = time.perf_counter()
@@ -210,7 +186,7 @@ def run_label_bench(cfg: LabelBenchConfig) -> Path:
                         if cfg.proportion_class is not None:
                             row.update(class_proportions(res, trial.truth, cfg.proportion_class))
                         rows.append(row)
-            log.info("%s: %d captures, %d methods", point, len(trials), len(cfg.methods))
+            log.info("%s: %d captures, %d methods", point, len(trials), len(cfg.labels.methods))
         bar.close()
         summary = summarize_rows(cfg, rows)
         write_yaml(tmp / "config.yaml", to_dict(cfg))
@@ -267,14 +243,15 @@ def _plot(path: Path, cfg: LabelBenchConfig, summary: list[dict[str, Any]], poin
 
     axis = line_axis(cfg)
     if axis is None:
-        save_bar_plot(path, points, {m: [value(p, m) for p in points] for m in cfg.methods}, metric, title=cfg.name)
+        bars = {m: [value(p, m) for p in points] for m in cfg.labels.methods}
+        save_bar_plot(path, points, bars, metric, title=cfg.name)
         return
     keys = [k for k in cfg.grid if k not in cfg.pool]
     others = [k for k in keys if k != axis]
     series = {}
     for combo in itertools.product(*(cfg.grid[k] for k in others)):
         fixed = dict(zip(others, combo))
-        for method in cfg.methods:
+        for method in cfg.labels.methods:
             name = " ".join([method, *(f"{k.split('.')[-1]}={v}" for k, v in fixed.items())])
             series[name] = [value(point_label({k: fixed.get(k, x) for k in keys}), method) for x in cfg.grid[axis]]
     save_line_plot(path, cfg.grid[axis], series, axis.split(".")[-1], metric, title=cfg.name)
@@ -302,7 +279,7 @@ def _proportion_plot(path: Path, cfg: LabelBenchConfig, rows: list[dict[str, Any
     fig, axes = plt.subplots(1, len(points), figsize=(4.2 * len(points), 4.0), squeeze=False)
     for ax, point in zip(axes[0], points):
         top = 0.0
-        for method in cfg.methods:
+        for method in cfg.labels.methods:
             rs = [r for r in rows if r["point"] == point and r["method"] == method]
             xs, ys = [r["p_true"] for r in rs], [r["p_hat"] for r in rs]
             top = max([top, *xs, *ys])

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from gi.analysis.outputs import truth_monitor, verdict_line, write_outputs
 from gi.attack.recon.config import ReconConfig
-from gi.attack.recon.presets import DEFAULT
 from gi.attack.stages import (
     LabelConfig,
     PreparedAttack,
@@ -27,7 +26,7 @@ from gi.attack.stages import (
     prepare_attack,
     reconstruct_prepared,
 )
-from gi.core.config import require, to_dict
+from gi.core.config import refuse_renamed, require, to_dict
 from gi.core.errors import ConfigError
 from gi.experiments.attack import with_preset
 from gi.experiments.outdir import check_run_name, log_scope, staged_output
@@ -37,7 +36,6 @@ from gi.world.setup import (  # noqa: F401  (DataConfig, ModelConfig: the sectio
     VictimSetup,
     build_model,
     draw_aux,
-    load_config,
     load_data,
     train_on,
 )
@@ -49,6 +47,7 @@ if TYPE_CHECKING:  # torch, the data, models and Lightning load on first use: co
     from gi.capture import Capture, Truth
 
 log = logging.getLogger("gi.run")
+RENAMED = {"data.captures": "trials"}  # one name in every command for the client batches attacked (docs/usage.md)
 
 
 @dataclass
@@ -58,14 +57,13 @@ class RunDataConfig(DataConfig):
     ``indices``: dataset indices of the client's batch (length = protocol.batch_size); null draws them
     with the run seed. ``images``: a list of dataset indices, or ``all``, attacked as separate captures of
     ``protocol.batch_size`` consecutive entries each (batch size 1: every image its own capture), packed into one
-    batched reconstruction; results are per image plus mean / median / min. ``captures``: how many batches
-    to draw with the run seed when neither is given. ``eps``: label-smoothing ε (null: U(0, eps_max) per
-    sample, as the soft-label paper). ``mixup_lam``: mixup λ (null: U(0, 1)).
+    batched reconstruction; results are per image plus mean / median / min. When neither is given, the run's
+    ``trials`` batches are drawn with the run seed. ``eps``: label-smoothing ε (null: U(0, eps_max) per sample, as
+    the soft-label paper). ``mixup_lam``: mixup λ (null: U(0, 1)).
     """
 
     indices: list[int] | None = None
     images: list[int] | str | None = None
-    captures: int = 1
     eps: float | None = None
     eps_max: float = 0.5
     mixup_lam: float | None = None
@@ -77,12 +75,9 @@ class RunDataConfig(DataConfig):
         require(self.images is None or self.images == "all" or (isinstance(self.images, list) and self.images
                 and all(i >= 0 for i in self.images)), "data.images", self.images,
                 "a non-empty list of dataset indices >= 0, or all")
-        require(self.captures >= 1, "data.captures", self.captures, ">= 1")
-        if self.images is not None and (self.indices is not None or self.captures != 1):
-            raise ConfigError("data.images gives the captures; leave data.indices and data.captures out with it "
-                              "(data.indices is one batch, data.captures a number of random batches)")
-        if self.indices is not None and self.captures != 1:
-            raise ConfigError("data.indices is one batch: use data.images for several captures of given images")
+        if self.images is not None and self.indices is not None:
+            raise ConfigError("data.images gives the captures; leave data.indices out with it (data.indices is one "
+                              "batch, data.images one capture per protocol.batch_size of its images)")
         for key in ("eps", "eps_max", "mixup_lam"):
             value = getattr(self, key)
             require(value is None or 0 <= value <= 1, f"data.{key}", value, "a number in [0, 1]")
@@ -97,11 +92,11 @@ class MetricConfig:
 @dataclass
 class RunConfig(VictimSetup):
     """``gi run``: the victim setup (:class:`~gi.world.setup.VictimSetup`: ``data``, ``model``, ``train``,
-    ``aux``, ``protocol``), the label stage, the attack and the scores. ``attack.labels`` is derived from
+    ``aux``, ``protocol``), ``trials`` (how many client batches are drawn and attacked, each one capture; the name
+    every command gives it), the label stage, the attack and the scores. ``attack.labels`` is derived from
     ``labels.mode`` (an explicit different value is a ConfigError). The ``attack`` section is filled from
-    ``attack.preset`` (default :data:`ATTACK_PRESET`; :mod:`gi.attack.recon.presets`) under its explicit keys."""
-
-    ATTACK_PRESET: ClassVar[str | None] = DEFAULT
+    ``attack.preset`` (default ``auto``, as in every command; :mod:`gi.attack.recon.presets`) under its explicit
+    keys."""
 
     LEGACY: ClassVar[dict[str, str]] = {"model.train_epochs": "train.epochs", "model.train_lr": "train.lr",
                                         "labels.aux_per_class": "aux.per_class"}
@@ -110,6 +105,7 @@ class RunConfig(VictimSetup):
     seed: int = 0
     out: str | None = None
     overwrite: bool = False
+    trials: int = 1
     data: RunDataConfig = field(default_factory=RunDataConfig)
     labels: LabelConfig = field(default_factory=LabelConfig)
     attack: ReconConfig = field(default_factory=ReconConfig)
@@ -117,10 +113,16 @@ class RunConfig(VictimSetup):
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any] | None, where: str = "") -> Any:
-        return super().from_mapping(with_preset(data, cls.ATTACK_PRESET), where)
+        refuse_renamed(data, RENAMED)
+        return super().from_mapping(with_preset(data), where)
 
     def __post_init__(self) -> None:
         check_run_name(self.name)
+        require(self.trials >= 1, "trials", self.trials, ">= 1 (client batches, each one capture)")
+        if self.trials != 1 and (self.data.images is not None or self.data.indices is not None):
+            raise ConfigError(f"trials={self.trials} with data.images or data.indices: they give the captures "
+                              "(data.indices one batch, data.images one per protocol.batch_size images); leave "
+                              "trials out, or leave them out to draw trials random batches")
         self.attack = derived_attack(self.labels, self.attack)  # the loaders refuse an explicit other value
         if self.protocol.is_update and self.protocol.label_aug == "mixup":
             raise ConfigError("protocol.label_aug=mixup is FedSGD-only here (gi.world.fl.victim trains with one-hot or "
@@ -131,10 +133,6 @@ class RunConfig(VictimSetup):
         keys (name, seed, out, overwrite) first."""
         data = to_dict(self)
         return {**{k: data.pop(k) for k in ("name", "seed", "out", "overwrite")}, **data}
-
-
-def load_run_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
-    return load_config(RunConfig, path, overrides)
 
 
 # ----------------------------------------------------------------------------- stages
@@ -241,10 +239,10 @@ def make_aux(cfg: VictimSetup, dataset: Any, gen: torch.Generator, truths: list[
 
 def victim_batches(cfg: RunConfig, dataset: Any) -> list[list[int] | None]:
     """The dataset indices of every capture's batch: ``data.images`` in chunks of ``protocol.batch_size``, else
-    ``data.indices`` (one batch), else ``data.captures`` batches drawn with the run seed (None each)."""
+    ``data.indices`` (one batch), else ``trials`` batches drawn with the run seed (None each)."""
     b = cfg.protocol.batch_size
     if cfg.data.images is None:
-        return [cfg.data.indices] if cfg.data.indices is not None else [None] * cfg.data.captures
+        return [cfg.data.indices] if cfg.data.indices is not None else [None] * cfg.trials
     images = list(range(len(dataset))) if cfg.data.images == "all" else list(cfg.data.images)
     if max(images) >= len(dataset):
         raise ConfigError(f"data.images has index {max(images)} but {cfg.data.name} holds {len(dataset)} images")
@@ -252,7 +250,7 @@ def victim_batches(cfg: RunConfig, dataset: Any) -> list[list[int] | None]:
         raise ConfigError(f"data.images holds {len(images)} images, not a multiple of protocol.batch_size={b}: "
                           "every capture is a batch of consecutive entries")
     if cfg.protocol.label_aug == "mixup":
-        raise ConfigError("data.images with protocol.label_aug=mixup: mixup draws its pairs; use data.captures")
+        raise ConfigError("data.images with protocol.label_aug=mixup: mixup draws its pairs; use trials")
     return [images[i:i + b] for i in range(0, len(images), b)]
 
 

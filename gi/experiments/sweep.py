@@ -44,10 +44,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gi.core.config import format_override, parse_override, to_dict
+from gi.core.config import format_override, from_dict, load, parse_override, to_dict
 from gi.core.errors import ConfigError, GIError
 from gi.experiments.outdir import check_run_name
-from gi.world.setup import load_config
 
 log = logging.getLogger("gi.experiments.sweep")
 DONE = "metrics.json"
@@ -83,6 +82,14 @@ class SweepConfig:
     shards: int | None = None
     shard: int | None = None
 
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any] | None) -> SweepConfig:
+        """The loading step of :func:`gi.core.config.load`: the sweep, then every job's config (:func:`check_jobs`),
+        so that a bad job is refused before any job runs."""
+        cfg = from_dict(cls, data)
+        check_jobs(cfg)
+        return cfg
+
     def __post_init__(self) -> None:
         check_run_name(self.name)
         if (self.shards is None) != (self.shard is None):
@@ -111,12 +118,6 @@ class SweepConfig:
                               "one problem); set pack=0")
 
 
-def load_sweep_config(path: str | Path, overrides: list[str] | None = None) -> SweepConfig:
-    cfg = load_config(SweepConfig, path, overrides)
-    check_jobs(cfg)
-    return cfg
-
-
 def job_config(command: str, base: str, overrides: list[str]) -> Any:
     """A job's config: the ``gi run`` (RunConfig) or ``gi ablate`` (AblateConfig) config ``base`` with ``overrides``,
     loaded as those commands load it."""
@@ -124,7 +125,7 @@ def job_config(command: str, base: str, overrides: list[str]) -> Any:
         from gi.experiments.run import RunConfig as cls
     else:
         from gi.experiments.ablate import AblateConfig as cls
-    return load_config(cls, base, overrides)
+    return load(cls, base, overrides)
 
 
 def check_jobs(cfg: SweepConfig) -> None:

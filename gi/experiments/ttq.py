@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from gi.analysis.report import write_json, write_yaml
-from gi.core.config import apply_overrides, from_dict, load_yaml, require, to_dict
+from gi.core.config import from_dict, load, require, to_dict
 from gi.core.errors import ConfigError
 from gi.core.registry import registrar
 from gi.experiments.bench import git_commit
@@ -106,13 +106,13 @@ class TTQConfig:
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any] | None) -> TTQConfig:
-        """The loaders' path (``gi bench``, :func:`load_ttq_config`): the config, and its ``job`` loaded with
+        """The loading step of :func:`gi.core.config.load` (``gi bench``): the config, and its ``job`` loaded with
         ``job_overrides`` now (no torch), so that a bad job key or value is refused before any work."""
-        from gi.experiments.run import load_run_config
+        from gi.experiments.run import RunConfig
 
         cfg = from_dict(cls, data)
         try:
-            load_run_config(cfg.job, cfg.job_overrides)
+            load(RunConfig, cfg.job, cfg.job_overrides)
         except ConfigError as exc:
             raise ConfigError(f"job={cfg.job!r} with job_overrides={cfg.job_overrides}: {exc}") from None
         return cfg
@@ -131,11 +131,6 @@ class TTQConfig:
         bad = [c for c in self.contenders if c not in CONTENDERS]
         if bad or not self.contenders or len(set(self.contenders)) != len(self.contenders):
             raise ConfigError(f"contenders={self.contenders!r}: each once, from {sorted(CONTENDERS)}")
-
-
-def load_ttq_config(path: str | Path | None, overrides: list[str] | None = None) -> TTQConfig:
-    data = load_yaml(path) if path else {}
-    return TTQConfig.from_mapping(apply_overrides(data, list(overrides or []), TTQConfig))
 
 
 # --------------------------------------------------------------------------- clock and curves
@@ -497,9 +492,10 @@ def build_victim_side(cfg: TTQConfig) -> Victim:
     captures (one per image or batch) and the attacker's aux set."""
     import torch
 
-    from gi.experiments.run import build_victim, capture_all, load_run_config, make_aux
+    from gi.core.config import load
+    from gi.experiments.run import RunConfig, build_victim, capture_all, make_aux
 
-    job = load_run_config(cfg.job, cfg.job_overrides)
+    job = load(RunConfig, cfg.job, cfg.job_overrides)
     torch.manual_seed(job.seed)
     gen = torch.Generator().manual_seed(job.seed)
     dataset, model = build_victim(job)

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from gi.core.config import apply_overrides, from_dict, load_yaml, require, set_dotted, to_dict
+from gi.core.config import from_dict, require, set_dotted, to_dict
 from gi.core.devices import torch_device
 from gi.core.errors import ConfigError
 from gi.core.names import check_name
@@ -194,15 +194,6 @@ class VictimSetup:
             raise ConfigError(_old_names(str(exc), moved)) from None
         torch_device(setup.device, f"{where}.device" if where else "device")  # a missing GPU fails here, at once
         return setup
-
-
-# ----------------------------------------------------------------------------- loading
-def load_config(cls: type[T], path: str | Path, overrides: list[str] | None = None) -> T:
-    """The one loader of ``gi run`` / ``ablate`` / ``labels`` / ``sweep`` configs: the YAML file (with its
-    ``defaults:``), the dotted ``overrides``, then ``cls.from_mapping`` (or :func:`from_dict`)."""
-    data = apply_overrides(load_yaml(path), list(overrides or []), cls)
-    make = getattr(cls, "from_mapping", None)
-    return make(data) if make is not None else from_dict(cls, data)
 
 
 def with_defaults(cls: type, data: dict[str, Any]) -> dict[str, Any]:

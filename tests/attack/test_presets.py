@@ -16,8 +16,9 @@ from gi.attack.recon.presets import (
     register_model_preset,
     resolve,
 )
+from gi.core.config import load
 from gi.core.errors import ConfigError
-from gi.experiments.run import load_run_config, run
+from gi.experiments.run import RunConfig, run
 
 
 def test_auto_picks_the_preset_registered_for_the_model():
@@ -34,20 +35,20 @@ def test_auto_picks_the_preset_registered_for_the_model():
 
 
 def test_gi_run_picks_by_model_name_and_explicit_keys_win():
-    lenet = load_run_config("configs/default.yaml")
+    lenet = load(RunConfig, "configs/default.yaml")
     assert lenet.attack.preset == "default"
     assert {k: getattr(lenet.attack, k) for k in PRESETS["default"]} == PRESETS["default"]
-    resnet = load_run_config("configs/default.yaml", ["model.name=resnet18", "attack.iterations=9"])
+    resnet = load(RunConfig, "configs/default.yaml", ["model.name=resnet18", "attack.iterations=9"])
     assert resnet.attack.preset == "resnet" and resnet.attack.iterations == 9
     assert {k: getattr(resnet.attack, k) for k in PRESETS["resnet"] if k != "iterations"} == \
         {k: v for k, v in PRESETS["resnet"].items() if k != "iterations"}
-    named = load_run_config("configs/default.yaml", ["model.name=resnet18", "attack.preset=default"])
+    named = load(RunConfig, "configs/default.yaml", ["model.name=resnet18", "attack.preset=default"])
     assert named.attack.preset == "default" and named.attack.optimizer == "lbfgs"
 
 
 def test_bad_preset_names_are_clear_errors():
     with pytest.raises(ConfigError, match="attack.preset='nope'.*'auto'"):
-        load_run_config("configs/default.yaml", ["model.name=resnet18", "attack.preset=nope"])
+        load(RunConfig, "configs/default.yaml", ["model.name=resnet18", "attack.preset=nope"])
     with pytest.raises(ValueError, match="registered twice"):
         register_model_preset("resnet18", "resnet")
     with pytest.raises(ValueError, match="not a preset"):
@@ -59,7 +60,7 @@ def test_bad_preset_names_are_clear_errors():
 def test_resnet18_default_job_runs_the_resnet_preset(tmp_path):
     """End to end on a bundled CIFAR-10 image: labels -> features -> the resnet preset's signed Adam, a few steps;
     the attack objective falls below its start (~20 CPU-s: slow)."""
-    cfg = load_run_config("configs/default.yaml", [
+    cfg = load(RunConfig, "configs/default.yaml", [
         "model.name=resnet18", "model.init=null", "data.images=[0]", "attack.iterations=6", "attack.log_every=1",
         "attack.progress=false", "metrics.lpips_vgg=false", f"out={tmp_path / 'r'}"])
     result = run(cfg)
@@ -70,3 +71,21 @@ def test_resnet18_default_job_runs_the_resnet_preset(tmp_path):
     assert stages[1]["available"] and not stages[1]["matched"]  # f* computed, beta = 0 for ResNets
     objective = result.reconstructions[0].history["objective"]
     assert min(o[0] for o in objective[1:]) < objective[0][0]
+
+
+def test_every_command_fills_its_attack_from_the_same_default_preset(tmp_path):
+    """One default (preset auto) in gi run, gi attack, gi ablate and gi defend: the same attack keys in each."""
+    from gi.experiments.ablate import AblateConfig
+    from gi.experiments.attack import load_attack_config
+    from gi.experiments.defend import DefendConfig
+
+    path = tmp_path / "bare.yaml"
+    path.write_text("model: {name: lenet}\nattack: {threads: 1}\nlabels: {mode: truth}\n")
+    run = load(RunConfig, path).attack
+    ablate = load(AblateConfig, path).attack
+    defend = load(DefendConfig, path).attack
+    attack = load_attack_config("runs/x.safetensors", ["attack.threads=1", "labels.mode=truth"]).attack
+    assert run.preset == ablate.preset == defend.preset == attack.preset == "default"
+    assert run == ablate == defend == attack
+    for key, value in PRESETS["default"].items():
+        assert getattr(run, key) == value, key

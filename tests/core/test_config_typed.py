@@ -4,25 +4,26 @@ grids; bounded aliases; value ranges; ``defaults:`` composition; every shipped c
 
 from __future__ import annotations
 
+import functools
+import re
 from pathlib import Path
 
 import pytest
 
 from gi.cli import main
-from gi.core.config import apply_overrides, from_dict, load_yaml, parse_override, to_dict
+from gi.core.config import apply_overrides, from_dict, load, load_yaml, parse_override, to_dict
 from gi.core.errors import ConfigError
-from gi.experiments.ablate import load_ablate_config, setting_config
-from gi.experiments.labels import grid_points
-from gi.experiments.labels import load_label_bench_config as load_labels_config
-from gi.experiments.run import RunConfig, load_run_config
-from gi.experiments.sweep import expand_jobs, load_sweep_config
+from gi.experiments.ablate import AblateConfig, setting_config
+from gi.experiments.labels import LabelBenchConfig, grid_points
+from gi.experiments.run import RunConfig
+from gi.experiments.sweep import SweepConfig, expand_jobs
 
 DEMO = "configs/demo.yaml"
 
 
-def _error(overrides: list[str], path: str = DEMO, loader=load_run_config) -> str:
+def _error(overrides: list[str], path: str = DEMO, cls: type = RunConfig) -> str:
     with pytest.raises(ConfigError) as info:
-        loader(path, overrides)
+        load(cls, path, overrides)
     text = str(info.value)
     assert "\n" not in text, text
     return text
@@ -48,14 +49,14 @@ def test_wrong_types_are_one_line_errors_naming_key_value_and_type(override, par
 
 
 def test_values_of_the_right_type_pass_and_ints_count_as_floats():
-    cfg = load_run_config(DEMO, ["attack.lr=1", "protocol.focal_alpha=[0.25, 1]", "data.indices=null",
+    cfg = load(RunConfig, DEMO, ["attack.lr=1", "protocol.focal_alpha=[0.25, 1]", "data.indices=null",
                                  "model.options={width: 4}", "out=null"])
     assert cfg.attack.lr == 1 and cfg.protocol.focal_alpha == [0.25, 1] and cfg.data.indices is None
-    assert load_run_config(DEMO, ["protocol.focal_alpha=0.5"]).protocol.focal_alpha == 0.5
+    assert load(RunConfig, DEMO, ["protocol.focal_alpha=0.5"]).protocol.focal_alpha == 0.5
 
 
 def test_yaml_1_2_floats_in_overrides_and_files(tmp_path):
-    cfg = load_run_config(DEMO, ["attack.lr=1e-3", "attack.regularizers.tv=1e-3", "protocol.lr=5E+2"])
+    cfg = load(RunConfig, DEMO, ["attack.lr=1e-3", "attack.regularizers.tv=1e-3", "protocol.lr=5E+2"])
     assert cfg.attack.lr == 0.001 and isinstance(cfg.attack.lr, float)
     assert cfg.attack.regularizers == {"tv": 0.001} and cfg.protocol.lr == 500.0
     path = tmp_path / "c.yaml"
@@ -71,7 +72,7 @@ def test_non_utf8_config_file_is_a_config_error(tmp_path):
     path = tmp_path / "latin1.yaml"
     path.write_bytes("name: caf\xe9\n".encode("latin-1"))
     with pytest.raises(ConfigError, match="UTF-8") as info:
-        load_run_config(path)
+        load(RunConfig, path)
     assert "\n" not in str(info.value)
 
 
@@ -83,7 +84,7 @@ def test_alias_expansion_is_bounded(tmp_path):
     path.write_text("\n".join(lines) + "\nmodel: {options: {x: *a6}}\n")
     assert path.stat().st_size < 1000
     with pytest.raises(ConfigError, match="alias") as info:
-        load_run_config(path)
+        load(RunConfig, path)
     assert "\n" not in str(info.value)
 
 
@@ -109,43 +110,44 @@ def test_value_ranges_are_checked_at_load_time(override, key):
 
 @pytest.mark.parametrize("override", ["restarts=[0]", "iterations.lenet=0", "timing_repeats=0", "threads=0"])
 def test_bench_counts_are_checked_at_load_time(override):
-    from gi.experiments.bench import load_bench_config
+    from gi.core.config import load
+    from gi.experiments.bench import BenchConfig
 
     with pytest.raises(ConfigError, match=override.split("=")[0].split(".")[0] + ".*>= 1"):
-        load_bench_config(None, [override])
+        load(BenchConfig, None, [override])
 
 
 def test_dotted_keys_in_grids_and_overrides():
-    cfg = load_sweep_config("configs/sweep/demo-cpu.yaml", ["grid.model.activation=[relu]"])
+    cfg = load(SweepConfig, "configs/sweep/demo-cpu.yaml", ["grid.model.activation=[relu]"])
     assert cfg.grid["model.activation"] == ["relu"] and "model" not in cfg.grid
     assert "model.activation=relu" in expand_jobs(cfg)[0].overrides
-    labels = load_labels_config("configs/labels/rlu-table4-sgdm.yaml", ["grid.model.activation=[relu, tanh]"])
+    labels = load(LabelBenchConfig, "configs/labels/rlu-table4-sgdm.yaml", ["grid.model.activation=[relu, tanh]"])
     assert labels.grid["model.activation"] == ["relu", "tanh"]
     points = grid_points(labels)
     assert len(points) == 8 and points[0][1]["model"] == {"name": "lenet5", "activation": "relu"}
-    run = load_run_config(DEMO, ["attack.layer_weights.conv1.weight=0.5"])
+    run = load(RunConfig, DEMO, ["attack.layer_weights.conv1.weight=0.5"])
     assert run.attack.layer_weights == {"conv1.weight": 0.5}
-    abl = load_ablate_config("configs/ablate/table4.yaml", [f"settings.{_first_setting()}.protocol.batch_size=2"])
+    abl = load(AblateConfig, "configs/ablate/table4.yaml", [f"settings.{_first_setting()}.protocol.batch_size=2"])
     assert setting_config(abl, _first_setting()).protocol.batch_size == 2
 
 
 def _first_setting() -> str:
-    return next(iter(load_ablate_config("configs/ablate/table4.yaml").settings))
+    return next(iter(load(AblateConfig, "configs/ablate/table4.yaml").settings))
 
 
 def test_a_grid_written_as_nested_mapping_is_a_type_error_not_a_loop_over_its_keys():
-    text = _error(["grid.model={activation: [relu]}"], "configs/labels/rlu-table4-sgdm.yaml", load_labels_config)
+    text = _error(["grid.model={activation: [relu]}"], "configs/labels/rlu-table4-sgdm.yaml", LabelBenchConfig)
     assert "grid.model" in text and "list" in text
 
 
 def test_sweep_jobs_are_validated_before_any_job_runs():
     with pytest.raises(ConfigError, match=r"attack\.iterations.*int"):
-        load_sweep_config("configs/sweep/demo-cpu.yaml", ["grid.attack.iterations=[10, 1.5]"])
+        load(SweepConfig, "configs/sweep/demo-cpu.yaml", ["grid.attack.iterations=[10, 1.5]"])
 
 
 def test_ablation_variants_are_type_checked():
     with pytest.raises(ConfigError, match=r"variants\.v\.lr.*float"):
-        load_ablate_config("configs/ablate/table4.yaml", ["variants={v: {lr: abc}}"])
+        load(AblateConfig, "configs/ablate/table4.yaml", ["variants={v: {lr: abc}}"])
 
 
 def test_cli_answers_a_bad_value_with_one_line_and_a_nonzero_exit(capsys, tmp_path):
@@ -180,17 +182,15 @@ def test_defaults_errors(tmp_path):
 
 
 def _loader(path: Path):
-    from gi.experiments.ablate import load_ablate_config
-    from gi.experiments.bench import load_bench_config
-    from gi.experiments.defend import load_defend_config
-    from gi.experiments.labels import load_label_bench_config as load_labels
-    from gi.experiments.sweep import load_sweep_config
+    from gi.experiments.bench import BenchConfig
+    from gi.experiments.defend import DefendConfig
 
     if any(part.startswith("_") for part in path.parts):  # fragments composed by `defaults:`, not configs
         return load_yaml
     kind = path.parts[1] if len(path.parts) > 2 else ""
-    return {"labels": load_labels, "ablate": load_ablate_config, "sweep": load_sweep_config,
-            "bench": load_bench_config, "defend": load_defend_config}.get(kind, load_run_config)
+    cls = {"labels": LabelBenchConfig, "ablate": AblateConfig, "sweep": SweepConfig, "bench": BenchConfig,
+           "defend": DefendConfig}.get(kind, RunConfig)
+    return functools.partial(load, cls)
 
 
 CONFIGS = sorted(Path("configs").rglob("*.yaml"))
@@ -202,13 +202,44 @@ def test_every_shipped_config_loads(path):
 
 
 def test_the_posterior_table2_family_is_composed_from_shared_fragments():
-    cfg = load_labels_config("configs/labels/posterior-table2-cifar10-samples.yaml")
-    assert cfg.scenario == "fedsgd-batch" and cfg.trials == 20 and len(cfg.methods) == 10
-    assert cfg.method_options["posterior"] == {"dtype": "float32", "missing": "prior"}
-    c100 = load_labels_config("configs/labels/posterior-table2-resnet50-c100.yaml")
-    assert c100.methods == ["posterior", "ilrg", "ilrg-robust", "llg*"]  # lists are replaced, not merged
+    cfg = load(LabelBenchConfig, "configs/labels/posterior-table2-cifar10-samples.yaml")
+    assert cfg.scenario == "fedsgd-batch" and cfg.trials == 20 and len(cfg.labels.methods) == 10
+    assert cfg.labels.call("posterior") == ("posterior", {"dtype": "float32", "missing": "prior"})
+    c100 = load(LabelBenchConfig, "configs/labels/posterior-table2-resnet50-c100.yaml")
+    assert c100.labels.methods == ["posterior", "ilrg", "ilrg-robust", "llg*"]  # lists are replaced, not merged
 
 
 def test_from_dict_keeps_checking_unknown_keys():
     with pytest.raises(ConfigError, match=r"valid keys of attack"):
         from_dict(RunConfig, {"attack": {"iterationz": 1}})
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (["labels.method=posterior", "labels.options={dtyp: float32}"],
+     r"labels.method='posterior' takes no option\(s\) \['dtyp'\]; valid: \['dtype', 'missing', 'weighting'\]"),
+    (["labels.method=auto", "labels.options={threshold: 1}"],
+     r"labels.method='auto' takes no option\(s\) \['threshold'\]"),
+    (["labels.method=psychic"], r"labels.method='psychic': unknown label method"),
+])
+def test_the_label_method_and_its_options_are_checked_at_load(overrides, match):
+    """docs/usage.md, "The labels section": before any data, model or capture work."""
+    assert re.search(match, _error(overrides))
+    assert re.search(match, _error(overrides, "configs/ablate/table4.yaml", AblateConfig))
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (["data.captures=3"], r"^data.captures=3: renamed, write trials instead"),
+    (["trials=2", "data.indices=[0]"], r"^trials=2 with data.images or data.indices"),
+    (["trials=2", "data.indices=null", "data.images=[0, 1]"], r"^trials=2 with data.images or data.indices"),
+    (["trials=0"], r"^trials=0: expected >= 1"),
+])
+def test_trials_is_the_one_name_for_the_client_batches(overrides, match):
+    """gi run draws `trials` batches as gi labels and gi ablate do (docs/usage.md, "Config keys")."""
+    assert re.search(match, _error(overrides))
+
+
+def test_trials_draws_that_many_batches():
+    from gi.experiments.run import victim_batches
+
+    cfg = load(RunConfig, DEMO, ["trials=3", "data.indices=null"])
+    assert cfg.trials == 3 and victim_batches(cfg, None) == [None, None, None]

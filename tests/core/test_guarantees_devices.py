@@ -29,11 +29,12 @@ def test_gpu_on_a_cpu_machine_is_a_config_error_before_the_capture():
 def test_every_stage_refuses_a_missing_gpu_at_load_before_torch_work(key):
     """The victim (``device``), label recovery (``labels.device``) and the attack (``attack.device``) each refuse
     a GPU this machine lacks when the config loads, naming the key, in well under a second of CPU."""
-    from gi.experiments.run import load_run_config
+    from gi.core.config import load
+    from gi.experiments.run import RunConfig
 
     start = time.process_time()
     with pytest.raises(ConfigError, match=f"^{key}=gpu but torch sees no GPU"):
-        load_run_config("configs/demo.yaml", [f"{key}=gpu"])
+        load(RunConfig, "configs/demo.yaml", [f"{key}=gpu"])
     assert time.process_time() - start < 1.0
 
 
@@ -51,7 +52,8 @@ def test_device_names():
 
 def test_unknown_label_metric_is_an_error_at_load():
 
-    from gi.experiments.labels import load_label_bench_config
+    from gi.core.config import load
+    from gi.experiments.labels import LabelBenchConfig
 
     with pytest.raises(ConfigError, match=r"metrics=\['nosuch'\]: unknown \['nosuch'\]; valid: \['ok', 'cls_acc'"):
-        load_label_bench_config("configs/labels/rlu-table4-fedprox.yaml", ["metrics=[nosuch]"])
+        load(LabelBenchConfig, "configs/labels/rlu-table4-fedprox.yaml", ["metrics=[nosuch]"])

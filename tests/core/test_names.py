@@ -33,3 +33,27 @@ def test_names_registered_at_run_time_are_known(monkeypatch):
     names.check_name("model", "my-net", "model.name")
     with pytest.raises(ConfigError, match=r"model.name='nope': unknown model; valid: \[.*'lenet'"):
         names.check_name("model", "nope", "model.name")
+
+
+def test_the_label_options_table_is_the_methods_signatures():
+    import inspect
+
+    import labels
+
+    for name, fn in labels.METHODS.items():
+        params = inspect.signature(fn).parameters
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            assert names.LABEL_OPTIONS[name] is None, name
+        else:
+            want = sorted(n for n in params if n not in ("capture", "captures", "aux"))
+            assert sorted(names.LABEL_OPTIONS[name]) == want, f"update gi.core.names.LABEL_OPTIONS[{name!r}]"
+    assert sorted(names.LABEL_OPTIONS) == sorted(labels.METHODS)
+
+
+def test_label_options_are_checked_without_torch():
+    names.check_label_call("posterior", {"dtype": "float32"}, "labels.method")
+    with pytest.raises(ConfigError, match=r"labels.method='posterior' takes no option\(s\) \['dtyp'\]; valid: "):
+        names.check_label_call("posterior", {"dtyp": "float32"}, "labels.method")
+    with pytest.raises(ConfigError, match=r"labels.method='psychic': unknown label method"):
+        names.check_label_call("psychic", {}, "labels.method")
+    names.check_label_call("llg+-update", {"anything": 1}, "labels.method")  # passed on: checked where it lands

@@ -5,11 +5,12 @@ from __future__ import annotations
 import csv
 import json
 
-from gi.experiments.ablate import load_ablate_config, run_ablation
+from gi.core.config import load
+from gi.experiments.ablate import AblateConfig, run_ablation
 
 
 def test_ablation_smoke_on_real_samples(tmp_path):
-    cfg = load_ablate_config("configs/ablate/table3.yaml", [
+    cfg = load(AblateConfig, "configs/ablate/table3.yaml", [
         f"out={tmp_path / 'abl'}", "trials=2", "attack.iterations=8", "only=[mixup/L2/untrained]",
         "variants={base: {}, a0-b2: {last_layer_weight: 0.0, feature_weight: 2.0}}"])
     out = run_ablation(cfg)
@@ -47,11 +48,11 @@ def test_interrupted_ablation_resumes_without_redoing_finished_rows(tmp_path, mo
 
     monkeypatch.setattr(ablate, "reconstruct_many", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        run_ablation(load_ablate_config("configs/ablate/table3.yaml", over))
+        run_ablation(load(AblateConfig, "configs/ablate/table3.yaml", over))
     assert not (tmp_path / "abl").exists() and len(list((tmp_path / ".abl.cells").glob("*.json"))) == 1
     calls.clear()
     monkeypatch.setattr(ablate, "reconstruct_many", lambda *a, **k: calls.append(1) or real(*a, **k))
-    out = run_ablation(load_ablate_config("configs/ablate/table3.yaml", over))
+    out = run_ablation(load(AblateConfig, "configs/ablate/table3.yaml", over))
     assert len(calls) == 2  # the finished truth row was reused, hard and recovered were computed
     table = json.loads((out / "metrics.json").read_text())["table"]
     assert [r["mode"] for r in table] == ["truth", "hard", "recovered"] and table[0]["L_r"] == 0.0

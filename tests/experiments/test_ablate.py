@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import pytest
 
+from gi.core.config import load
 from gi.core.errors import ConfigError
-from gi.experiments.ablate import AblateConfig, _paper_value, load_ablate_config, setting_config
+from gi.experiments.ablate import AblateConfig, _paper_value, setting_config
 
 
 def test_table_configs_load_and_settings_override_the_base():
-    cfg = load_ablate_config("configs/ablate/table3.yaml")
+    cfg = load(AblateConfig, "configs/ablate/table3.yaml")
     assert len(cfg.settings) == 8 and cfg.modes == ["truth", "hard", "joint", "recovered", "recovered+joint"]
     s = setting_config(cfg, "smoothing/cosine/trained")
     assert (s.protocol.label_aug, s.attack.objective, s.attack.regularizers, s.train.epochs) == \
         ("smoothing", "cosine", {"tv": 1e-3}, 50)
     assert setting_config(cfg, "mixup/L2/untrained").train.epochs == 0
-    t4 = load_ablate_config("configs/ablate/table4.yaml")
+    t4 = load(AblateConfig, "configs/ablate/table4.yaml")
     assert t4.variants["a0-b2"] == {"last_layer_weight": 0.0, "feature_weight": 2.0}
 
 
@@ -37,10 +38,15 @@ def test_paper_lookup_accepts_wildcards():
 ])
 def test_bad_ablation_configs_raise_clear_errors(over, match):
     with pytest.raises(ConfigError, match=match):
-        load_ablate_config("configs/ablate/table4.yaml", over)
+        load(AblateConfig, "configs/ablate/table4.yaml", over)
 
 
-@pytest.mark.parametrize("override", ["data.captures=3", "data.images=[0,1]"])
-def test_gi_run_batch_keys_are_refused_not_ignored(override):
-    with pytest.raises(ConfigError, match="trials"):
-        load_ablate_config("configs/ablate/table4.yaml", [override])
+@pytest.mark.parametrize("override, match", [
+    ("data.captures=3", r"^data.captures=3: renamed, write trials instead"),
+    ("data.images=[0,1]", r"^gi ablate draws `trials` random client batches per setting; data.images would be ignored"),
+])
+def test_gi_run_batch_keys_are_refused_not_ignored(override, match):
+    """One name for the client batches attacked, trials, in every command; gi ablate refuses data.images."""
+    with pytest.raises(ConfigError, match=match) as info:
+        load(AblateConfig, "configs/ablate/table4.yaml", [override])
+    assert "\n" not in str(info.value)

@@ -12,9 +12,10 @@ import gi
 import labels
 from gi.attack.recon.config import ReconConfig
 from gi.attack.recon.presets import PRESETS, apply_preset
+from gi.core.config import load
 from gi.core.errors import ConfigError
 from gi.experiments.attack import load_attack_config, run_attack
-from gi.experiments.run import load_run_config, run
+from gi.experiments.run import RunConfig, run
 from labels.auto import pick
 
 FAST = ["attack.iterations=30", "attack.restarts=1", "attack.progress=false", "metrics.lpips_vgg=false",
@@ -69,18 +70,18 @@ def test_presets_fill_only_the_keys_a_config_leaves_out():
     filled = apply_preset({"preset": "fast", "iterations": 7})
     assert filled["iterations"] == 7 and filled["optimizer"] == PRESETS["fast"]["optimizer"]
     assert apply_preset({}) == {**PRESETS["default"], "preset": "default"}
-    cfg = load_run_config("configs/demo.yaml", ["attack.preset=ig", "attack.lr=0.05"])
+    cfg = load(RunConfig, "configs/demo.yaml", ["attack.preset=ig", "attack.lr=0.05"])
     assert (cfg.attack.optimizer, cfg.attack.objective, cfg.attack.lr) == ("adam", "cosine", 0.05)
     assert ReconConfig.from_preset("strong", restarts=3).restarts == 3
     with pytest.raises(ConfigError, match="attack.preset='nope'.*valid"):
-        load_run_config("configs/demo.yaml", ["attack.preset=nope"])
+        load(RunConfig, "configs/demo.yaml", ["attack.preset=nope"])
     with pytest.raises(ConfigError, match="attack.preset"):
         ReconConfig(preset="nope")
 
 
 def test_default_job_records_stages_labels_features_reconstruct(tmp_path):
     """The DLG LeNet: labels → features, whose conv inversion answers the capture (residual below the tolerance)."""
-    result = run(load_run_config("configs/demo.yaml", FAST + [f"out={tmp_path / 'r'}"]))
+    result = run(load(RunConfig, "configs/demo.yaml", FAST + [f"out={tmp_path / 'r'}"]))
     stages = json.loads((tmp_path / "r" / "metrics.json").read_text())["stages"]
     assert [s["name"] for s in stages] == ["labels", "features", "reconstruct"]
     assert stages[0]["method"] == "soft-lambda" and stages[0]["picked_by"] == "auto" and stages[0]["why"]
@@ -100,7 +101,7 @@ def test_default_job_records_stages_labels_features_reconstruct(tmp_path):
 
 
 def test_the_optimisation_starts_from_the_inversion_above_the_tolerance_or_runs_alone_without_it(tmp_path):
-    polish = run(load_run_config("configs/demo.yaml", FAST + [f"out={tmp_path / 'p'}", "attack.analytic_tol=0",
+    polish = run(load(RunConfig, "configs/demo.yaml", FAST + [f"out={tmp_path / 'p'}", "attack.analytic_tol=0",
                                                               "attack.retries=1", "attack.retry_ratio=0.99"]))
     stages = polish.metrics["stages"]
     assert stages[2]["optimizer"] == PRESETS["default"]["optimizer"] and stages[2]["preset"] == "default"
@@ -110,7 +111,7 @@ def test_the_optimisation_starts_from_the_inversion_above_the_tolerance_or_runs_
     assert polish.metrics["psnr_min"] > 40
     (row,) = list(csv.DictReader((tmp_path / "p" / "results.csv").open()))
     assert row["answered_by"] == "optimised from the analytic inversion" and float(row["analytic_residual"]) > 0
-    alone = run(load_run_config("configs/demo.yaml", FAST + [f"out={tmp_path / 'a'}", "attack.analytic=false",
+    alone = run(load(RunConfig, "configs/demo.yaml", FAST + [f"out={tmp_path / 'a'}", "attack.analytic=false",
                                                              "attack.output_error=auto"]))
     stages = alone.metrics["stages"]
     assert not stages[1]["analytic_inversion"] and stages[1]["analytic_why_not"] == "attack.analytic=false"
@@ -124,7 +125,7 @@ def test_the_optimisation_starts_from_the_inversion_above_the_tolerance_or_runs_
 def test_a_relu_lenet_is_answered_by_the_walk_with_the_input_prior(tmp_path):
     """A ReLU LeNet: the hidden layers invert exactly, the input layer's null space is filled by the TV prior
     (fcn_analytic.prior); the layer errors stay below attack.analytic_tol, so the capture is answered."""
-    result = run(load_run_config("configs/demo.yaml", FAST + ["model.activation=relu", f"out={tmp_path / 'r'}"]))
+    result = run(load(RunConfig, "configs/demo.yaml", FAST + ["model.activation=relu", f"out={tmp_path / 'r'}"]))
     features, reconstruct = result.metrics["stages"][1:]
     assert features["analytic_residual"] < 1e-2 and "analytic_stopped" not in features
     assert "TV prior" in features["analytic_layers"][-1]["route"]
@@ -163,7 +164,7 @@ def test_an_inversion_far_off_is_no_start(tmp_path, caplog, monkeypatch):
     body.4, breaks the bound at body.2 (~0.5 >= BOUND), stops there, and the optimisation starts from attack.init,
     not from the inversion."""
     monkeypatch.setattr("gi.attack.stages.INIT_MAX_RESIDUAL", BOUND)
-    run(load_run_config("configs/demo.yaml", FAST + ["attack.iterations=2", f"out={tmp_path / 'run'}"]))
+    run(load(RunConfig, "configs/demo.yaml", FAST + ["attack.iterations=2", f"out={tmp_path / 'run'}"]))
     _corrupt(tmp_path / "run" / "capture.safetensors", "body.2")
     with caplog.at_level("INFO", logger="gi.attack"):
         result = _attack(tmp_path, tmp_path / "run", "r")
@@ -188,7 +189,7 @@ def test_captures_stopped_at_different_layers_are_padded_and_drawn(tmp_path, mon
     replaced by noise: image 0's walk stops at body.4, image 1's at body.2. The per-layer record pads the shorter
     walk with None; both are optimised and both plots are drawn."""
     monkeypatch.setattr("gi.attack.stages.INIT_MAX_RESIDUAL", BOUND)
-    run(load_run_config("configs/demo.yaml", FAST + ["attack.iterations=2", "data.indices=null", "data.images=[0, 1]",
+    run(load(RunConfig, "configs/demo.yaml", FAST + ["attack.iterations=2", "data.indices=null", "data.images=[0, 1]",
                                                      f"out={tmp_path / 'run'}"]))
     _corrupt(tmp_path / "run" / "captures" / "000.safetensors", "body.4")
     _corrupt(tmp_path / "run" / "captures" / "001.safetensors", "body.2", seed=1)
@@ -206,7 +207,7 @@ def test_captures_stopped_at_different_layers_are_padded_and_drawn(tmp_path, mon
 
 
 def test_images_are_separate_captures_with_per_image_rows(tmp_path):
-    result = run(load_run_config("configs/demo.yaml", FAST + [f"out={tmp_path / 'r'}", "data.indices=null",
+    result = run(load(RunConfig, "configs/demo.yaml", FAST + [f"out={tmp_path / 'r'}", "data.indices=null",
                                                                "data.images=[0, 5, 7]"]))
     m = result.metrics
     assert m["num_captures"] == 3 and len(result.reconstructions) == 3
@@ -221,17 +222,17 @@ def test_images_are_separate_captures_with_per_image_rows(tmp_path):
 
 def test_bad_image_lists_are_config_errors():
     with pytest.raises(ConfigError, match="data.images"):
-        load_run_config("configs/demo.yaml", ["data.images=[0, 1]"])  # demo also gives data.indices
+        load(RunConfig, "configs/demo.yaml", ["data.images=[0, 1]"])  # demo also gives data.indices
     with pytest.raises(ConfigError, match="data.images"):
-        load_run_config("configs/demo.yaml", ["data.indices=null", "data.images=[]"])
-    cfg = load_run_config("configs/demo.yaml", FAST + ["data.indices=null", "data.images=[0, 1, 2]",
+        load(RunConfig, "configs/demo.yaml", ["data.indices=null", "data.images=[]"])
+    cfg = load(RunConfig, "configs/demo.yaml", FAST + ["data.indices=null", "data.images=[0, 1, 2]",
                                                        "protocol.batch_size=2"])
     with pytest.raises(ConfigError, match="multiple of protocol.batch_size=2"):
         run(cfg)
 
 
 def test_gi_attack_on_a_saved_capture_gives_the_run_s_labels_and_images(tmp_path):
-    first = run(load_run_config("configs/demo.yaml", FAST + [f"out={tmp_path / 'run'}"]))
+    first = run(load(RunConfig, "configs/demo.yaml", FAST + [f"out={tmp_path / 'run'}"]))
     again = run_attack(load_attack_config(str(tmp_path / "run"), ["attack.iterations=30", "attack.restarts=1",
                                                                   "attack.progress=false", "attack.log_every=10",
                                                                   f"out={tmp_path / 'attack'}"]))
@@ -263,7 +264,7 @@ def test_a_run_that_recovers_nothing_says_so_with_truth_and_without(tmp_path):
     gradient mismatch 1.0): not recovered, and the gradient not explained; gi attack on its capture without truth
     (2 iterations again) says the second alone."""
     relu = ["model.activation=relu", "attack.analytic=false", "attack.iterations=2", "attack.retries=0"]
-    result = run(load_run_config("configs/demo.yaml", FAST + relu + [f"out={tmp_path / 'run'}"]))
+    result = run(load(RunConfig, "configs/demo.yaml", FAST + relu + [f"out={tmp_path / 'run'}"]))
     m = result.metrics
     assert m["psnr_mean"] < m["mean_colour_psnr_mean"] - 2 and m["mean_colour_psnr_mean"] >= m["grey_psnr_mean"]
     verdict = m["verdict"]
@@ -288,7 +289,7 @@ def test_a_run_that_recovers_nothing_says_so_with_truth_and_without(tmp_path):
 def test_gi_attack_refuses_a_missing_capture_and_oracle_labels_without_truth(tmp_path):
     with pytest.raises(ConfigError, match="no such capture"):
         run_attack(load_attack_config(str(tmp_path / "nope"), [f"out={tmp_path / 'o'}"]))
-    run(load_run_config("configs/demo.yaml", FAST + ["attack.iterations=2", f"out={tmp_path / 'run'}"]))
+    run(load(RunConfig, "configs/demo.yaml", FAST + ["attack.iterations=2", f"out={tmp_path / 'run'}"]))
     with pytest.raises(ConfigError, match="labels.mode=truth needs the ground truth"):
         run_attack(load_attack_config(str(tmp_path / "run"), ["labels.mode=truth", f"out={tmp_path / 'o'}"]))
 
@@ -296,7 +297,7 @@ def test_gi_attack_refuses_a_missing_capture_and_oracle_labels_without_truth(tmp
 def test_piped_progress_is_lines_not_a_bar(tmp_path, caplog, capsys):
     caplog.set_level(logging.INFO, logger="gi")
     # retry_ratio 1e-30: every fit counts as stalled, so the one retry runs and reports its own, labelled lines
-    run(load_run_config("configs/demo.yaml", FAST + ["attack.progress=true", "attack.iterations=40",
+    run(load(RunConfig, "configs/demo.yaml", FAST + ["attack.progress=true", "attack.iterations=40",
                                                      "attack.retries=1", "attack.retry_ratio=1e-30",
                                                      "attack.analytic=false",
                                                      f"out={tmp_path / 'r'}"]))
@@ -309,17 +310,17 @@ def test_piped_progress_is_lines_not_a_bar(tmp_path, caplog, capsys):
 
 
 def test_a_dominating_regulariser_and_a_stall_are_warned_about(tmp_path):
-    result = run(load_run_config("configs/demo.yaml", FAST + ["attack.regularizers={tv: 1000.0}",
+    result = run(load(RunConfig, "configs/demo.yaml", FAST + ["attack.regularizers={tv: 1000.0}",
                                                               "attack.analytic=false", f"out={tmp_path / 'r'}"]))
     warnings = result.metrics["warnings"]
     assert any("lower attack.regularizers.tv" in w for w in warnings), warnings
-    stalled = run(load_run_config("configs/demo.yaml", FAST + ["attack.preset=ig", "attack.lr=1.0e-9",
+    stalled = run(load(RunConfig, "configs/demo.yaml", FAST + ["attack.preset=ig", "attack.lr=1.0e-9",
                                                                "attack.analytic=false", f"out={tmp_path / 's'}"]))
     assert any("stalled" in w and "attack.iterations" in w for w in stalled.metrics["warnings"])
 
 
 def test_fully_connected_default_job_is_answered_analytically(tmp_path):
-    result = run(load_run_config("configs/demo.yaml", FAST + ["model.name=fcn4", "model.init=null",
+    result = run(load(RunConfig, "configs/demo.yaml", FAST + ["model.name=fcn4", "model.init=null",
                                                               f"out={tmp_path / 'r'}"]))
     reconstruct = result.metrics["stages"][2]
     assert reconstruct["skipped"] and reconstruct["iterations"] == 0

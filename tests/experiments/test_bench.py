@@ -8,16 +8,9 @@ import pytest
 
 import gi.experiments.bench as bench
 from gi.attack.recon.config import ReconConfig
+from gi.core.config import load
 from gi.core.errors import ConfigError
-from gi.experiments.bench import (
-    BenchConfig,
-    entries,
-    format_report,
-    load_bench_config,
-    measure,
-    measure_restarts,
-    run_bench,
-)
+from gi.experiments.bench import BenchConfig, entries, format_report, measure, measure_restarts, run_bench
 
 
 def test_entries_cover_models_batches_and_restart_timings():
@@ -66,4 +59,4 @@ def test_report_is_json_with_restart_ratios(tmp_path, monkeypatch):
                                          (["batch_sizes=[0]"], "batch sizes")])
 def test_bad_bench_configs_raise(over, match):
     with pytest.raises(ConfigError, match=match):
-        load_bench_config(None, over)
+        load(BenchConfig, None, over)

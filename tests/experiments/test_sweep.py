@@ -9,9 +9,10 @@ import pytest
 
 import gi.experiments.sweep as sweep
 from gi.analysis.report import write_json
+from gi.core.config import load
 from gi.core.errors import ConfigError
 from gi.experiments.outdir import staged_output
-from gi.experiments.sweep import SweepConfig, expand_jobs, load_sweep_config, run_sweep
+from gi.experiments.sweep import SweepConfig, expand_jobs, run_sweep
 
 
 def test_jobs_are_the_grid_times_seeds_in_a_fixed_order():
@@ -20,8 +21,8 @@ def test_jobs_are_the_grid_times_seeds_in_a_fixed_order():
     assert len(jobs) == 12 and [j.index for j in jobs] == list(range(12))
     assert jobs[0].name == "lr=0.1_mode=truth_seed=0" and jobs[-1].name == "lr=0.01_mode=recovered-joint_seed=2"
     assert "attack.lr=0.1" in jobs[0].overrides and "seed=2" in jobs[-1].overrides
-    assert load_sweep_config("configs/sweep/demo-cpu.yaml").devices == 2
-    assert len(expand_jobs(load_sweep_config("configs/sweep/demo-cpu.yaml"))) == 12
+    assert load(SweepConfig, "configs/sweep/demo-cpu.yaml").devices == 2
+    assert len(expand_jobs(load(SweepConfig, "configs/sweep/demo-cpu.yaml"))) == 12
 
 
 @pytest.mark.parametrize("over, match", [
@@ -30,7 +31,7 @@ def test_jobs_are_the_grid_times_seeds_in_a_fixed_order():
 ])
 def test_bad_sweep_configs_raise(over, match):
     with pytest.raises(ConfigError, match=match):
-        load_sweep_config("configs/sweep/demo-cpu.yaml", over)
+        load(SweepConfig, "configs/sweep/demo-cpu.yaml", over)
 
 
 class _Killed(BaseException):
@@ -95,7 +96,7 @@ def test_two_cpu_processes_share_the_jobs_through_lightning(tmp_path):
 def test_dry_run_prints_launch_lines_and_every_job_once_on_its_rank(tmp_path, monkeypatch):
     calls: list[str] = []
     monkeypatch.setitem(sweep.JOB_KINDS, "run", _fake_kind(calls))
-    cfg = load_sweep_config("configs/sweep/demo-cpu.yaml", [f"out={tmp_path / 'sw'}", "dry_run=true",
+    cfg = load(SweepConfig, "configs/sweep/demo-cpu.yaml", [f"out={tmp_path / 'sw'}", "dry_run=true",
                                                               "devices=4", "num_nodes=2", "accelerator=gpu"])
     text = sweep.dry_run(cfg, "configs/sweep/demo-cpu.yaml", ["dry_run=true"])
     assert calls == [] and not (tmp_path / "sw").exists()  # nothing runs, nothing is written
@@ -132,7 +133,7 @@ def test_a_shard_runs_only_its_jobs_and_a_plain_run_aggregates_them_all(tmp_path
                                          (["shards=2", "shard=2"], "0 <= shard < shards")])
 def test_bad_shards_raise(over, match):
     with pytest.raises(ConfigError, match=match):
-        load_sweep_config("configs/sweep/demo-cpu.yaml", over)
+        load(SweepConfig, "configs/sweep/demo-cpu.yaml", over)
 
 
 def test_cli_dry_run_prints_the_plan(capsys):

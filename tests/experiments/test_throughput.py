@@ -13,8 +13,9 @@ from gi.attack.recon import ReconConfig, reconstruct, reconstruct_many
 from gi.attack.recon.config import compile_mode
 from gi.attack.recon.module import GradientInversion
 from gi.attack.recon.problem import build_problem
+from gi.core.config import load
 from gi.core.errors import ConfigError
-from gi.experiments.bench import BenchConfig, entries, load_bench_config, measure_packed
+from gi.experiments.bench import BenchConfig, entries, measure_packed
 from gi.world.train import train_model, training_key
 
 
@@ -76,16 +77,16 @@ def test_compile_mode_maps_a_setting_to_the_torch_compile_mode():
 
 
 def test_the_packed_entry_carries_its_compile_mode():
-    cfg = load_bench_config("configs/bench/packed.yaml", ["packed.compile=reduce-overhead", "devices=[cpu]"])
+    cfg = load(BenchConfig, "configs/bench/packed.yaml", ["packed.compile=reduce-overhead", "devices=[cpu]"])
     (entry,) = [e for e in entries(cfg) if e.get("kind") == "packed"]
     assert entry["compile"] == "reduce-overhead"
-    (plain,) = [e for e in entries(load_bench_config("configs/bench/packed.yaml", ["devices=[cpu]"]))
+    (plain,) = [e for e in entries(load(BenchConfig, "configs/bench/packed.yaml", ["devices=[cpu]"]))
                 if e.get("kind") == "packed"]
     assert plain["compile"] is False
 
 
 def test_packed_bench_entry_reports_throughput_and_psnr_both_ways(tmp_path):
-    cfg = load_bench_config("configs/bench/packed.yaml", ["packed.captures=2", "packed.iterations=4",
+    cfg = load(BenchConfig, "configs/bench/packed.yaml", ["packed.captures=2", "packed.iterations=4",
                                                           "packed.rounds=1"])
     (entry,) = [e for e in entries(cfg) if e.get("kind") == "packed"]
     assert [e for e in entries(cfg) if e.get("kind") != "packed"] == []
@@ -104,7 +105,7 @@ def test_packed_bench_entry_reports_throughput_and_psnr_both_ways(tmp_path):
 ])
 def test_bad_packed_configs_raise(over, match):
     with pytest.raises(ConfigError, match=match):
-        load_bench_config("configs/bench/packed.yaml", over)
+        load(BenchConfig, "configs/bench/packed.yaml", over)
 
 
 def test_packed_entry_is_off_by_default():

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 import gi.experiments.ttq as ttq
+from gi.core.config import load
 from gi.core.errors import ConfigError
-from gi.experiments.bench import BenchConfig, bench_kind, load_bench_config
+from gi.experiments.bench import BenchConfig, bench_kind
 from gi.experiments.ttq import (
     AttackClock,
     TTQConfig,
     format_ttq,
-    load_ttq_config,
     median_bound,
     psnr_at,
     ratio,
@@ -99,7 +99,7 @@ def test_breaching_wiring_moves_the_normalisation_out_of_the_model():
 
 def test_missing_breaching_is_a_one_line_error_before_any_work(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "breaching", None)  # import breaching -> ImportError
-    cfg = load_ttq_config(LENET, [f"out={tmp_path / 'o'}"])
+    cfg = load(TTQConfig, LENET, [f"out={tmp_path / 'o'}"])
     with pytest.raises(ConfigError) as err:
         run_ttq(cfg)
     text = str(err.value)
@@ -111,7 +111,7 @@ def test_our_curve_is_the_analytic_answer_when_the_inversion_is_consistent(tmp_p
     """The default job on the DLG LeNet: labels → features with the conv inversion, no optimisation; the curve is
     one point, the inversion's image at the stages' seconds."""
     over = ["contenders=[gi]", "select=[3]", "every=5", "budget=1000", f"out={tmp_path / 'a'}"]
-    out = run_ttq(load_ttq_config(LENET, over))
+    out = run_ttq(load(TTQConfig, LENET, over))
     (c,) = json.loads((out / "curves.json").read_text())
     assert c["iterations"] == [0] and c["psnr"][0] > 40 and 0 < c["cpu"][0] < 60
     assert (out / "ttq.png").stat().st_size > 1000 and "gi to 30 dB" in format_ttq(out)
@@ -122,7 +122,7 @@ def test_our_curve_is_the_analytic_answer_when_the_inversion_is_consistent(tmp_p
 def test_our_curve_runs_the_default_job_stages(tmp_path):
     over = ["contenders=[gi]", "select=[3]", "every=5", "budget=1000",
             "job_overrides=[attack.iterations=20,attack.retries=0,attack.analytic=false]", f"out={tmp_path / 'a'}"]
-    out = run_ttq(load_ttq_config(LENET, over))
+    out = run_ttq(load(TTQConfig, LENET, over))
     curves = json.loads((out / "curves.json").read_text())
     (c,) = curves
     assert c["contender"] == "gi" and c["capture"] == 3 and c["iterations"] == [5, 10, 15, 20, 20]
@@ -142,15 +142,15 @@ def test_our_curve_ends_on_the_default_jobs_image_and_stops_at_its_budget(tmp_pa
 
     over = ["contenders=[gi]", "select=[3]", "every=5", "budget=1000",
             "job_overrides=[attack.iterations=20,attack.analytic=false]", f"out={tmp_path / 'a'}"]
-    (c,) = json.loads((run_ttq(load_ttq_config(LENET, over)) / "curves.json").read_text())
+    (c,) = json.loads((run_ttq(load(TTQConfig, LENET, over)) / "curves.json").read_text())
 
-    victim = ttq.build_victim_side(load_ttq_config(LENET, ["select=[3]",
+    victim = ttq.build_victim_side(load(TTQConfig, LENET, ["select=[3]",
                                                             "job_overrides=[attack.iterations=20,attack.analytic=false]"]))
     attack = victim.job.attack.__class__(**{**victim.job.attack.__dict__, "threads": 1, "progress": False})
     rec = attack_stages(victim.job.labels, attack, victim.captures, None, victim.aux).reconstructions[0]
     assert ttq.scorer(victim.truths[0])(rec.images) == pytest.approx(c["psnr"][-1], abs=1e-4)
 
-    stopped = run_ttq(load_ttq_config(LENET, over[:3] + ["budget=1e-9", "job_overrides=[attack.analytic=false]",
+    stopped = run_ttq(load(TTQConfig, LENET, over[:3] + ["budget=1e-9", "job_overrides=[attack.analytic=false]",
                                                          f"out={tmp_path / 'b'}"]))
     (c,) = json.loads((stopped / "curves.json").read_text())
     assert c["iterations"][-1] == 1  # the budget stops it after its first step
@@ -160,27 +160,27 @@ def test_breaching_curve_on_a_short_budget(tmp_path):
     pytest.importorskip("breaching")
     over = ["contenders=[breaching]", "select=[0]", "every=10", "breaching.max_iterations=30",
             f"out={tmp_path / 'c'}"]
-    (c,) = json.loads((run_ttq(load_ttq_config(LENET, over)) / "curves.json").read_text())
+    (c,) = json.loads((run_ttq(load(TTQConfig, LENET, over)) / "curves.json").read_text())
     assert c["iterations"] == [10, 20, 30] and c["info"]["labels_given"] is True and 5 < c["psnr"][-1] < 40
 
 
 def test_bench_kinds_and_bad_configs():
-    assert isinstance(load_bench_config("configs/bench/quick.yaml"), BenchConfig)
-    cfg = load_bench_config(LENET)
+    assert isinstance(load(BenchConfig, "configs/bench/quick.yaml"), BenchConfig)
+    cfg = load(BenchConfig, LENET)
     assert isinstance(cfg, TTQConfig) and bench_kind(cfg).run.__name__ == "<lambda>"
     assert cfg.breaching.tv == 5e-4 and cfg.contenders == ["gi", "breaching"]
     with pytest.raises(ConfigError, match="not a bench kind"):
-        load_bench_config(None, ["kind=nope"])
+        load(BenchConfig, None, ["kind=nope"])
     with pytest.raises(ConfigError, match="contenders"):
-        load_ttq_config(LENET, ["contenders=[gi, gi]"])
+        load(TTQConfig, LENET, ["contenders=[gi, gi]"])
     with pytest.raises(ConfigError, match="contenders"):
-        load_ttq_config(LENET, ["contenders=[deepleakage]"])
+        load(TTQConfig, LENET, ["contenders=[deepleakage]"])
     for bad, key in (("budget=0", "budget"), ("clock=tsc", "clock"), ("select=[]", "select"),
                      ("breaching.tv=-1", "breaching.tv"), ("levels=[]", "levels")):
         with pytest.raises(ConfigError, match=key):
-            load_ttq_config(LENET, [bad])
+            load(TTQConfig, LENET, [bad])
     with pytest.raises(ConfigError, match="select"):
-        ttq.build_victim_side(load_ttq_config(LENET, ["select=[99]"]))
+        ttq.build_victim_side(load(TTQConfig, LENET, ["select=[99]"]))
 
 
 def test_merge_runs_joins_disjoint_parts_and_refuses_overlaps(tmp_path):
@@ -265,17 +265,17 @@ def test_stopped_by_budget_reads_old_curves_by_their_iterations():
 
 
 def test_breaching_schedules_are_variants_and_bad_schedules_are_errors():
-    cfg = load_ttq_config(LENET, ["breaching.schedules=[6000, 24000]"])
+    cfg = load(TTQConfig, LENET, ["breaching.schedules=[6000, 24000]"])
     variants = ttq.CONTENDERS["breaching"].variants(cfg)
     assert [name for name, _ in variants] == ["6000 it", "24000 it"]
     assert [v.breaching.max_iterations for _, v in variants] == [6000, 24000]
     assert all(v.breaching.schedules is None and v.breaching.tv == cfg.breaching.tv for _, v in variants)
-    plain = load_ttq_config(LENET, ["breaching.schedules=null", "breaching.max_iterations=123"])
+    plain = load(TTQConfig, LENET, ["breaching.schedules=null", "breaching.max_iterations=123"])
     assert [name for name, _ in ttq.CONTENDERS["breaching"].variants(plain)] == ["123 it"]
     assert ttq.CONTENDERS["gi"].variants is None
     for bad in ("breaching.schedules=[]", "breaching.schedules=[6000, 6000]", "breaching.schedules=[0]"):
         with pytest.raises(ConfigError, match="breaching.schedules"):
-            load_ttq_config(LENET, [bad])
+            load(TTQConfig, LENET, [bad])
 
 
 def test_merge_runs_joins_contenders_and_schedules_from_separate_runs(tmp_path):
@@ -308,7 +308,7 @@ def test_merge_runs_joins_contenders_and_schedules_from_separate_runs(tmp_path):
                 schedules=[24000])
     out = ttq.merge_runs([short, ours, long], tmp_path / "m")
     s = json.loads((out / "summary.json").read_text())
-    cfg = load_ttq_config(out / "config.yaml")
+    cfg = load(TTQConfig, out / "config.yaml")
     assert cfg.contenders == ["gi", "breaching"] and cfg.breaching.schedules == [6000, 24000] and cfg.budget == 2000
     r0, r1 = s["rows"]
     assert r0["ratio_breaching_30"] == {"value": 12.0, "kind": "exact"}  # 60 s (6000 it) / 5 s

@@ -104,10 +104,11 @@ def test_scenario_attaches_the_same_clients_earlier_rounds():
 
 def test_gi_labels_runs_the_multi_round_attack(tmp_path):
     """k = 1 equals the single-round attack; the grid rows of average_from differ from round 2 on."""
+    from gi.attack.stages import LabelTable
     from gi.experiments.labels import LabelBenchConfig, run_label_bench
 
     cfg = LabelBenchConfig(name="mr", scenario="fedavg-client", trials=1, setup=SETUP, out=str(tmp_path / "mr"),
-                           grid={"average_from": [1, None], "round": [1, 3]}, methods=["decaf"],
+                           grid={"average_from": [1, None], "round": [1, 3]}, labels=LabelTable(["decaf"]),
                            metrics=["linf", "l1"], progress=False)
     rows = {r["point"]: r for r in json.loads((run_label_bench(cfg) / "summary.json").read_text())["rows"]}
     assert rows["average_from=1, round=1"]["l1"] == rows["average_from=None, round=1"]["l1"]

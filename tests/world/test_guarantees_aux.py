@@ -8,8 +8,9 @@ import torch
 
 import gi.experiments.run as pipeline
 import gi.world.data as gdata
-from gi.experiments.ablate import _captures, load_ablate_config, setting_config
-from gi.experiments.run import load_run_config, run
+from gi.core.config import load
+from gi.experiments.ablate import AblateConfig, _captures, setting_config
+from gi.experiments.run import RunConfig, run
 
 
 def _shared_images(aux_images: torch.Tensor, victim_images: torch.Tensor) -> int:
@@ -40,7 +41,7 @@ def _aux_of_run(monkeypatch, tmp_path, overrides: list[str]):
     monkeypatch.setattr(pipeline, "capture_all", record)
     monkeypatch.setattr(pipeline, "prepare_attack", stop)
     with pytest.raises(_Stop):
-        run(load_run_config("configs/demo.yaml", overrides + [f"out={tmp_path / 'run'}"]))
+        run(load(RunConfig, "configs/demo.yaml", overrides + [f"out={tmp_path / 'run'}"]))
     return seen["aux"], seen["truth"]
 
 
@@ -73,7 +74,7 @@ def test_gi_run_aux_excludes_both_images_of_a_mixup(monkeypatch, tmp_path):
 @pytest.mark.parametrize("seed", [3, 4])
 def test_gi_ablate_aux_never_holds_a_victim_image(seed):
     """configs/ablate/rlu-fig3.yaml had 1-2 victim images in its aux set at seeds 3 and 4."""
-    cfg = load_ablate_config("configs/ablate/rlu-fig3.yaml", [f"seed={seed}", "trials=4"])
+    cfg = load(AblateConfig, "configs/ablate/rlu-fig3.yaml", [f"seed={seed}", "trials=4"])
     captures, truths, aux = _captures(setting_config(cfg, "base"))
     victims = torch.cat([t.images for t in truths])
     assert aux.images.shape[0] == 100 and victims.shape[0] == 36

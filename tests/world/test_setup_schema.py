@@ -15,13 +15,13 @@ import yaml
 
 import gi.experiments.run as pipeline
 import gi.world.setup as setup
-from gi.core.config import to_dict
+from gi.core.config import load, to_dict
 from gi.core.errors import ConfigError
-from gi.experiments.ablate import AblateConfig, load_ablate_config
-from gi.experiments.defend import DefendConfig, load_defend_config
-from gi.experiments.labels import grid_points, load_label_bench_config
-from gi.experiments.run import RunConfig, RunDataConfig, load_run_config
-from gi.experiments.sweep import load_sweep_config
+from gi.experiments.ablate import AblateConfig
+from gi.experiments.defend import DefendConfig
+from gi.experiments.labels import LabelBenchConfig, grid_points
+from gi.experiments.run import RunConfig, RunDataConfig
+from gi.experiments.sweep import SweepConfig
 from gi.world.fl.protocol import Protocol
 from gi.world.scenarios import get_scenario
 from gi.world.scenarios.fedavg_client import FedAvgClientSetup
@@ -32,8 +32,7 @@ SECTIONS = {"data": setup.DataConfig, "model": setup.ModelConfig, "train": setup
             "aux": setup.AuxConfig, "protocol": Protocol}
 USERS = [RunConfig, AblateConfig, DefendConfig, FedSGDBatchSetup, FedAvgClientSetup, SingleSampleSetup]
 CONFIGS = sorted(p for p in Path("configs").rglob("*.yaml") if not any(part.startswith("_") for part in p.parts))
-LOADERS = {"labels": load_label_bench_config, "ablate": load_ablate_config, "sweep": load_sweep_config,
-           "defend": load_defend_config}
+CLASSES = {"labels": LabelBenchConfig, "ablate": AblateConfig, "sweep": SweepConfig, "defend": DefendConfig}
 
 
 @pytest.mark.parametrize("path", [p for p in CONFIGS if p.parts[1] != "bench"], ids=str)
@@ -41,7 +40,7 @@ def test_every_config_loads_in_the_one_spelling(path, caplog):
     """Every shipped run / ablate / sweep / labels config loads (every grid point's setup typed and checked) and
     uses no old spelling."""
     with caplog.at_level(logging.WARNING, logger="gi.setup"):
-        cfg = LOADERS.get(path.parts[1] if len(path.parts) > 2 else "", load_run_config)(path)
+        cfg = load(CLASSES.get(path.parts[1] if len(path.parts) > 2 else "", RunConfig), path)
         if path.parts[1] == "labels":
             scenario = get_scenario(cfg.scenario)
             assert all(isinstance(scenario.resolve(s), scenario.setup) for _, s in grid_points(cfg))
@@ -73,16 +72,16 @@ def test_gi_run_and_the_scenarios_use_the_same_classes():
 
 
 def test_attack_labels_is_derived_and_an_explicit_contradiction_is_a_config_error():
-    assert load_run_config("configs/demo.yaml", ["labels.mode=joint"]).attack.labels == "joint"
-    assert load_run_config("configs/demo.yaml", ["labels.mode=joint", "attack.labels=joint"]).attack.labels == "joint"
-    assert load_run_config("configs/demo.yaml").attack.labels == "fixed"
+    assert load(RunConfig, "configs/demo.yaml", ["labels.mode=joint"]).attack.labels == "joint"
+    assert load(RunConfig, "configs/demo.yaml", ["labels.mode=joint", "attack.labels=joint"]).attack.labels == "joint"
+    assert load(RunConfig, "configs/demo.yaml").attack.labels == "fixed"
     for over in (["labels.mode=joint", "attack.labels=fixed"], ["attack.labels=joint"]):
         with pytest.raises(ConfigError, match="attack.labels.*labels.mode"):
-            load_run_config("configs/demo.yaml", over)
+            load(RunConfig, "configs/demo.yaml", over)
     with pytest.raises(ConfigError, match="attack.labels"):  # ablate: each row's mode decides
-        load_ablate_config("configs/ablate/table4.yaml", ["attack.labels=fixed"])
+        load(AblateConfig, "configs/ablate/table4.yaml", ["attack.labels=fixed"])
     with pytest.raises(ConfigError, match="unknown attack key"):
-        load_ablate_config("configs/ablate/table4.yaml", ["variants={v: {labels: joint}}"])
+        load(AblateConfig, "configs/ablate/table4.yaml", ["variants={v: {labels: joint}}"])
 
 
 def test_config_yaml_written_by_gi_run_is_what_ran(tmp_path, monkeypatch):
@@ -96,26 +95,26 @@ def test_config_yaml_written_by_gi_run_is_what_ran(tmp_path, monkeypatch):
         return real(captures, labels, features=features, config=config, callbacks=callbacks, **kw)
 
     monkeypatch.setattr(gi.attack.recon, "reconstruct_many", spy)
-    cfg = load_run_config("configs/demo.yaml", ["labels.mode=joint", "attack.iterations=2", "attack.progress=false",
+    cfg = load(RunConfig, "configs/demo.yaml", ["labels.mode=joint", "attack.iterations=2", "attack.progress=false",
                                                 "metrics.lpips_vgg=false", f"out={tmp_path / 'run'}"])
     pipeline.run(cfg)
     written = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert written == to_dict(cfg)
     assert written["attack"] == to_dict(seen["attack"]) and seen["attack"].labels == "joint"
-    assert to_dict(load_run_config(tmp_path / "run" / "config.yaml")) == written  # re-loads as-is
+    assert to_dict(load(RunConfig, tmp_path / "run" / "config.yaml")) == written  # re-loads as-is
 
 
 def test_old_spellings_load_to_the_same_settings_with_a_notice(caplog, monkeypatch):
     monkeypatch.setattr(setup, "_WARNED", set())  # the notice comes once per process
-    old = load_run_config("configs/demo.yaml", ["model.train_epochs=2", "model.train_lr=0.5",
+    old = load(RunConfig, "configs/demo.yaml", ["model.train_epochs=2", "model.train_lr=0.5",
                                                 "labels.aux_per_class=3"])
-    new = load_run_config("configs/demo.yaml", ["train.epochs=2", "train.lr=0.5", "aux.per_class=3"])
+    new = load(RunConfig, "configs/demo.yaml", ["train.epochs=2", "train.lr=0.5", "aux.per_class=3"])
     assert to_dict(old) == to_dict(new)
     assert "model.train_epochs is deprecated: write train.epochs" in caplog.text
     with pytest.raises(ConfigError, match="labels.aux_per_class"):  # an error names the key as written
-        load_run_config("configs/demo.yaml", ["labels.aux_per_class=-1"])
+        load(RunConfig, "configs/demo.yaml", ["labels.aux_per_class=-1"])
     with pytest.raises(ConfigError, match="both given"):
-        load_run_config("configs/demo.yaml", ["model.train_epochs=2", "train.epochs=3"])
+        load(RunConfig, "configs/demo.yaml", ["model.train_epochs=2", "train.epochs=3"])
     flat = {"dataset": "fashion-mnist", "victim_split": "test", "aux_split": "test", "batch_size": 8,
             "train_split": "test", "aux": {"per_class": 2}, "model": {"name": "linear"}}
     nested = {"data": {"name": "fashion-mnist", "split": "test"}, "aux": {"per_class": 2, "split": "test"},
@@ -148,9 +147,9 @@ def test_section_defaults_are_per_command_and_derived_settings_are_not_stored():
 
 def test_grid_keys_in_the_old_spelling_set_the_new_keys_and_keep_their_labels(tmp_path):
     path = tmp_path / "g.yaml"
-    path.write_text(yaml.safe_dump({"scenario": "fedavg-client", "methods": ["rlu"], "setup": {"aux_per_class": 5},
-                                    "grid": {"aux_per_class": [1, 2]}}))
-    points = grid_points(load_label_bench_config(path))
+    path.write_text(yaml.safe_dump({"scenario": "fedavg-client", "labels": {"methods": ["rlu"]},
+                                    "setup": {"aux_per_class": 5}, "grid": {"aux_per_class": [1, 2]}}))
+    points = grid_points(load(LabelBenchConfig, path))
     assert [p for p, _ in points] == ["aux_per_class=1", "aux_per_class=2"]
     assert [s["aux"] for _, s in points] == [{"per_class": 1}, {"per_class": 2}]
 
