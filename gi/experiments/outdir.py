@@ -258,7 +258,8 @@ def write_error(exc: BaseException, final: Path, staging: Path) -> OutputError |
     if not isinstance(exc, OSError) or exc.errno not in _FULL | _DENIED:
         return None
     path = exc.filename
-    inside = path is not None and any(Path(os.fsdecode(path)).is_relative_to(p) for p in (staging, final.parent))
+    inside = path is not None and any(Path(os.path.abspath(os.fsdecode(path))).is_relative_to(os.path.abspath(p))
+                                      for p in (staging, final.parent))
     if exc.errno in _DENIED and not inside:
         return None
     where = os.fsdecode(path) if path is not None else str(staging)

@@ -208,6 +208,15 @@ def test_a_full_disk_mid_write_is_one_line_and_publishes_nothing(tmp_path, monke
         assert (out / "result.txt").read_text() == "old"
 
 
+def test_a_refused_read_elsewhere_is_not_called_an_output_problem(tmp_path):
+    """A permission error on a file outside the output (a dataset the user cannot read) passes through as it is;
+    the staging folder still goes."""
+    with pytest.raises(PermissionError, match="data.bin"):
+        with staged_output(tmp_path / "out" / "run"):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(tmp_path / "data.bin"))
+    assert list((tmp_path / "out").iterdir()) == []
+
+
 def test_a_full_disk_while_writing_a_report_file_leaves_no_file(tmp_path):
     path = tmp_path / "bench.json"
 
