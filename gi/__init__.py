@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gi.core.devices import env_threads
-from gi.core.errors import AssetError, CaptureError, ConfigError, GIError
+from gi.core.errors import AssetError, CaptureError, ConfigError, GIError, OutputError
 from gi.world.fl.protocol import Protocol
 
 if TYPE_CHECKING:
@@ -26,6 +26,7 @@ __all__ = [
     "CaptureError",
     "ConfigError",
     "GIError",
+    "OutputError",
     "Protocol",
     "Truth",
     "capture_gradients",

@@ -143,10 +143,11 @@ class _Checked:
     checked again. It lives on one capture object: ``dataclasses.replace`` and :meth:`Capture.to` make a new one,
     a copy or a pickle starts empty, and :meth:`Capture.save` never writes it."""
 
-    __slots__ = ("seen",)
+    __slots__ = ("seen", "forward")
 
     def __init__(self) -> None:
         self.seen: dict[int, tuple[weakref.ref, int | None]] = {}
+        self.forward = False  # the rebuilt factory model's forward checked (Capture.model)
 
     def __reduce__(self) -> tuple[type, tuple]:
         return _Checked, ()
@@ -174,6 +175,12 @@ def _positive(n: Any) -> int:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise CaptureError(f"num_samples must be a positive int (the samples behind the message), got {n!r}")
     return n
+
+
+def _image_shape(shape: Any) -> bool:
+    """``shape`` is an image's (C, H, W) of positive ints."""
+    return isinstance(shape, list | tuple) and len(shape) == 3 and all(
+        isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in shape)
 
 
 def state_of(model: torch.nn.Module) -> dict[str, Tensor]:
@@ -212,8 +219,10 @@ def describe_model(model: torch.nn.Module, last_layer: str | None = None, in_sha
     """``(model_spec, last layer name)`` of any classifier module: its provenance (:func:`gi.world.models.spec_of`)
     with ``num_classes`` (the last layer's outputs) and ``in_shape`` (from ``in_shape`` or the ``example``
     batch) filled in. The last layer is named or found (:func:`gi.world.models.find_last_layer`; ``example`` or
-    ``in_shape`` let it probe by one forward pass)."""
-    from gi.world.models import find_last_layer, spec_of
+    ``in_shape`` let it probe by one forward pass). With either, the model is first checked to take such images
+    and return logits (:func:`gi.world.models.check_forward`: a first layer built for other channels, a tuple or
+    dict output, are a one-line :class:`ConfigError` before any work)."""
+    from gi.world.models import check_forward, find_last_layer, spec_of
 
     if not isinstance(model, torch.nn.Module):
         raise CaptureError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -222,9 +231,14 @@ def describe_model(model: torch.nn.Module, last_layer: str | None = None, in_sha
     if example is None and in_shape is not None:
         device = next(iter(model.parameters())).device
         example = torch.zeros(1, *in_shape, device=device)
+    logits = None if example is None else check_forward(model, example.shape[1:])
     name = find_last_layer(model, last_layer, example)
     spec = spec_of(model)
     classes = int(model.get_submodule(name).out_features)
+    if logits is not None and int(logits.shape[1]) != classes:
+        raise ConfigError(f"the model's forward returns {int(logits.shape[1])} logits per image but its last layer "
+                          f"{name!r} has {classes} outputs: name the nn.Linear whose output is the logits "
+                          "(last_layer=NAME)")
     if spec.setdefault("num_classes", classes) != classes:
         raise CaptureError(f"model spec says num_classes={spec['num_classes']} but its last layer {name!r} has "
                            f"{classes} outputs")
@@ -343,7 +357,9 @@ class Capture:
         """The global model θᵗ, rebuilt from spec (its provider, :data:`gi.world.models.PROVIDERS`, under the capture's
         trust: :meth:`architecture`) and state, in the protocol's mode (eval/train), with its last layer's name
         recorded (``gi_last_layer``). A zoo spec is first built on the meta device and its shapes checked against
-        the state, so a spec read from a file allocates no more than the file holds."""
+        the state, so a spec read from a file allocates no more than the file holds. A factory model with an
+        ``in_shape`` is checked once per capture object to take such images and return logits
+        (:func:`gi.world.models.check_forward`; a one-line :class:`CaptureError` otherwise)."""
         from gi.world.models import attach, provider_of
 
         if provider_of(self.model_spec) == "zoo":
@@ -362,10 +378,14 @@ class Capture:
             )
         model.train(self.protocol.model_mode == "train")
         if provider_of(self.model_spec) == "factory":  # its captures keep the provenance and this trust
-            from gi.world.models import trusted_factory
+            from gi.world.models import check_forward, trusted_factory
 
             attach(model, self.model_spec).gi_factory = trusted_factory(self.model_spec, self.factory,
                                                                         self.trust_factory)
+            shape = self.model_spec.get("in_shape")
+            if not self._checked.forward and _image_shape(shape):
+                check_forward(model, shape, CaptureError, f"capture of model {self.model_spec.get('factory')!r}: ")
+                self._checked.forward = True
         model.gi_last_layer = self.last_layer_name
         if not hasattr(model, "num_classes"):
             model.num_classes = self.num_classes

@@ -448,6 +448,27 @@ class PreparedAttack:
         return not all(answers(self.attack, inversion_residual(inv)) for inv in self.inversions)
 
 
+def check_models(captures: Sequence[Capture]) -> None:
+    """Rebuild each distinct user (``factory``) model of ``captures`` once, before any stage runs, so that a model
+    that does not take the capture's images or does not return logits (a tuple, a dict) is a one-line
+    :class:`gi.core.errors.CaptureError` at the door (:meth:`gi.capture.Capture.model`,
+    :func:`gi.world.models.check_forward`; docs/guarantees.md). Captures without an ``in_shape`` and zoo
+    models are left to the stages (a zoo model is built for its spec's shape)."""
+    import json
+
+    from gi.world.models import provider_of
+
+    seen: set[tuple[str, int, bool]] = set()
+    for c in captures:
+        spec = c.model_spec
+        if provider_of(spec) != "factory" or spec.get("in_shape") is None:
+            continue
+        key = (json.dumps(spec, sort_keys=True, default=str), id(c.factory), bool(c.trust_factory))
+        if key not in seen:
+            seen.add(key)
+            c.model()
+
+
 def prepare_attack(lcfg: LabelConfig, attack: ReconConfig, captures: Sequence[Capture],
                    truths: Sequence[Truth | None] | None = None, aux: Any = None) -> PreparedAttack:
     """labels → features over ``captures``: everything of :func:`attack_stages` but the reconstruction. A capture
@@ -457,6 +478,7 @@ def prepare_attack(lcfg: LabelConfig, attack: ReconConfig, captures: Sequence[Ca
     silent = {i: c for i, c in enumerate(captures) if c.silent}
     live = [i for i in range(len(captures)) if i not in silent]
     captures, truths = [captures[i] for i in live], [truths[i] for i in live]
+    check_models(captures)
     label_results, kind, lrec = label_stage(lcfg, captures, truths, aux)
     if attack.labels != kind:
         attack = dataclasses.replace(attack, labels=kind)

@@ -22,6 +22,11 @@ class AssetError(GIError):
     """An offline asset (dataset files, backbone weights) is missing; the message names the install command."""
 
 
+class OutputError(GIError):
+    """An output could not be written while a command wrote it (disk full, a place turned read-only): the message
+    names the path; nothing half-written is left (docs/guarantees.md, "Nothing is lost or overwritten")."""
+
+
 class Stopped(BaseException):
     """The process was asked to stop (SIGTERM, SIGINT). A BaseException, like KeyboardInterrupt, so that no
     ``except Exception`` of a job loop records it as a failed job and goes on: every command unwinds, keeps what

@@ -26,6 +26,7 @@ from gi.attack.stages import (
     LABEL_MODES,
     AttackResult,
     LabelConfig,
+    check_models,
     derived_attack,
     prepare_attack,
     reconstruct_prepared,
@@ -180,6 +181,7 @@ def run_attack(cfg: AttackConfig) -> AttackRun:
 
     files = capture_files(cfg.capture)
     captures = [in_model_order(Capture.load(f, factory=cfg.model, trust_factory=cfg.trust_factory)) for f in files]
+    check_models(captures)  # a user model that does not fit its captures: one line, before aux data or outputs
     truths = None
     if cfg.truth is not None:
         truth_files = capture_files(cfg.truth, "truth")

@@ -11,7 +11,9 @@ Guarantees of :func:`staged_output`:
 - ``overwrite=true`` moves the old result aside (``.<out>.old-<pid>@<host>``), moves the new one in, then deletes
   the old one; if killed in between, the next command in that folder puts the old result back;
 - staging folders are named ``.<out>.partial-<pid>@<host>-<random>``; every command removes those of dead
-  processes of this host in its output folder.
+  processes of this host in its output folder;
+- a write that fails (a full disk, a quota, a place that turned read-only) is a one-line :class:`OutputError`
+  naming the path, and the staging folder is removed: nothing is published (:func:`write_error`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gi.analysis.report import jsonable
-from gi.core.errors import ConfigError
+from gi.core.errors import ConfigError, OutputError
 
 if TYPE_CHECKING:
     pass
@@ -222,24 +224,63 @@ def publish_file(path: Path, write: Callable[[Path], None], overwrite: bool = Fa
     no-clobber (a file that appeared meanwhile is kept, ours goes to ``<path>.unsaved-<pid>``), or an atomic
     replace with ``overwrite``."""
     remove_stale_staging(path.parent)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.partial-{_owner_tag()}-")
+    with _writing(path, path.parent):
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.partial-{_owner_tag()}-")
     os.close(fd)
     tmp = Path(name)
     try:
-        write(tmp)
-        if overwrite:
-            os.replace(tmp, path)
-            return
-        try:
-            os.link(tmp, path)  # fails if path exists: no-clobber for files
-        except FileExistsError:
-            keep = path.with_name(f"{path.name}.unsaved-{os.getpid()}")
-            os.replace(tmp, keep)
-            raise ConfigError(f"{path} appeared while this command was writing it and was left as it is; kept this "
-                              f"run's results in {keep}; pass overwrite=true or another out=") from None
+        with _writing(path, tmp):
+            write(tmp)
+            if overwrite:
+                os.replace(tmp, path)
+                return
+            try:
+                os.link(tmp, path)  # fails if path exists: no-clobber for files
+            except FileExistsError:
+                keep = path.with_name(f"{path.name}.unsaved-{os.getpid()}")
+                os.replace(tmp, keep)
+                raise ConfigError(f"{path} appeared while this command was writing it and was left as it is; kept "
+                                  f"this run's results in {keep}; pass overwrite=true or another out=") from None
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})  # disk full, quota, file too large
+_DENIED = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})  # read-only place, no permission
+
+
+def write_error(exc: BaseException, final: Path, staging: Path) -> OutputError | None:
+    """The one-line :class:`OutputError` for an ``OSError`` met while writing ``final`` through its ``staging``
+    folder or file: a full disk or quota wherever it was met (writes to a full disk are this command's writes),
+    a read-only place or a refused permission when it names a path under ``staging`` or ``final``'s folder. None
+    for anything else (a dataset that cannot be read is not an output problem)."""
+    if not isinstance(exc, OSError) or exc.errno not in _FULL | _DENIED:
+        return None
+    path = exc.filename
+    inside = path is not None and any(Path(os.path.abspath(os.fsdecode(path))).is_relative_to(os.path.abspath(p))
+                                      for p in (staging, final.parent))
+    if exc.errno in _DENIED and not inside:
+        return None
+    where = os.fsdecode(path) if path is not None else str(staging)
+    fix = "free some space or pass another out=" if exc.errno in _FULL else "pass another out= (a writable place)"
+    return OutputError(f"out={final}: cannot write {where} ({exc.strerror or os.strerror(exc.errno)}); nothing was "
+                       f"published and the partial output was removed; {fix}")
+
+
+@contextlib.contextmanager
+def _writing(final: Path, staging: Path, remove: bool = False) -> Iterator[None]:
+    """An ``OSError`` of the block that :func:`write_error` recognises becomes its :class:`OutputError` (with
+    ``remove``, ``staging`` is removed first); any other error passes through unchanged."""
+    try:
+        yield
+    except BaseException as exc:
+        if remove:
+            shutil.rmtree(staging, ignore_errors=True)
+        error = write_error(exc, final, staging)
+        if error is None:
+            raise
+        raise error from None
 
 
 def _publish(tmp: Path, final: Path, overwrite: bool) -> None:
@@ -296,8 +337,10 @@ def staged_output(final: str | Path, overwrite: bool = False) -> Iterator[Path]:
     try:
         remove_stale_staging(final.parent, held=final)
         check_output_dir(final, overwrite)  # again under the lock: a writer may have finished meanwhile
-        tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.partial-{_owner_tag()}-"))
-        handler = logging.FileHandler(tmp / "log.txt")
+        with _writing(final, final.parent):
+            tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.partial-{_owner_tag()}-"))
+        with _writing(final, tmp, remove=True):
+            handler = logging.FileHandler(tmp / "log.txt")
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         me = Path(final).resolve()
         handler.addFilter(lambda record: (scope := _LOG_SCOPE.get()) is None or me in scope)
@@ -305,14 +348,13 @@ def staged_output(final: str | Path, overwrite: bool = False) -> Iterator[Path]:
         root.addHandler(handler)
         root.setLevel(logging.INFO)
         try:
-            yield tmp
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+            with _writing(final, tmp, remove=True):  # on any error the staging folder goes
+                yield tmp
         finally:
             root.removeHandler(handler)
             handler.close()
-        _publish(tmp, final, overwrite)
+        with _writing(final, tmp, remove=True):
+            _publish(tmp, final, overwrite)
     finally:
         _unlock(lock, fd)
 

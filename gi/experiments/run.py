@@ -49,6 +49,35 @@ if TYPE_CHECKING:  # torch, the data, models and Lightning load on first use: co
 log = logging.getLogger("gi.run")
 RENAMED = {"data.captures": "trials"}  # one name in every command for the client batches attacked (docs/usage.md)
 
+MAX_CAPTURES = 1000  # captures of one gi run (data.max_captures raises it): each holds the model's gradient or
+# update and its state (float32: 0.13 MB for the DLG LeNet, 89 MB for a ResNet-18), all kept in memory and packed
+# into one reconstruction; `data.images: all` on fashion-mnist's train split would be 60 000 of them
+
+
+def capture_count(data: Any, trials: int, batch_size: int, dataset_size: int | None = None) -> int | None:
+    """The number of captures a gi run asks for: ``trials`` batches, ``data.images`` in chunks of ``batch_size``
+    (``all``: of the dataset's ``dataset_size`` images, None while it is not known)."""
+    if data.images is None:
+        return 1 if data.indices is not None else int(trials)
+    n = dataset_size if data.images == "all" else len(data.images)
+    return None if n is None else -(-int(n) // max(int(batch_size), 1))
+
+
+def check_capture_count(data: Any, trials: int, batch_size: int, dataset_size: int | None = None) -> None:
+    """Refuse a gi run of more than ``data.max_captures`` captures (:data:`MAX_CAPTURES`) in one line, naming the
+    count and what to do (docs/guarantees.md): at config load for ``trials`` and ``data.images`` lists,
+    once the dataset is read (before any model is built) for ``data.images: all``."""
+    n = capture_count(data, trials, batch_size, dataset_size)
+    if n is None or n <= data.max_captures:
+        return
+    asked = (f"trials={trials}" if data.images is None else
+             f"data.images=all ({dataset_size} images of {data.name}/{data.split})" if data.images == "all" else
+             f"data.images lists {len(data.images)} images")
+    raise ConfigError(f"{asked} asks for {n} captures (batches of protocol.batch_size={batch_size}), more than "
+                      f"data.max_captures={data.max_captures}: every capture keeps the model's gradient and state in "
+                      "memory for one packed reconstruction; list the images to attack (data.images=[...]), split "
+                      "the job (gi sweep over data.images), or raise data.max_captures")
+
 
 @dataclass
 class RunDataConfig(DataConfig):
@@ -58,12 +87,14 @@ class RunDataConfig(DataConfig):
     with the run seed. ``images``: a list of dataset indices, or ``all``, attacked as separate captures of
     ``protocol.batch_size`` consecutive entries each (batch size 1: every image its own capture), packed into one
     batched reconstruction; results are per image plus mean / median / min. When neither is given, the run's
-    ``trials`` batches are drawn with the run seed. ``eps``: label-smoothing ε (null: U(0, eps_max) per sample, as
+    ``trials`` batches are drawn with the run seed. ``max_captures``: the most captures one run may make
+    (:data:`MAX_CAPTURES`; :func:`check_capture_count`). ``eps``: label-smoothing ε (null: U(0, eps_max) per sample, as
     the soft-label paper). ``mixup_lam``: mixup λ (null: U(0, 1)).
     """
 
     indices: list[int] | None = None
     images: list[int] | str | None = None
+    max_captures: int = MAX_CAPTURES
     eps: float | None = None
     eps_max: float = 0.5
     mixup_lam: float | None = None
@@ -75,6 +106,7 @@ class RunDataConfig(DataConfig):
         require(self.images is None or self.images == "all" or (isinstance(self.images, list) and self.images
                 and all(i >= 0 for i in self.images)), "data.images", self.images,
                 "a non-empty list of dataset indices >= 0, or all")
+        require(self.max_captures >= 1, "data.max_captures", self.max_captures, ">= 1")
         if self.images is not None and self.indices is not None:
             raise ConfigError("data.images gives the captures; leave data.indices out with it (data.indices is one "
                               "batch, data.images one capture per protocol.batch_size of its images)")
@@ -124,6 +156,7 @@ class RunConfig(VictimSetup):
                               "(data.indices one batch, data.images one per protocol.batch_size images); leave "
                               "trials out, or leave them out to draw trials random batches")
         self.attack = derived_attack(self.labels, self.attack)  # the loaders refuse an explicit other value
+        check_capture_count(self.data, self.trials, self.protocol.batch_size)  # data.images=all: once read
         if self.protocol.is_update and self.protocol.label_aug == "mixup":
             raise ConfigError("protocol.label_aug=mixup is FedSGD-only here (gi.world.fl.victim trains with one-hot or "
                               "smoothed labels); use protocol.scheme=fedsgd or another label_aug")
@@ -174,6 +207,8 @@ def build_victim(cfg: Any) -> tuple[Any, torch.nn.Module]:
     import torch
 
     dataset = load_data(cfg.data)
+    if getattr(cfg.data, "images", None) is not None:
+        victim_batches(cfg, dataset)  # data.images checked against the dataset (size, indices) before any model
     model = build_model(cfg.model, dataset, cfg.seed)
     if cfg.train.epochs > 0:
         stats = train_on(model, cfg.train, cfg.data, dataset, torch.Generator().manual_seed(cfg.seed + 1))
@@ -243,6 +278,7 @@ def victim_batches(cfg: RunConfig, dataset: Any) -> list[list[int] | None]:
     b = cfg.protocol.batch_size
     if cfg.data.images is None:
         return [cfg.data.indices] if cfg.data.indices is not None else [None] * cfg.trials
+    check_capture_count(cfg.data, cfg.trials, b, len(dataset))
     images = list(range(len(dataset))) if cfg.data.images == "all" else list(cfg.data.images)
     if max(images) >= len(dataset):
         raise ConfigError(f"data.images has index {max(images)} but {cfg.data.name} holds {len(dataset)} images")

@@ -413,6 +413,85 @@ def find_last_layer(model: nn.Module, last_layer: str | None = None, example: Te
                       f"candidates {linears}; pass last_layer=NAME")
 
 
+def _describe_output(out: Any) -> str:
+    if isinstance(out, Tensor):
+        return f"Tensor {tuple(out.shape)}"
+    if isinstance(out, dict):
+        return f"a {type(out).__name__} with keys {list(out)[:6]}"
+    if isinstance(out, list | tuple):
+        parts = ", ".join(f"Tensor {tuple(o.shape)}" if isinstance(o, Tensor) else type(o).__name__ for o in out[:4])
+        return f"a {type(out).__name__} of {len(out)} ({parts}{', …' if len(out) > 4 else ''})"
+    return f"a {type(out).__name__}"
+
+
+class _FirstLayerMismatch(Exception):
+    pass
+
+
+_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+
+
+def check_forward(model: nn.Module, in_shape: Sequence[int], error: type[Exception] = ConfigError,
+                  where: str = "") -> Tensor:
+    """One forward pass of a zero image of ``in_shape`` (C, H, W) through ``model`` (eval mode, no gradients, the
+    module's mode restored), before any work that calls it: gi calls ``model(images)`` on ``(B, C, H, W)`` pixels
+    and reads the logits ``(B, classes)`` (docs/architecture.md "Models and providers"). Returns the logits.
+
+    Raises ``error``, one line naming what is wrong and what to do: the first convolution or linear layer the
+    forward pass reaches takes another channel (feature) count than the images give (the layer is named); the
+    forward pass fails for another reason (the first line of its error); or it returns a tuple, a dict (a
+    HuggingFace-style output) or a tensor that is not ``(1, K)`` logits. ``where`` prefixes the message (e.g. the
+    config key that named the model)."""
+    shape = [int(s) for s in in_shape]
+    param = next((p for p in model.parameters() if p.is_floating_point()), None)
+    example = torch.zeros(1, *shape, dtype=param.dtype if param is not None else torch.float32,
+                          device=param.device if param is not None else None)
+    names = {m: n for n, m in model.named_modules()}
+    seen: list[bool] = []
+
+    def first_layer(module: nn.Module, args: tuple) -> None:
+        if seen or not args or not isinstance(args[0], Tensor):
+            return
+        seen.append(True)
+        x = args[0]
+        if isinstance(module, nn.Linear):
+            want, got, unit = module.in_features, int(x.shape[-1]) if x.ndim else 0, "input features"
+        else:
+            want, got, unit = module.in_channels, int(x.shape[1]) if x.ndim > 1 else 0, "input channels"
+        if want and want != got:  # a lazy layer (0) learns its size from this call
+            layer = f"{names.get(module, '?')!r} ({type(module).__name__})"
+            raise _FirstLayerMismatch(
+                f"{where}the model's first layer {layer} takes {want} {unit} but the images of shape {shape} give "
+                f"it {got}: build the model for these images (e.g. its channels option) or give it images of the "
+                "shape it was built for")
+
+    hooks = [m.register_forward_pre_hook(first_layer) for m in model.modules() if isinstance(m, _LAYERS)]
+    was = model.training
+    try:
+        model.eval()
+        with torch.no_grad():
+            out = model(example)
+    except _FirstLayerMismatch as exc:
+        raise error(str(exc)) from None
+    except Exception as exc:  # the user's forward: any failure is reported in one line
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise error(f"{where}the model's forward pass fails on one image of shape {shape}: {type(exc).__name__}: "
+                    f"{first}; it must take images (B, C, H, W) of the data's shape") from None
+    finally:
+        model.train(was)
+        for h in hooks:
+            h.remove()
+    if not isinstance(out, Tensor):
+        raise error(f"{where}the model's forward returns {_describe_output(out)}, not the logits tensor "
+                    "(B, classes): gi reads model(images) as the logits; wrap the model so that forward returns "
+                    "only them (e.g. out[0] or out['logits'])")
+    if out.ndim != 2 or int(out.shape[0]) != 1 or not out.is_floating_point():
+        raise error(f"{where}the model's forward returns a {out.dtype} tensor of shape {tuple(out.shape)} for one "
+                    f"image of shape {shape}; gi reads it as the logits, a float tensor (B, classes): wrap the "
+                    "model so that forward returns them")
+    return out
+
+
 def last_layer_of(model: nn.Module) -> str:
     """The last layer recorded on a model (:func:`attach`, :meth:`gi.Capture.model`), ``fc`` for a zoo model,
     else :func:`find_last_layer` without an example."""

@@ -350,16 +350,21 @@ def load_data(data: DataConfig, split: str | None = None, relabel: tuple[int, in
 
 
 def build_model(model: ModelConfig, dataset: Any, seed: int, dtype: Any = None) -> torch.nn.Module:
-    """The global model for ``dataset``'s images and classes; ``model.seed`` (if set) replaces ``seed``."""
+    """The global model for ``dataset``'s images and classes; ``model.seed`` (if set) replaces ``seed``. A
+    ``model.factory`` model is checked on one of the dataset's images before it is trained or used
+    (:func:`gi.world.models.check_forward`: other input channels, a tuple or dict output are a one-line
+    :class:`ConfigError`)."""
     import torch
 
-    from gi.world.models import build, from_factory
+    from gi.world.models import build, check_forward, from_factory
 
     if model.factory is not None:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(model.seed if model.seed is not None else seed))
             net = from_factory(model.factory, **model.options)
-        return net if dtype is None else net.to(dtype)
+        net = net if dtype is None else net.to(dtype)
+        check_forward(net, dataset.images.shape[1:], where=f"model.factory={model.factory!r}: ")
+        return net
     net = build(model.name, model.num_classes or dataset.num_classes, activation=model.activation,
                 in_shape=tuple(dataset.images.shape[1:]), bias_last=model.bias_last, init=model.init,
                 norm=model.norm, seed=int(model.seed if model.seed is not None else seed), **model.options)

@@ -27,7 +27,8 @@ def test_one_measurement_reports_time_memory_and_psnr():
     entry = dict(model="lenet", batch=2, restarts=1, device="cpu", iterations=6, threads=1, seed=0,
                  dataset="cifar10-samples", attack={"lr": 0.01, "regularizers": {"tv": 2e-3}})
     out = measure(entry)
-    assert 0 < out["sec_per_iteration"] < 5 and out["peak_rss_mb"] > 100 and out["attack_rss_mb"] >= 0
+    assert 0 < out["sec_per_iteration"] <= out["wall_seconds"]  # a step of the fit it timed, in seconds
+    assert out["peak_rss_mb"] > 100 and out["attack_rss_mb"] >= 0
     assert 3 < out["psnr"] < 40
     rows = measure_restarts({**entry, "restarts": [1, 2], "repeats": 2, "batch": 1})
     assert [r["restarts"] for r in rows] == [1, 2] and rows[1]["steps_timed"] == 6

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,15 +15,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 # each case runs gi.cli.main in this process, then records its exit code, stderr and whether torch got imported
 PROBE = """
-import contextlib, io, json, sys, time
+import contextlib, io, json, sys
 from gi.cli import main
 out = []
 for args in json.loads(sys.argv[1]):
-    err, t0 = io.StringIO(), time.perf_counter()
+    err = io.StringIO()
     with contextlib.redirect_stderr(err):
         code = main(args)
-    out.append({"args": args, "code": code, "err": err.getvalue(), "s": time.perf_counter() - t0,
-                "torch": "torch" in sys.modules})
+    out.append({"args": args, "code": code, "err": err.getvalue(),
+                "heavy": [m for m in ("torch", "lightning", "matplotlib", "scipy") if m in sys.modules]})
 print(json.dumps(out))
 """
 
@@ -66,15 +65,11 @@ CASES = {
 @pytest.mark.parametrize("command", sorted(CASES))
 def test_config_errors_answer_in_one_line_without_torch(command):
     cases = [[command, *args] for args in CASES[command]]
-    t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", PROBE, json.dumps(cases)], cwd=REPO, capture_output=True,
                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
-    elapsed = time.perf_counter() - t0
     assert out.returncode == 0, out.stderr[-2000:]
     for case in json.loads(out.stdout.strip().splitlines()[-1]):
         err = case["err"]
         assert case["code"] == 2, case
         assert err.count("\n") == 1 and err.startswith(f"gi {command}: error: "), case
-        assert not case["torch"], case
-        assert case["s"] < 5, case
-    assert elapsed < 5 + len(cases), f"{len(cases)} config errors of gi {command} took {elapsed:.1f} s"
+        assert case["heavy"] == [], case  # at once: what makes a config error slow is importing these, not timed

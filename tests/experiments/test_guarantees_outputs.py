@@ -3,6 +3,7 @@ bad `out=` / `name=` rejected before any work, stale staging of dead processes r
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import gi.experiments.outdir as report
-from gi.core.errors import ConfigError
+from gi.core.errors import ConfigError, OutputError
 from gi.experiments.outdir import staged_output
 
 REPO = Path(__file__).resolve().parents[2]
@@ -126,6 +127,118 @@ def test_out_naming_a_file_or_an_unwritable_place_fails_before_any_work(tmp_path
                 with staged_output(out, overwrite=overwrite):
                     started.append(out)
     assert started == [] and (tmp_path / "file").read_text() == "precious"
+
+
+def _refuse_under(monkeypatch, folder: Path, code: int, calls=("open", "mkdir")) -> None:
+    """``os.open`` / ``os.mkdir`` of a path under ``folder`` raise ``OSError(code)``: what a read-only mount (EROFS)
+    answers, also to root, whom a chmod does not stop."""
+    def refusing(real):
+        def refuse(path, *args, **kwargs):
+            if Path(os.fsdecode(path)).is_relative_to(folder):
+                raise OSError(code, os.strerror(code), os.fsdecode(path))
+            return real(path, *args, **kwargs)
+        return refuse
+
+    for name in calls:
+        monkeypatch.setattr(os, name, refusing(getattr(os, name)))
+
+
+def test_a_read_only_parent_is_one_line_naming_it_before_any_work(tmp_path, monkeypatch):
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    if os.geteuid() == 0:  # root writes through a chmod: make the place read-only the way a read-only mount does
+        _refuse_under(monkeypatch, parent, errno.EROFS)
+    else:
+        parent.chmod(0o555)
+    started = []
+    try:
+        for overwrite in (False, True):
+            with pytest.raises(ConfigError, match=r"out=.*(not writable|lock file .*Read-only file system).*"
+                                                  "pass another out=") as exc:
+                with staged_output(parent / "run", overwrite=overwrite):
+                    started.append(overwrite)
+            assert "\n" not in str(exc.value) and str(parent) in str(exc.value)
+    finally:
+        parent.chmod(0o755)
+    assert started == [] and list(parent.iterdir()) == []
+
+
+def test_a_place_that_refuses_the_staging_folder_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    """The lock file can be written (it may be left from before) but the staging folder cannot: an OutputError
+    naming the path, before any work."""
+    _refuse_under(monkeypatch, tmp_path, errno.EROFS, calls=("mkdir",))
+    started = []
+    with pytest.raises(OutputError, match=rf"out={tmp_path / 'run'}: cannot write {tmp_path}/\.run\.partial-.* "
+                                          r"\(Read-only file system\); nothing was published.*another out=") as exc:
+        with staged_output(tmp_path / "run"):
+            started.append(1)
+    assert "\n" not in str(exc.value) and started == [] and list(tmp_path.iterdir()) == []
+
+
+def _disk_full_at(monkeypatch, name: str) -> None:
+    """Writing a file called ``name`` writes half of it, then the disk is full (ENOSPC, as ``write`` reports it:
+    no file name)."""
+    real = Path.write_text
+
+    def write_text(self, text, *args, **kwargs):
+        if self.name == name:
+            real(self, text[: len(text) // 2], *args, **kwargs)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_full_disk_mid_write_is_one_line_and_publishes_nothing(tmp_path, monkeypatch, overwrite):
+    out = tmp_path / "run"
+    if overwrite:
+        _write(out, "old")
+    _disk_full_at(monkeypatch, "metrics.json")
+    with pytest.raises(OutputError, match=rf"out={out}: cannot write .*\.run\.partial-.* \(No space left on device\); "
+                                          "nothing was published and the partial output was removed; free some "
+                                          "space or pass another out=") as exc:
+        with staged_output(out, overwrite=overwrite) as tmp:
+            (tmp / "grid.txt").write_text("written before the disk filled")
+            (tmp / "metrics.json").write_text('{"psnr": 1.0, "ssim": 0.5}')
+    assert "\n" not in str(exc.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["run"] if overwrite else [])  # no staging, no lock
+    if overwrite:
+        assert sorted(p.name for p in out.iterdir()) == ["log.txt", "result.txt"]
+        assert (out / "result.txt").read_text() == "old"
+
+
+def test_a_refused_read_elsewhere_is_not_called_an_output_problem(tmp_path):
+    """A permission error on a file outside the output (a dataset the user cannot read) passes through as it is;
+    the staging folder still goes."""
+    with pytest.raises(PermissionError, match="data.bin"):
+        with staged_output(tmp_path / "out" / "run"):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(tmp_path / "data.bin"))
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_a_full_disk_while_writing_a_report_file_leaves_no_file(tmp_path):
+    path = tmp_path / "bench.json"
+
+    def write(tmp: Path) -> None:
+        tmp.write_text("{")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp))
+
+    with pytest.raises(OutputError, match=rf"out={path}: cannot write {tmp_path}/\.bench\.json\.partial-.*No space "
+                                          "left on device") as exc:
+        report.publish_file(path, write)
+    assert "\n" not in str(exc.value) and list(tmp_path.iterdir()) == []
+
+
+def test_gi_run_on_a_full_disk_exits_2_with_one_line_and_publishes_nothing(tmp_path, monkeypatch, capsys):
+    from gi.cli import main
+
+    _disk_full_at(monkeypatch, "metrics.json")
+    out = tmp_path / "run"
+    assert main(["run", "configs/demo.yaml", *TINY, f"out={out}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"gi run: error: out={out}: cannot write ") and "No space left on device" in err, err
+    assert "\n" not in err and list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("name", ["../../x", "a/b", "..", "a\\b", ""])

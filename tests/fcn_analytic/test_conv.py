@@ -120,19 +120,30 @@ def _capture(model, x, label: int = 3):
     return cap, truth.images
 
 
-def test_dlg_lenet_on_real_images_is_inverted_from_its_labels():
-    """The DLG LeNet (sigmoid, biased convs) on bundled CIFAR-10 images: labels → features → three conv solves."""
+def test_dlg_lenet_on_real_images_is_inverted_from_its_labels(monkeypatch):
+    """The DLG LeNet (sigmoid, biased convs) on bundled CIFAR-10 images: labels → features → three conv solves.
+    Its cost, counted rather than timed: one Cholesky solve of the normal equations per convolution, each of the
+    layer input's size (n × n, n = C·H·W: 12·8·8, 12·16·16, 3·32·32), never the stacked rows × n system."""
+    conv = importlib.import_module("fcn_analytic.conv")
+    solves: list[tuple[int, ...]] = []
+
+    def counted(gram, rhs):
+        solves.append(tuple(gram.shape))
+        return solve_normal_equations(gram, rhs)
+
+    monkeypatch.setattr(conv, "solve_normal_equations", counted)
     ds = gdata.load("cifar10-samples")
     model = build("lenet", C, init="uniform", seed=0)
     for i in (0, 5):
         cap, x = _capture(model, ds.images[i:i + 1], int(ds.labels[i]))
         result = labels.recover(cap, "auto")
+        solves.clear()
         inv = fcn_analytic.invert(cap, result)
         assert float(psnr(inv.image, x)) > 90  # float precision (docs/results/default-job.md: 95–112 dB)
         assert [layer.name for layer in inv.layers] == ["fc", "body.4", "body.2", "body.0"]
         assert all(layer.route == "least-squares (cholesky)" for layer in inv.layers[1:])
         assert _worst(inv) < 1e-4
-        assert inv.info["seconds"] < 20
+        assert solves == [(768, 768), (3072, 3072), (3072, 3072)]
 
 
 def test_rgap_cnn6_bias_free_convs_are_inverted_exactly():

@@ -86,3 +86,72 @@ def test_a_client_whose_capture_fails_still_counts_in_the_mean():
     history = run_in_process(strategy, [_Client(), _Client()], num_rounds=1)
     assert not strategy.captures and len(strategy.skipped) == 2 and "not captured" in strategy.skipped[0][2]
     assert history is not None
+
+
+def mlp(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8), torch.nn.Sigmoid(), torch.nn.Linear(8, 3))
+
+
+class _Trainer(flwr.client.NumPyClient):
+    """A Flower client that trains as Flower's PyTorch examples do: ``local_steps`` SGD steps of ``batch_size``
+    over its data walked in order, epoch after epoch (the last batch of an epoch may be smaller), and reports
+    ``num_examples`` = its whole data set."""
+
+    def __init__(self, model: torch.nn.Module, images: torch.Tensor, targets: torch.Tensor) -> None:
+        self.model, self.images, self.targets = model, images, targets
+
+    def get_parameters(self, config):
+        return state_to_ndarrays(self.model)
+
+    def fit(self, parameters, config):
+        import torch.nn.functional as F
+
+        self.model.load_state_dict(ndarrays_to_state(self.model, parameters))
+        n, b, pos = len(self.targets), int(config["batch_size"]), 0
+        for _ in range(int(config["local_steps"])):
+            if pos >= n:  # a new epoch (a DataLoader without drop_last, not shuffled)
+                pos = 0
+            x, y = self.images[pos:pos + b], self.targets[pos:pos + b]
+            pos += len(y)
+            self.model.zero_grad()
+            F.cross_entropy(self.model(x), y).backward()
+            with torch.no_grad():
+                for p in self.model.parameters():
+                    p -= float(config["lr"]) * p.grad
+        return state_to_ndarrays(self.model), n, {}
+
+
+@pytest.mark.parametrize("steps, trained", [(1, 4), (4, 10)])  # 1 step of 4 of 10 samples; 4+4+2+4 touches all 10
+def test_a_flower_capture_is_reconstructed_over_the_samples_trained_on_not_num_examples(steps, trained):
+    """``FitRes.num_examples`` is the client's data set (10); the update depends on the samples its local steps
+    touched: min(10, local_steps × batch_size) image slots, and the capture's update is exactly the client's
+    training unrolled at those images."""
+    import copy
+
+    from gi.attack.recon import ReconConfig, reconstruct
+    from gi.attack.recon.problem import build_problem, image_slots
+    from gi.attack.recon.simulate import SIMULATORS
+    from gi.label_result import LabelResult
+    from gi.world.fl.flower import run_in_process
+    from gi.world.models import from_factory
+
+    model = from_factory(f"{__name__}:mlp")  # rebuildable: the attack rebuilds the architecture
+    images, targets = torch.rand(10, 1, 4, 4, generator=torch.Generator().manual_seed(0)), torch.arange(10) % 3
+    config = {"lr": 0.05, "local_steps": steps, "batch_size": 4}
+    strategy = CapturingFedAvg(model, gi.Protocol(scheme="fedavg", drop_last=False), in_shape=(1, 4, 4),
+                               last_layer="3", min_fit_clients=1, min_available_clients=1, fraction_evaluate=0.0,
+                               on_fit_config_fn=lambda r: dict(config))
+    run_in_process(strategy, [_Trainer(copy.deepcopy(model), images, targets)], num_rounds=1)
+    (_, _, cap), = strategy.captures
+    assert cap.num_samples == 10 and cap.protocol.local_steps == steps
+    assert image_slots(cap) == trained  # not num_examples (10) when fewer were trained on
+    counts = torch.bincount(targets[:trained], minlength=3)
+    result = LabelResult.from_counts("oracle", counts)
+    cfg = ReconConfig(iterations=1, optimizer="adam", objective="l2", regularizers={}, progress=False)
+    assert build_problem([cap], [result], cfg).num_samples == trained
+    sim = SIMULATORS["update"](cap.model(), cap.protocol, list(cap.update), num_samples=trained)
+    update, _ = sim(images[:trained], torch.nn.functional.one_hot(targets[:trained], 3).float())
+    for k in cap.update:
+        torch.testing.assert_close(update[k], cap.update[k], rtol=1e-4, atol=1e-7)
+    assert reconstruct(cap, result, config=cfg).images.shape == (trained, 1, 4, 4)

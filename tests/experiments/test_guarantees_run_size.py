@@ -1,0 +1,80 @@
+"""One gi run makes at most ``data.max_captures`` captures (docs/guarantees.md, "Bad configs fail before any
+work"): ``trials`` and ``data.images`` lists are refused at config load, ``data.images: all`` once the
+dataset is read and before any model is built; nothing is written."""
+
+from __future__ import annotations
+
+import pytest
+
+from gi.core.config import load
+from gi.core.errors import ConfigError
+from gi.experiments import run as gi_run
+from gi.experiments.run import MAX_CAPTURES, RunConfig
+
+ONE_BATCH = ["data.indices=null"]  # configs/demo.yaml attacks one given image
+
+
+def one_line(exc: pytest.ExceptionInfo) -> str:
+    assert "\n" not in str(exc.value)
+    return str(exc.value)
+
+
+def test_the_cap_is_a_thousand_captures():
+    assert MAX_CAPTURES == 1000
+    assert load(RunConfig, "configs/demo.yaml").data.max_captures == MAX_CAPTURES
+
+
+def test_trials_over_the_cap_is_refused_at_load():
+    with pytest.raises(ConfigError, match=r"trials=1001 asks for 1001 captures \(batches of "
+                                          r"protocol.batch_size=1\), more than data.max_captures=1000: .*list the "
+                                          r"images to attack .*or raise data.max_captures") as exc:
+        load(RunConfig, "configs/demo.yaml", [*ONE_BATCH, "trials=1001"])
+    one_line(exc)
+    assert load(RunConfig, "configs/demo.yaml", [*ONE_BATCH, "trials=1000"]).trials == 1000
+    cfg = load(RunConfig, "configs/demo.yaml", [*ONE_BATCH, "trials=1001", "data.max_captures=1001"])
+    assert cfg.trials == 1001
+    with pytest.raises(ConfigError, match="data.max_captures"):
+        load(RunConfig, "configs/demo.yaml", ["data.max_captures=0"])
+
+
+def test_a_long_data_images_list_is_refused_at_load_by_its_batches():
+    listed = f"data.images=[{','.join(str(i) for i in range(2002))}]"  # indices past the dataset: not read yet
+    with pytest.raises(ConfigError, match=r"data.images lists 2002 images asks for 1001 captures \(batches of "
+                                          r"protocol.batch_size=2\)") as exc:
+        load(RunConfig, "configs/demo.yaml", [*ONE_BATCH, listed, "protocol.batch_size=2"])
+    one_line(exc)
+    load(RunConfig, "configs/demo.yaml", [*ONE_BATCH, f"data.images=[{','.join(str(i) for i in range(2000))}]",
+                                          "protocol.batch_size=2"])  # 1000 captures: allowed
+
+
+@pytest.fixture
+def fashion_train():
+    from gi.core.errors import AssetError
+    from gi.world import assets
+
+    try:
+        assets.fashion_mnist_dir()
+    except AssetError:
+        pytest.skip("Fashion-MNIST is not installed (make install)")
+
+
+def test_data_images_all_on_fashion_mnist_is_refused_before_any_model_and_writes_nothing(tmp_path, monkeypatch,
+                                                                                          fashion_train):
+    monkeypatch.setattr(gi_run, "build_model", lambda *a, **k: pytest.fail("a model was built"))
+    out = tmp_path / "run"
+    cfg = load(RunConfig, "configs/demo.yaml", [*ONE_BATCH, "data.name=fashion-mnist", "data.split=train",
+                                                "data.images=all", "model.name=fcn3", f"out={out}"])
+    with pytest.raises(ConfigError, match=r"data.images=all \(60000 images of fashion-mnist/train\) asks for 60000 "
+                                          r"captures .*more than data.max_captures=1000") as exc:
+        gi_run.run(cfg)
+    one_line(exc)
+    assert list(tmp_path.iterdir()) == []
+    raised = load(RunConfig, "configs/demo.yaml", [*ONE_BATCH, "data.name=fashion-mnist", "data.split=train",
+                                                   "data.images=all", "data.max_captures=60000"])
+    dataset = gi_run.load_data(raised.data)
+    assert len(gi_run.victim_batches(raised, dataset)) == 60000  # raised explicitly: every image its own capture
+
+
+def test_data_images_all_on_a_small_dataset_is_every_image():
+    cfg = load(RunConfig, "configs/demo.yaml", [*ONE_BATCH, "data.images=all"])
+    assert gi_run.victim_batches(cfg, gi_run.load_data(cfg.data)) == [[i] for i in range(20)]
