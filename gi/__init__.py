@@ -45,7 +45,7 @@ _LAZY = {"Capture": ("gi.capture", "Capture"), "Truth": ("gi.capture", "Truth"),
          "simulate_client": ("gi.world.fl.victim", "simulate_client")}
 # the modules of the public contract (docs/architecture.md "Public contract"), by their short names
 _MODULES = {"attack": "gi.attack", "data": "gi.world.data", "models": "gi.world.models",
-            "metrics": "gi.analysis.metrics"}
+            "metrics": "gi.analysis.metrics", "world": "gi.world", "analysis": "gi.analysis"}
 
 
 def __getattr__(name: str) -> Any:

@@ -38,3 +38,18 @@ def import_members(package: str, path: Iterable[str]) -> None:
     for module in pkgutil.iter_modules(list(path)):
         if not module.name.startswith("_"):
             importlib.import_module(f"{package}.{module.name}")
+
+
+def lazy_submodules(package: str, names: Iterable[str]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` for ``package`` that imports its submodule ``names`` on first use (``gi.world.data``
+    without ``import gi.world.data``), keeping the package's own import light."""
+    known = frozenset(names)
+
+    def getattr_(name: str) -> Any:
+        if name in known:
+            import importlib
+
+            return importlib.import_module(f"{package}.{name}")
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return getattr_

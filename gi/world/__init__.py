@@ -5,15 +5,6 @@ Everything the simulated client and server do lives here; the attack side reads 
 (:class:`gi.capture.Capture`), and scoring reads :class:`gi.capture.Truth`.
 """
 
-from typing import Any
+from gi.core.registry import lazy_submodules
 
-_SUBMODULES = ("assets", "data", "fl", "losses", "models", "scenarios", "setup", "train")
-
-
-def __getattr__(name: str) -> Any:
-    """``gi.world.data`` etc. without an explicit import (each loads on first use, as ``gi.data`` does)."""
-    if name in _SUBMODULES:
-        import importlib
-
-        return importlib.import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module 'gi.world' has no attribute {name!r}")
+__getattr__ = lazy_submodules(__name__, ("assets", "data", "fl", "losses", "models", "scenarios", "setup", "train"))
