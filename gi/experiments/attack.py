@@ -176,7 +176,7 @@ def run_attack(cfg: AttackConfig) -> AttackRun:
     import torch
 
     from gi.capture import Capture, Truth
-    from gi.world.setup import draw_aux, load_data
+    from gi.world.build import draw_aux, load_data
 
     files = capture_files(cfg.capture)
     captures = [in_model_order(Capture.load(f, factory=cfg.model, trust_factory=cfg.trust_factory)) for f in files]

@@ -228,9 +228,9 @@ class Setup:
 def build_setup(cfg: DefendConfig) -> Setup:
     import torch
 
+    from gi.world.build import build_model, draw_aux, load_data
     from gi.world.data import ImageDataset
     from gi.world.fl.partition import dirichlet_partition
-    from gi.world.setup import build_model, draw_aux, load_data
 
     fed = cfg.federation
     data = load_data(cfg.data)

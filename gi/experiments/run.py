@@ -30,15 +30,8 @@ from gi.core.config import refuse_renamed, require, to_dict
 from gi.core.errors import ConfigError
 from gi.experiments.attack import with_preset
 from gi.experiments.outdir import check_run_name, log_scope, staged_output
-from gi.world.setup import (  # noqa: F401  (DataConfig, ModelConfig: the sections, importable from here too)
-    DataConfig,
-    ModelConfig,
-    VictimSetup,
-    build_model,
-    draw_aux,
-    load_data,
-    train_on,
-)
+from gi.world.build import build_model, draw_aux, load_data, train_on
+from gi.world.setup import DataConfig, VictimSetup
 
 if TYPE_CHECKING:  # torch, the data, models and Lightning load on first use: config errors answer at once
     import torch

@@ -152,8 +152,8 @@ def test_trained_resnet_scenario_refuses_bad_setups(setup, match):
 
 @pytest.mark.slow
 def test_trained_resnet_scenario_trains_like_gi_run_and_shares_the_last_layer(tmp_path, monkeypatch):
+    from gi.world.build import TRAINED
     from gi.world.scenarios import get_scenario
-    from gi.world.setup import TRAINED
 
     monkeypatch.setenv("GI_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(TRAINED, "items", type(TRAINED.items)())
