@@ -131,11 +131,11 @@ def test_out_naming_a_file_or_an_unwritable_place_fails_before_any_work(tmp_path
 @pytest.mark.parametrize("name", ["../../x", "a/b", "..", "a\\b", ""])
 def test_run_names_stay_inside_the_runs_folder(name):
     from gi.core.config import load
-    from gi.experiments.ablate import AblateConfig
-    from gi.experiments.bench import BenchConfig
-    from gi.experiments.labels import LabelBenchConfig
-    from gi.experiments.run import RunConfig
-    from gi.experiments.sweep import SweepConfig
+    from gi.experiments.config.ablate import AblateConfig
+    from gi.experiments.config.bench import BenchConfig
+    from gi.experiments.config.labels import LabelBenchConfig
+    from gi.experiments.config.run import RunConfig
+    from gi.experiments.config.sweep import SweepConfig
 
     with pytest.raises(ConfigError, match="name"):
         load(RunConfig, "configs/demo.yaml", [f"name={name!r}"])
@@ -150,7 +150,8 @@ def test_run_names_stay_inside_the_runs_folder(name):
 
 
 def test_bench_report_is_not_clobbered(tmp_path):
-    from gi.experiments.bench import BenchConfig, check_report_path
+    from gi.experiments.bench import check_report_path
+    from gi.experiments.config.bench import BenchConfig
 
     path = tmp_path / "b.json"
     path.write_text("{}")

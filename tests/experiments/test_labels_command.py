@@ -6,7 +6,8 @@ import torch
 
 from gi.attack.stages import LabelTable
 from gi.core.errors import ConfigError
-from gi.experiments.labels import LabelBenchConfig, grid_points, run_label_bench, summarize_rows
+from gi.experiments.config.labels import LabelBenchConfig, grid_points
+from gi.experiments.labels import run_label_bench, summarize_rows
 from gi.world.fl.protocol import Protocol
 from gi.world.fl.victim import capture_gradients
 from gi.world.models import build

@@ -15,7 +15,8 @@ from gi.attack.recon.module import GradientInversion
 from gi.attack.recon.problem import build_problem
 from gi.core.config import load
 from gi.core.errors import ConfigError
-from gi.experiments.bench import BenchConfig, entries, measure_packed
+from gi.experiments.bench import entries, measure_packed
+from gi.experiments.config.bench import BenchConfig
 from gi.world.train import train_model, training_key
 
 
