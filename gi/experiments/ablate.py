@@ -30,13 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gi.analysis.report import save_grid, write_csv, write_json, write_markdown_table, write_yaml
+from gi.analysis.report import save_grid, write_yaml
 from gi.attack.recon.config import ReconConfig
 from gi.attack.stages import LABEL_MODES, used_labels
 from gi.core.config import to_dict
 from gi.core.errors import GIError
+from gi.experiments.ablate_output import write_ablation
 from gi.experiments.config.ablate import AblateConfig, setting_config
-from gi.experiments.outdir import cells_dir, load_cell, restore_cell_file, save_cell, staged_output
+from gi.experiments.outdir import cells_dir, file_slug, load_cell, restore_cell_file, save_cell, staged_output
 from gi.experiments.run import build_victim, capture_client, make_aux
 
 log = logging.getLogger("gi.experiments.ablate")
@@ -124,7 +125,7 @@ def run_setting(cfg: AblateConfig, setting: str, out: Path, cache: Path | None =
             attack = dataclasses.replace(scfg.attack, **{**cfg.mode_attack.get(mode, {}), **over}, labels=kind,
                                          progress=False)
             key = _cell_key(scfg, setting, variant, mode, attack)
-            grid = out / f"grid-{_slug(setting)}-{_slug(variant)}-{_slug(mode)}.png"
+            grid = out / f"grid-{file_slug(setting)}-{file_slug(variant)}-{file_slug(mode)}.png"
             cached = _load_cell(cache, key)
             if cached is not None:
                 restore_cell_file(cache, key, "png", grid)
@@ -167,32 +168,6 @@ def run_setting(cfg: AblateConfig, setting: str, out: Path, cache: Path | None =
     return rows
 
 
-def _slug(text: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in text)
-
-
-def save_ablation_plot(path: Path, rows: list[dict[str, Any]], key: str = "psnr") -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = [f"{r['setting']}\n" + (f"{r['variant']}/" if r["variant"] != "base" else "") + r["mode"] for r in rows]
-    fig, ax = plt.subplots(figsize=(max(5, 0.55 * len(rows)), 3.6), dpi=120)
-    ax.bar(range(len(rows)), [r[key] for r in rows], color="tab:blue", label="ours")
-    paper = [r.get(f"paper_{key}") for r in rows]
-    if any(p is not None for p in paper):
-        ax.scatter(range(len(rows)), [p if p is not None else float("nan") for p in paper], color="tab:red",
-                   marker="_", s=200, label="paper", zorder=3)
-        ax.legend(fontsize=7)
-    ax.set_xticks(range(len(rows)), labels, rotation=90, fontsize=6)
-    ax.set_ylabel(key.upper() + (" [dB]" if key == "psnr" else ""))
-    ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
 def run_ablation(cfg: AblateConfig) -> Path:
     """Run every setting × variant × mode and write the table (Markdown/CSV/JSON), per-image CSV, grids, plot."""
     import torch
@@ -213,12 +188,6 @@ def run_ablation(cfg: AblateConfig) -> Path:
             ref = _paper_value(cfg, row.setting, row.variant, row.mode)
             s.update({f"paper_{k}": ref.get(k) for k in METRIC_KEYS if k in ref})
             table.append(s)
-        write_csv(tmp / "table.csv", table)
-        write_csv(tmp / "results.csv", [r for row in rows for r in row.per_image])
-        md = write_markdown_table(tmp / "table.md", table, title=f"gi ablate: {cfg.name}")
-        write_json(tmp / "metrics.json", {"name": cfg.name, "table": table, "seconds": time.perf_counter() - t0,
-                                          "torch": torch.__version__})
-        save_ablation_plot(tmp / "psnr.png", table)
-        print(md)
+        print(write_ablation(tmp, cfg.name, table, [r for row in rows for r in row.per_image], t0))
     shutil.rmtree(cache, ignore_errors=True)
     return out

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gi.analysis.report import save_grid, save_tradeoff_plot, write_csv, write_json, write_markdown_table, write_yaml
+from gi.analysis.report import save_grid, write_yaml
 from gi.attack.stages import (
     LabelConfig,
     attack_stages,
@@ -51,7 +51,8 @@ from gi.attack.stages import (
 from gi.core.config import to_dict
 from gi.core.errors import GIError
 from gi.experiments.config.defend import BASELINE, DefendConfig, cell_protocol, defence_sweep
-from gi.experiments.outdir import cells_dir, load_cell, restore_cell_file, save_cell, staged_output
+from gi.experiments.defend_output import write_defend
+from gi.experiments.outdir import cells_dir, file_slug, load_cell, restore_cell_file, save_cell, staged_output
 from gi.world.fl.protocol import Protocol
 
 log = logging.getLogger("gi.experiments.defend")
@@ -247,36 +248,6 @@ def _cell_key(cfg: DefendConfig, protocol: Protocol) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
-def _slug(text: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in text)
-
-
-def _plots(out: Path, cfg: DefendConfig, table: list[dict[str, Any]]) -> list[str]:
-    """Privacy–utility plots: one per leakage metric, accuracy against leakage, one curve per defence."""
-    metrics = [f"label_acc:{m}" for m in cfg.labels.methods]
-    if cfg.images.count:
-        metrics += ["psnr_mean"] + (["psnr_mean:oracle"] if cfg.images.oracle else [])
-    base = next((r for r in table if r["defence"] == BASELINE), None)
-    names = []
-    for metric in metrics:
-        curves: dict[str, tuple[list[float], list[float], list[str]]] = {}
-        for r in table:
-            if r["defence"] == BASELINE:
-                continue
-            xs, ys, texts = curves.setdefault(r["defence"], ([], [], []))
-            xs.append(r[metric])
-            ys.append(r["accuracy"])
-            texts.append(f"{r['strength']:g}")
-        name = f"tradeoff-{_slug(metric.replace(':', '-'))}.png"
-        xlabel = f"image leakage: PSNR [dB]{' (true labels)' if metric.endswith('oracle') else ''}" \
-            if metric.startswith("psnr_mean") else f"label leakage: {metric}"
-        save_tradeoff_plot(out / name, curves, xlabel, f"test accuracy after {cfg.federation.rounds} rounds",
-                           title=f"gi defend {cfg.name}: {metric}",
-                           reference=None if base is None else (base[metric], base["accuracy"]))
-        names.append(name)
-    return names
-
-
 _WORKER_SETUP: dict[str, Setup] = {}
 
 
@@ -330,8 +301,6 @@ def _compute_cells(cfg: DefendConfig, todo: list[tuple[str, float | None, Protoc
 def run_defend(cfg: DefendConfig) -> Path:
     """Every cell (resuming finished ones; ``workers`` at a time), then the table, per-image and per-client CSVs,
     grids and plots."""
-    import torch
-
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(cfg.out or f"runs/defend-{cfg.name}-{stamp}")
     cache = cells_dir(out)
@@ -339,7 +308,7 @@ def run_defend(cfg: DefendConfig) -> Path:
         t0 = time.perf_counter()
         write_yaml(tmp / "config.yaml", to_dict(cfg))
         grid_cells = [(label, strength, protocol, _cell_key(cfg, protocol),
-                       tmp / f"grid-{_slug(label)}-{strength if strength is not None else 0:g}.png")
+                       tmp / f"grid-{file_slug(label)}-{strength if strength is not None else 0:g}.png")
                       for label, strength, protocol in cells(cfg)]
         todo = []
         for label, strength, protocol, key, grid in grid_cells:
@@ -350,14 +319,6 @@ def run_defend(cfg: DefendConfig) -> Path:
                 todo.append((label, strength, protocol, key, grid))
         _compute_cells(cfg, todo, cache)
         records = [load_cell(cache, key) for _, _, _, key, _ in grid_cells]
-        table = [r["summary"] for r in records]
-        write_csv(tmp / "table.csv", table)
-        write_csv(tmp / "results.csv", [row for r in records for row in r["per_image"]])
-        write_csv(tmp / "clients.csv", [row for r in records for row in r["per_client"]])
-        md = write_markdown_table(tmp / "table.md", table, title=f"gi defend: {cfg.name}")
-        plots = _plots(tmp, cfg, table)
-        write_json(tmp / "metrics.json", {"name": cfg.name, "table": table, "plots": plots,
-                                          "seconds": time.perf_counter() - t0, "torch": torch.__version__})
-        print(md)
+        print(write_defend(tmp, cfg, records, t0))
     shutil.rmtree(cache, ignore_errors=True)
     return out

@@ -31,7 +31,6 @@ per configuration).
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
 import os
@@ -43,6 +42,7 @@ from typing import Any
 
 from gi.core.errors import GIError
 from gi.experiments.config.sweep import Job, SweepConfig, expand_jobs, job_config, pack_key
+from gi.experiments.sweep_output import write_aggregate
 
 log = logging.getLogger("gi.experiments.sweep")
 DONE = "metrics.json"
@@ -164,7 +164,8 @@ def _get(data: dict[str, Any], dotted: str) -> Any:
 
 
 def aggregate(cfg: SweepConfig, root: Path, jobs: list[Job]) -> list[dict[str, Any]]:
-    """One row per finished job (per table row for ``ablate`` jobs); writes aggregate.csv, summary.md/png."""
+    """One row per finished job (per table row for ``ablate`` jobs); writes aggregate.csv, summary.md/png
+    (:func:`gi.experiments.sweep_output.write_aggregate`)."""
     rows: list[dict[str, Any]] = []
     for job in jobs:
         path = job_dir(root, job) / DONE
@@ -176,53 +177,8 @@ def aggregate(cfg: SweepConfig, root: Path, jobs: list[Job]) -> list[dict[str, A
             rows += [{**base, **r} for r in metrics.get("table", [])]
         else:
             rows.append({**base, **{c: _get(metrics, c) for c in cfg.columns}})
-    keys: list[str] = []
-    for row in rows:
-        keys += [k for k in row if k not in keys]
-    tmp = root / ".aggregate.csv.tmp"
-    with tmp.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=keys)
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, root / "aggregate.csv")
-    _summary(cfg, root, rows, len(jobs))
+    write_aggregate(cfg, root, rows, len(jobs))
     return rows
-
-
-def _summary(cfg: SweepConfig, root: Path, rows: list[dict[str, Any]], total: int) -> None:
-    import numpy as np
-
-    metric = "psnr" if cfg.command == "ablate" else cfg.metric
-    group_keys = [k for k in cfg.grid] + (["setting", "variant", "mode"] if cfg.command == "ablate" else [])
-    groups: dict[tuple, list[float]] = {}
-    for row in rows:
-        value = row.get(metric)
-        if isinstance(value, int | float):
-            key = tuple(json.dumps(v) if isinstance(v, list | dict) else v for v in (row.get(k) for k in group_keys))
-            groups.setdefault(key, []).append(float(value))  # a list-valued grid (data.indices) keys as its text
-    lines = [f"# gi sweep: {cfg.name}", "", f"{len(rows)} result row(s) from {total} job(s); {metric}: mean ± std "
-             "over seeds", "", "| " + " | ".join(group_keys + [metric, "std", "n"]) + " |",
-             "|" + "---|" * (len(group_keys) + 3)]
-    for key, vals in groups.items():
-        lines.append("| " + " | ".join(str(k) for k in key) + f" | {np.mean(vals):.3f} | {np.std(vals):.3f} | "
-                     f"{len(vals)} |")
-    (root / "summary.md").write_text("\n".join(lines) + "\n")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = [", ".join(str(k) for k in key) or "all" for key in groups]
-    fig, ax = plt.subplots(figsize=(max(4, 0.6 * len(groups)), 3.4), dpi=120)
-    ax.bar(range(len(groups)), [np.mean(v) for v in groups.values()], yerr=[np.std(v) for v in groups.values()],
-           capsize=3, color="tab:blue")
-    ax.set_xticks(range(len(groups)), labels, rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel(metric)
-    ax.set_title(cfg.name, fontsize=9)
-    ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    fig.savefig(root / "summary.png")
-    plt.close(fig)
 
 
 # ----------------------------------------------------------------------------- launch

@@ -44,13 +44,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gi.analysis.report import write_json, write_yaml
-from gi.core.config import from_dict, load, to_dict
+from gi.core.config import from_dict, load
 from gi.core.errors import ConfigError
 from gi.core.registry import registrar
 from gi.experiments.bench import git_commit
 from gi.experiments.config.ttq import TTQConfig
 from gi.experiments.outdir import staged_output
+from gi.experiments.ttq_output import write_ttq
 
 BREACHING_INSTALL = ("pip download --no-deps breaching==0.1.2 -d /tmp/w && pip install --no-deps --target /tmp/br "
                      "/tmp/w/breaching*.whl && pip install --target /tmp/br hydra-core, then PYTHONPATH=$PWD:/tmp/br")
@@ -487,50 +487,6 @@ def summarize_curves(cfg: TTQConfig, curves: list[Curve]) -> dict[str, Any]:
     return out
 
 
-def save_plot(path: Path, cfg: TTQConfig, curves: list[Curve], title: str) -> None:
-    """PSNR against seconds: a thin line per contender (and variant) per capture, the median over captures bold
-    (drawn up to the longest curve; where a shorter curve has ended it holds its last value)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    groups = list(dict.fromkeys((c.contender, c.variant) for c in curves
-                                if c.contender in cfg.contenders))
-    groups.sort(key=lambda g: cfg.contenders.index(g[0]))
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=130)
-    for i, (name, variant) in enumerate(groups):
-        colour = f"C{i}"
-        mine = [c for c in curves if (c.contender, c.variant) == (name, variant)]
-        for c in mine:  # a one-point curve (an answer without iterations: the analytic inversion) is a dot
-            ax.plot(c.seconds(cfg.clock), c.psnr, color=colour, alpha=0.3, lw=0.8,
-                    marker="o" if len(c.psnr) == 1 else None, ms=3)
-        ends = max(c.seconds(cfg.clock)[-1] for c in mine)
-        starts = min(c.seconds(cfg.clock)[0] for c in mine)
-        grid = np.geomspace(max(starts, 1e-2), ends, 200)
-        values = [[psnr_at(c.seconds(cfg.clock), c.psnr, t) for c in mine] for t in grid]
-        med = [statistics.median(v) if all(x is not None for x in v) else np.nan for v in values]
-        label = f"{name} {variant}".strip()
-        if np.isfinite(med).sum() < 2:  # every curve a single answer: its median time and PSNR as one marker
-            ax.plot([statistics.median(c.seconds(cfg.clock)[-1] for c in mine)],
-                    [statistics.median(c.psnr[-1] for c in mine)], color=colour, marker="o", ms=8, ls="",
-                    label=f"{label} (median of {len(mine)})")
-            continue
-        ax.plot(grid, med, color=colour, lw=2.4, label=f"{label} (median of {len(mine)})")
-    for lvl in cfg.levels:
-        ax.axhline(lvl, color="grey", ls=":", lw=0.8)
-    ax.set_xscale("log")
-    ax.set_xlabel(f"attack seconds ({'CPU' if cfg.clock == 'cpu' else 'wall'}, {cfg.threads} thread)")
-    ax.set_ylabel("PSNR [dB]")
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
 def check_contenders(cfg: TTQConfig) -> None:
     for name in cfg.contenders:
         CONTENDERS[name].check(cfg)
@@ -568,10 +524,7 @@ def run_ttq(cfg: TTQConfig) -> Path:
         meta = {"created": stamp, "git": git_commit(), "torch": torch.__version__,
                 "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
                 "load_average_end": list(os.getloadavg()), "threads": torch.get_num_threads()}
-        write_yaml(tmp / "config.yaml", to_dict(cfg))
-        write_json(tmp / "curves.json", [dataclasses.asdict(c) for c in curves])
-        write_json(tmp / "summary.json", {**meta, **summary})
-        save_plot(tmp / "ttq.png", cfg, curves, f"{cfg.name}: {cfg.job} ({len(victim.captures)} captures)")
+        write_ttq(tmp, cfg, curves, {**meta, **summary}, f"{cfg.name}: {cfg.job} ({len(victim.captures)} captures)")
     return out
 
 
@@ -652,12 +605,10 @@ def merge_runs(parts: Sequence[str | Path], out: str | Path, overwrite: bool = F
                                 "budget": max(c["budget"] for c in configs), "breaching": breaching})
     metas = [json.loads((p / "summary.json").read_text()) for p in parts]
     with staged_output(Path(out), overwrite=overwrite) as tmp:
-        write_yaml(tmp / "config.yaml", to_dict(cfg))
-        write_json(tmp / "curves.json", [dataclasses.asdict(c) for c in curves])
         keep = ("created", "git", "torch", "python", "machine", "cpus", "load_average_end", "threads")
-        write_json(tmp / "summary.json", {"parts": [{"path": str(p), **{k: m.get(k) for k in keep}}
-                                                    for p, m in zip(parts, metas)], **summarize_curves(cfg, curves)})
-        save_plot(tmp / "ttq.png", cfg, curves, f"{cfg.name}: {cfg.job} ({len(seen)} captures)")
+        summary = {"parts": [{"path": str(p), **{k: m.get(k) for k in keep}} for p, m in zip(parts, metas)],
+                   **summarize_curves(cfg, curves)}
+        write_ttq(tmp, cfg, curves, summary, f"{cfg.name}: {cfg.job} ({len(seen)} captures)")
     return Path(out)
 
 

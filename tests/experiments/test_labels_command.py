@@ -122,7 +122,7 @@ def test_a_variant_named_after_its_method_sets_the_methods_options():
 
 
 def test_line_axis_is_the_last_unpooled_numeric_key():
-    from gi.experiments.labels import line_axis
+    from gi.experiments.labels_output import line_axis
 
     def cfg(grid, pool=()):
         return LabelBenchConfig(scenario="test-single-onehot", labels=LabelTable(["idlg"]), grid=grid, pool=list(pool))
@@ -137,7 +137,7 @@ def test_line_axis_is_the_last_unpooled_numeric_key():
 
 def test_numeric_grid_is_plotted_as_lines(tmp_path, monkeypatch):
     """plot.png is a line plot over the numeric key: one line per method and value of the other keys."""
-    import gi.experiments.labels as lb
+    import gi.experiments.labels_output as lb
 
     seen = {}
     monkeypatch.setattr(lb, "save_line_plot", lambda path, x, series, xlabel, ylabel, title="": seen.update(
