@@ -49,8 +49,6 @@ DONE = "metrics.json"
 
 
 # ----------------------------------------------------------------------------- jobs
-
-
 def pack_batches(cfg: SweepConfig, jobs: list[Job]) -> list[list[Job]]:
     """``jobs`` in batches run together: up to ``cfg.pack`` jobs of one :func:`pack_key`, in job order (one job
     each when ``pack`` is 0)."""
