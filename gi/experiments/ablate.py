@@ -1,7 +1,7 @@
 """``gi ablate CONFIG``: how much does label (and feature) knowledge help the reconstruction?
 
 The same captures are reconstructed under every label-knowledge mode (``truth``, ``recovered``, ``hard``,
-``joint``, ``recovered+joint``; :data:`gi.experiments.run.LABEL_MODES`) and every α/β variant of the
+``joint``, ``recovered+joint``; :data:`gi.attack.stages.LABEL_MODES`) and every α/β variant of the
 soft-label paper's eq. 8, giving its Tables 3 and 4 (Wang, Liang & He 2024, §4.3 and §5.1): PSNR / SSIM /
 LPIPS and the label error L_r (Σ_c |ŷ_c − y_c| per image, rows matched one-to-one), with per-image values and
 a PNG grid per row.

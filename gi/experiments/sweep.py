@@ -12,8 +12,9 @@ machine, ``devices`` worker processes), and across machines through Lightning's 
   finished job).
 
 Job i runs on global rank ``i mod world_size`` (with ``shards``: on shard ``i mod shards``). With ``pack: N`` a rank
-runs up to N of its ``gi run`` jobs together when they differ only in :data:`PACK_FREE` keys (the label stage, the
-images attacked): their captures are reconstructed as one packed problem (:func:`pack_batches`). ``dry_run=true`` runs
+runs up to N of its ``gi run`` jobs together when they differ only in
+:data:`~gi.experiments.config.sweep.PACK_FREE` keys (the label stage, the images attacked): their captures are
+reconstructed as one packed problem (:func:`pack_batches`). ``dry_run=true`` runs
 nothing and writes nothing: it prints these launch lines for the config's ``devices`` × ``num_nodes`` and, per rank,
 the ``gi run`` / ``gi ablate`` command line of every job that rank would run (``done`` marks finished ones).
 
