@@ -36,14 +36,13 @@ import json
 import logging
 import os
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from gi.core.errors import GIError
 from gi.experiments.config.sweep import Job, SweepConfig, expand_jobs, job_config, pack_key
-from gi.experiments.sweep_output import write_aggregate
+from gi.experiments.sweep_output import write_aggregate, write_failure, write_sweep_record
 
 log = logging.getLogger("gi.experiments.sweep")
 DONE = "metrics.json"
@@ -146,8 +145,7 @@ def run_jobs(cfg: SweepConfig, root: Path, jobs: list[Job], rank: int, world: in
                 record.unlink(missing_ok=True)
             except Exception as exc:  # a failed job is recorded, the sweep goes on; the exit status reports it
                 status = f"FAILED: {exc}" if isinstance(exc, GIError) else f"FAILED ({type(exc).__name__}): {exc}"
-                record.parent.mkdir(exist_ok=True)
-                record.write_text(f"{exc}\n" if isinstance(exc, GIError) else traceback.format_exc())
+                write_failure(record, exc)
             finish(job, status, time.perf_counter() - start)
     return report
 
@@ -294,9 +292,7 @@ def run_sweep(cfg: SweepConfig) -> Path:
     accelerator = _accelerator(cfg)
     devices = _devices(cfg, accelerator)
     (root / "jobs").mkdir(exist_ok=True)
-    (root / "sweep.json").write_text(json.dumps({"name": cfg.name, "command": cfg.command, "base": cfg.base,
-                                                 "jobs": [j.name for j in jobs],
-                                                 "dirs": [j.dirname for j in jobs]}, indent=1) + "\n")
+    write_sweep_record(root, cfg, jobs)
     if cfg.shards is not None:  # one shard of an array: alone, no rendezvous; a later plain run aggregates all
         if accelerator == "cpu":
             os.environ.setdefault("GI_THREADS", "1")

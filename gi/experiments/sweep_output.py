@@ -1,4 +1,5 @@
-"""The files of ``gi sweep``'s aggregation: ``aggregate.csv`` (one row per job, or per table row of ablation jobs),
+"""The files of ``gi sweep``: ``sweep.json`` (its jobs), ``failed/<job>.txt`` (a failed job's error), and of its
+aggregation: ``aggregate.csv`` (one row per job, or per table row of ablation jobs),
 ``summary.md`` and ``summary.png`` (mean ± std over seeds per configuration); the command is
 :mod:`gi.experiments.sweep`."""
 
@@ -7,10 +8,12 @@ from __future__ import annotations
 import csv
 import json
 import os
+import traceback
 from pathlib import Path
 from typing import Any
 
-from gi.experiments.config.sweep import SweepConfig
+from gi.core.errors import GIError
+from gi.experiments.config.sweep import Job, SweepConfig
 
 
 def write_aggregate(cfg: SweepConfig, root: Path, rows: list[dict[str, Any]], total: int) -> None:
@@ -63,3 +66,17 @@ def write_summary(cfg: SweepConfig, root: Path, rows: list[dict[str, Any]], tota
     fig.tight_layout()
     fig.savefig(root / "summary.png")
     plt.close(fig)
+
+
+def write_sweep_record(root: Path, cfg: SweepConfig, jobs: list[Job]) -> None:
+    """``sweep.json`` in the sweep's ``root``: its name, command, base config and every job's name and directory."""
+    (root / "sweep.json").write_text(json.dumps({"name": cfg.name, "command": cfg.command, "base": cfg.base,
+                                                 "jobs": [j.name for j in jobs],
+                                                 "dirs": [j.dirname for j in jobs]}, indent=1) + "\n")
+
+
+def write_failure(record: Path, exc: BaseException) -> None:
+    """A failed job's ``record`` (``failed/<job>.txt``): the message of a ``GIError``, else the traceback (call it
+    while ``exc`` is being handled)."""
+    record.parent.mkdir(exist_ok=True)
+    record.write_text(f"{exc}\n" if isinstance(exc, GIError) else traceback.format_exc())
