@@ -36,8 +36,10 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     from gi.core.config import load
-    from gi.experiments.attack import load_attack_config, run_attack
-    from gi.experiments.run import RunConfig, run
+    from gi.experiments.attack import run_attack
+    from gi.experiments.config.attack import load_attack_config
+    from gi.experiments.config.run import RunConfig
+    from gi.experiments.run import run
 
     work = Path(args.out or tempfile.mkdtemp(prefix="gi-attack-example-"))
     keys = [f"attack.iterations={args.iterations}", "attack.progress=false", "metrics.lpips_vgg=false"]

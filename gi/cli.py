@@ -41,7 +41,8 @@ Overrides use dotted keys (attack.iterations=500); unknown keys are errors that 
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from gi.experiments.run import RunConfig, run
+    from gi.experiments.config.run import RunConfig
+    from gi.experiments.run import run
 
     cfg = load(RunConfig, args.config, args.overrides)
     _apply_threads()
@@ -72,7 +73,8 @@ def _print_summary(m: dict) -> None:
 
 
 def _cmd_attack(args: argparse.Namespace) -> int:
-    from gi.experiments.attack import load_attack_config, run_attack
+    from gi.experiments.attack import run_attack
+    from gi.experiments.config.attack import load_attack_config
 
     cfg = load_attack_config(args.config, args.overrides)
     _apply_threads()
@@ -83,7 +85,8 @@ def _cmd_attack(args: argparse.Namespace) -> int:
 
 
 def _cmd_labels(args: argparse.Namespace) -> int:
-    from gi.experiments.labels import LabelBenchConfig, run_label_bench
+    from gi.experiments.config.labels import LabelBenchConfig
+    from gi.experiments.labels import run_label_bench
 
     cfg = load(LabelBenchConfig, args.config, args.overrides)
     _apply_threads()
@@ -93,7 +96,8 @@ def _cmd_labels(args: argparse.Namespace) -> int:
 
 
 def _cmd_ablate(args: argparse.Namespace) -> int:
-    from gi.experiments.ablate import AblateConfig, run_ablation
+    from gi.experiments.ablate import run_ablation
+    from gi.experiments.config.ablate import AblateConfig
 
     cfg = load(AblateConfig, args.config, args.overrides)
     _apply_threads()
@@ -103,7 +107,8 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
 
 
 def _cmd_defend(args: argparse.Namespace) -> int:
-    from gi.experiments.defend import DefendConfig, run_defend
+    from gi.experiments.config.defend import DefendConfig
+    from gi.experiments.defend import run_defend
 
     cfg = load(DefendConfig, args.config, args.overrides)
     _apply_threads()
@@ -113,7 +118,8 @@ def _cmd_defend(args: argparse.Namespace) -> int:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from gi.experiments.sweep import SweepConfig, run_sweep
+    from gi.experiments.config.sweep import SweepConfig
+    from gi.experiments.sweep import run_sweep
 
     cfg = load(SweepConfig, args.config, args.overrides)
     if cfg.dry_run:
@@ -128,7 +134,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from gi.experiments.bench import BenchConfig, bench_kind
+    from gi.experiments.bench import bench_kind
+    from gi.experiments.config.bench import BenchConfig
 
     config, overrides = args.config, list(args.overrides)
     if config and "=" in config and not os.path.exists(config):  # `gi bench key=value ...` without a config

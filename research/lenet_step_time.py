@@ -29,7 +29,8 @@ from gi.attack.recon.optim import BatchedLBFGS
 from gi.attack.recon.problem import build_problem
 from gi.attack.stages import feature_stage, label_stage
 from gi.core.config import load
-from gi.experiments.run import RunConfig, build_victim, capture_all, make_aux
+from gi.experiments.config.run import RunConfig
+from gi.experiments.run import build_victim, capture_all, make_aux
 
 
 def old_lbfgs(ref: str) -> type:

@@ -30,6 +30,7 @@ from gi.attack.recon.optim import BatchedLBFGS
 from gi.attack.recon.problem import build_problem
 from gi.core.config import load
 from gi.experiments import ttq
+from gi.experiments.config.ttq import TTQConfig
 
 
 class Clock:
@@ -66,7 +67,7 @@ def steps(mod: GradientInversion, opt: torch.optim.Optimizer, signed: bool, n: i
 
 def main(out: str, image: int, specs: list[str]) -> None:
     torch.set_num_threads(1)
-    cfg = load(ttq.TTQConfig, "configs/bench/ttq-resnet18.yaml", [f"select=[{image}]", "contenders=[gi]"])
+    cfg = load(TTQConfig, "configs/bench/ttq-resnet18.yaml", [f"select=[{image}]", "contenders=[gi]"])
     victim = ttq.build_victim_side(cfg)
     score, capture = ttq.scorer(victim.truths[0]), victim.captures[0]
     result = labels.recover(capture, "soft-lambda")

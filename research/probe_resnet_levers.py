@@ -35,6 +35,7 @@ from gi.attack.recon.module import GradientInversion
 from gi.attack.recon.problem import build_problem
 from gi.core.config import load
 from gi.experiments import ttq
+from gi.experiments.config.ttq import TTQConfig
 from gi.world.models import features_and_logits
 
 SUBSETS = {"all": None, "convs+fc": ("body.0.conv", "body.0.layer", "fc"),
@@ -45,7 +46,7 @@ SUBSETS = {"all": None, "convs+fc": ("body.0.conv", "body.0.layer", "fc"),
 def setup(image: int) -> tuple[Any, Any, Any, torch.Tensor]:
     """The capture ``image`` of the bench's job, its scorer, soft-λ labels and exact features f*."""
     torch.set_num_threads(1)
-    cfg = load(ttq.TTQConfig, "configs/bench/ttq-resnet18.yaml", [f"select=[{image}]", "contenders=[gi]"])
+    cfg = load(TTQConfig, "configs/bench/ttq-resnet18.yaml", [f"select=[{image}]", "contenders=[gi]"])
     victim = ttq.build_victim_side(cfg)
     capture = victim.captures[0]
     result = labels.recover(capture, "soft-lambda")

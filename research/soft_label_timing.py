@@ -19,7 +19,7 @@ import torch
 
 import labels
 from gi.core.config import load
-from gi.experiments.labels import LabelBenchConfig, grid_points
+from gi.experiments.config.labels import LabelBenchConfig, grid_points
 from gi.world.scenarios import get_scenario
 
 

@@ -22,7 +22,8 @@ import sys
 import torch
 
 import gi.attack.recon.optim
-from gi.experiments.ttq import CONTENDERS, AttackClock, TTQConfig, build_victim_side, scorer, time_to
+from gi.experiments.config.ttq import TTQConfig
+from gi.experiments.ttq import CONTENDERS, AttackClock, build_victim_side, scorer, time_to
 
 TUNE_DATA = ("cifar10-samples", "fashion-mnist")
 

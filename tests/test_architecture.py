@@ -78,3 +78,4 @@ def test_the_layer_table_rejects_what_it_should():
     assert layer("gi.world.fl.schemes.feddyn") == 1 and layer("gi.world.fl.victim") == 3
     assert layer("gi.experiments.sweep") == 8 and layer("gi.attack.recon.api") == 6 and layer("gi.attack.stages") == 7
     assert layer("labels.rlu") == 4 and layer("gi") == 9 and layer("gi.core.config") == 0
+    assert layer("gi.world.build") == 3 and layer("gi.experiments.config.run") == 8  # schema and builders

@@ -1,7 +1,7 @@
 """``gi ablate CONFIG``: how much does label (and feature) knowledge help the reconstruction?
 
 The same captures are reconstructed under every label-knowledge mode (``truth``, ``recovered``, ``hard``,
-``joint``, ``recovered+joint``; :data:`gi.experiments.run.LABEL_MODES`) and every α/β variant of the
+``joint``, ``recovered+joint``; :data:`gi.attack.stages.LABEL_MODES`) and every α/β variant of the
 soft-label paper's eq. 8, giving its Tables 3 and 4 (Wang, Liang & He 2024, §4.3 and §5.1): PSNR / SSIM /
 LPIPS and the label error L_r (Σ_c |ŷ_c − y_c| per image, rows matched one-to-one), with per-image values and
 a PNG grid per row.
@@ -19,7 +19,6 @@ The cache is removed once the output directory is complete.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import datetime as _dt
 import hashlib
@@ -27,119 +26,22 @@ import json
 import logging
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gi.analysis.report import save_grid, write_csv, write_json, write_markdown_table, write_yaml
+from gi.analysis.report import save_grid, write_yaml
 from gi.attack.recon.config import ReconConfig
 from gi.attack.stages import LABEL_MODES, used_labels
-from gi.core.config import DOTTED_KEYS, from_dict, set_dotted, to_dict
-from gi.core.errors import ConfigError, GIError
-from gi.experiments.outdir import cells_dir, load_cell, restore_cell_file, save_cell, staged_output
-from gi.experiments.run import MetricConfig, RunConfig, build_victim, capture_client, make_aux
-from gi.world.setup import deprecated, upgrade_key
+from gi.core.config import to_dict
+from gi.core.errors import GIError
+from gi.experiments.ablate_output import write_ablation
+from gi.experiments.config.ablate import AblateConfig, setting_config
+from gi.experiments.outdir import cells_dir, file_slug, load_cell, restore_cell_file, save_cell, staged_output
+from gi.experiments.run import build_victim, capture_client, make_aux
 
 log = logging.getLogger("gi.experiments.ablate")
 METRIC_KEYS = ("psnr", "ssim", "lpips", "L_r")
-
-
-@dataclass
-class AblateConfig(RunConfig):
-    """One ablation table: a ``gi run`` config (:class:`~gi.experiments.run.RunConfig`: its victim setup,
-    ``labels``, ``attack``, ``metrics``) plus the table. ``trials``: captures per setting (each one client batch of
-    ``protocol.batch_size``). ``settings``: {name: {dotted.key: value}} overrides of this config per setting
-    (default: one setting named ``base``); ``variants``: {name: {attack key: value}} (default: one variant
-    ``base``); ``modes``: label modes (each row's ``attack.labels`` follows from its mode, so the config gives
-    none); ``paper``: reference numbers {"setting/variant/mode" (any part may be ``*``; "setting/mode" too):
-    {psnr, ssim, lpips, L_r}};
-    ``only``: run just these settings; ``mode_attack``: {mode: {attack key: value}} per label mode (e.g. a smaller
-    ``label_lr`` when joint labels start from recovered ones)."""
-
-    name: str = "ablate"
-    metrics: MetricConfig = field(default_factory=lambda: MetricConfig(lpips_vgg=False))
-    trials: int = 4
-    modes: list[str] = field(default_factory=lambda: list(LABEL_MODES))
-    settings: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={DOTTED_KEYS: 1})
-    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
-    paper: dict[str, dict[str, float]] = field(default_factory=dict)
-    only: list[str] | None = None
-    mode_attack: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    @classmethod
-    def from_mapping(cls, data: dict[str, Any] | None, where: str = "") -> Any:
-        if isinstance(data, dict) and isinstance(data.get("attack"), dict) and "labels" in data["attack"]:
-            raise ConfigError(f"attack.labels={data['attack']['labels']!r}: gi ablate derives it from each row's "
-                              f"label mode (modes); leave it out")
-        if isinstance(data, dict) and isinstance(data.get("settings"), dict):
-            data = {**data, "settings": {name: _upgraded_keys(over, f"settings.{name}")
-                                         for name, over in data["settings"].items()}}
-        return super().from_mapping(data, where)
-
-    def __post_init__(self) -> None:
-        if self.data.images is not None:
-            raise ConfigError("gi ablate draws `trials` random client batches per setting; data.images would be "
-                              "ignored here: leave it out and set trials=N")
-        super().__post_init__()
-        unknown = sorted(set(self.only or []) - set(self.settings))
-        if unknown:
-            raise ConfigError(f"only names unknown setting(s) {unknown}; valid: {sorted(self.settings)}")
-        bad = [m for m in self.modes if m not in LABEL_MODES]
-        if bad or not self.modes:
-            raise ConfigError(f"modes has unknown {bad}; valid: {list(LABEL_MODES)}")
-        if self.trials < 1:
-            raise ConfigError(f"trials must be >= 1, got {self.trials}")
-        valid_attack = {f.name for f in dataclasses.fields(ReconConfig)} - {"labels"}  # labels: the row's mode
-        for name, over in self.variants.items():
-            if not isinstance(over, dict):
-                raise ConfigError(f"variants.{name} must map attack keys to values")
-            unknown = sorted(set(over) - valid_attack)
-            if unknown:
-                raise ConfigError(f"variants.{name} has unknown attack key(s) {unknown}; valid: {sorted(valid_attack)}")
-            from_dict(ReconConfig, {**to_dict(self.attack), **over}, f"variants.{name}")  # types and ranges
-        for name, over in self.mode_attack.items():
-            unknown = sorted(set(over) - valid_attack) if isinstance(over, dict) else ["<not a mapping>"]
-            if name not in LABEL_MODES or unknown:
-                raise ConfigError(f"mode_attack.{name}: modes {list(LABEL_MODES)}, attack keys {sorted(valid_attack)}")
-            from_dict(ReconConfig, {**to_dict(self.attack), **over}, f"mode_attack.{name}")
-        for name, over in self.settings.items():
-            if not isinstance(over, dict):
-                raise ConfigError(f"settings.{name} must map dotted keys to values, e.g. {{protocol.label_aug: mixup}}")
-            setting_config(self, name)  # validates the overrides now, not halfway through a table
-
-    def written(self) -> dict[str, Any]:
-        """As :meth:`RunConfig.written`, without ``attack.labels``: each row derives it from its mode."""
-        data = super().written()
-        data["attack"].pop("labels")
-        return data
-
-
-def _upgraded_keys(over: Any, where: str) -> Any:
-    """A setting's dotted keys in their new spelling (``model.train_epochs`` → ``train.epochs``)."""
-    if not isinstance(over, dict):
-        return over
-    out = {}
-    for key, value in over.items():
-        new = upgrade_key(key, AblateConfig.LEGACY)
-        if new != key:
-            deprecated(where, key, new)
-        if new in out and out[new] != value:
-            raise ConfigError(f"{where}: {key} and {new} are both given; keep {new} only")
-        out[new] = value
-    return out
-
-
-def setting_config(cfg: AblateConfig, name: str) -> AblateConfig:
-    """The base config with setting ``name``'s dotted overrides applied (settings/variants/paper dropped)."""
-    base = cfg.written()
-    for key in ("settings", "variants", "paper", "only", "mode_attack"):
-        base.pop(key)
-    try:
-        for key, value in cfg.settings.get(name, {}).items():
-            set_dotted(base, key.split("."), copy.deepcopy(value), AblateConfig, key)
-        return AblateConfig.from_mapping(base)
-    except ConfigError as exc:
-        raise ConfigError(f"settings.{name}: {exc}") from None
 
 
 def _paper_value(cfg: AblateConfig, setting: str, variant: str, mode: str) -> dict[str, float]:
@@ -223,7 +125,7 @@ def run_setting(cfg: AblateConfig, setting: str, out: Path, cache: Path | None =
             attack = dataclasses.replace(scfg.attack, **{**cfg.mode_attack.get(mode, {}), **over}, labels=kind,
                                          progress=False)
             key = _cell_key(scfg, setting, variant, mode, attack)
-            grid = out / f"grid-{_slug(setting)}-{_slug(variant)}-{_slug(mode)}.png"
+            grid = out / f"grid-{file_slug(setting)}-{file_slug(variant)}-{file_slug(mode)}.png"
             cached = _load_cell(cache, key)
             if cached is not None:
                 restore_cell_file(cache, key, "png", grid)
@@ -266,32 +168,6 @@ def run_setting(cfg: AblateConfig, setting: str, out: Path, cache: Path | None =
     return rows
 
 
-def _slug(text: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in text)
-
-
-def save_ablation_plot(path: Path, rows: list[dict[str, Any]], key: str = "psnr") -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = [f"{r['setting']}\n" + (f"{r['variant']}/" if r["variant"] != "base" else "") + r["mode"] for r in rows]
-    fig, ax = plt.subplots(figsize=(max(5, 0.55 * len(rows)), 3.6), dpi=120)
-    ax.bar(range(len(rows)), [r[key] for r in rows], color="tab:blue", label="ours")
-    paper = [r.get(f"paper_{key}") for r in rows]
-    if any(p is not None for p in paper):
-        ax.scatter(range(len(rows)), [p if p is not None else float("nan") for p in paper], color="tab:red",
-                   marker="_", s=200, label="paper", zorder=3)
-        ax.legend(fontsize=7)
-    ax.set_xticks(range(len(rows)), labels, rotation=90, fontsize=6)
-    ax.set_ylabel(key.upper() + (" [dB]" if key == "psnr" else ""))
-    ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
 def run_ablation(cfg: AblateConfig) -> Path:
     """Run every setting × variant × mode and write the table (Markdown/CSV/JSON), per-image CSV, grids, plot."""
     import torch
@@ -312,12 +188,6 @@ def run_ablation(cfg: AblateConfig) -> Path:
             ref = _paper_value(cfg, row.setting, row.variant, row.mode)
             s.update({f"paper_{k}": ref.get(k) for k in METRIC_KEYS if k in ref})
             table.append(s)
-        write_csv(tmp / "table.csv", table)
-        write_csv(tmp / "results.csv", [r for row in rows for r in row.per_image])
-        md = write_markdown_table(tmp / "table.md", table, title=f"gi ablate: {cfg.name}")
-        write_json(tmp / "metrics.json", {"name": cfg.name, "table": table, "seconds": time.perf_counter() - t0,
-                                          "torch": torch.__version__})
-        save_ablation_plot(tmp / "psnr.png", table)
-        print(md)
+        print(write_ablation(tmp, cfg.name, table, [r for row in rows for r in row.per_image], t0))
     shutil.rmtree(cache, ignore_errors=True)
     return out

@@ -37,180 +37,25 @@ import logging
 import math
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gi.analysis.report import save_grid, save_tradeoff_plot, write_csv, write_json, write_markdown_table, write_yaml
-from gi.attack.recon.config import ReconConfig
+from gi.analysis.report import save_grid, write_yaml
 from gi.attack.stages import (
-    LABELS_DOC,
-    RENAMED_LABEL_KEYS,
     LabelConfig,
     attack_stages,
-    check_table,
     derived_attack,
     variant_call,
 )
-from gi.core.config import refuse_renamed, require, to_dict
-from gi.core.errors import ConfigError, GIError
-from gi.experiments.attack import with_preset
-from gi.experiments.outdir import cells_dir, check_run_name, load_cell, restore_cell_file, save_cell, staged_output
-from gi.experiments.run import MetricConfig
+from gi.core.config import to_dict
+from gi.core.errors import GIError
+from gi.experiments.config.defend import BASELINE, DefendConfig, cell_protocol, defence_sweep
+from gi.experiments.defend_output import write_defend
+from gi.experiments.outdir import cells_dir, file_slug, load_cell, restore_cell_file, save_cell, staged_output
 from gi.world.fl.protocol import Protocol
-from gi.world.setup import AuxConfig, DataConfig, ModelConfig, VictimSetup, section
 
 log = logging.getLogger("gi.experiments.defend")
-BASELINE = "none"
-
-
-@dataclass
-class FederationConfig:
-    """The federation every cell trains: ``num_clients`` Dirichlet(``alpha``) clients over ``samples`` images of
-    ``data.split`` (a seeded draw; null: all), each at least ``min_size`` (default the batch size); utility after
-    ``rounds`` rounds on ``eval_samples`` images of ``aux.split``; captures of round ``capture_round`` from
-    ``capture_clients`` (default all)."""
-
-    num_clients: int = 10
-    samples: int | None = 1000
-    alpha: float = 0.5
-    min_size: int | None = None
-    rounds: int = 10
-    capture_round: int = 2
-    capture_clients: list[int] | None = None
-    eval_samples: int = 1000
-
-    def __post_init__(self) -> None:
-        require(self.num_clients >= 1, "federation.num_clients", self.num_clients, ">= 1")
-        require(self.samples is None or self.samples >= self.num_clients, "federation.samples", self.samples,
-                ">= num_clients or null")
-        require(self.alpha > 0, "federation.alpha", self.alpha, "> 0")
-        require(self.rounds >= 1, "federation.rounds", self.rounds, ">= 1")
-        require(1 <= self.capture_round <= self.rounds, "federation.capture_round", self.capture_round,
-                f"in [1, rounds={self.rounds}]")
-        require(self.eval_samples >= 1, "federation.eval_samples", self.eval_samples, ">= 1")
-        bad = [c for c in self.capture_clients or [] if not 0 <= c < self.num_clients]
-        require(not bad, "federation.capture_clients", self.capture_clients, f"client ids in [0, {self.num_clients})")
-
-
-@dataclass
-class ImageConfig:
-    """Image leakage: ``count`` images reconstructed, shared as FedSGD gradients of ``batch_size`` images each;
-    ``oracle``: also reconstruct them with the true labels (columns ``psnr_mean:oracle`` ...). ``count: 0``: no
-    image leakage (labels and utility only, e.g. a second seed of the label columns)."""
-
-    count: int = 4
-    batch_size: int = 1
-    oracle: bool = False
-
-    def __post_init__(self) -> None:
-        require(self.batch_size >= 1, "images.batch_size", self.batch_size, ">= 1")
-        require(self.count >= 0 and self.count % self.batch_size == 0, "images.count", self.count,
-                f"0 (no image leakage) or a positive multiple of images.batch_size={self.batch_size}")
-
-
-@dataclass
-class DefendLabels(LabelConfig):
-    """``gi defend``'s ``labels`` section: the reconstruction's label stage (:class:`LabelConfig`: ``mode``,
-    ``method``, ``options``) and the label-leakage attacks, spelled as in ``gi labels`` (docs/usage.md, "The labels
-    section"): ``methods``: {method or variant name: ``update`` or ``gradient``, what it reads}; ``variants``: {name:
-    {method, options}} (a variant named after a method sets that method's options)."""
-
-    methods: dict[str, str] = field(default_factory=lambda: {"rlu": "update", "posterior": "gradient"})
-    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not self.methods:
-            raise ConfigError("labels.methods is empty; give {method: update or gradient}, e.g. {rlu: update}")
-        check_table(list(self.methods), self.variants)
-        bad = {m: v for m, v in self.methods.items() if v not in ("update", "gradient")}
-        if bad:
-            raise ConfigError(f"labels.methods {bad}: say what each method reads, 'update' or 'gradient'")
-
-
-@dataclass
-class DefendConfig(VictimSetup):
-    """``gi defend``: the victim setup (``data``, ``model``, ``aux``, ``protocol``: the clients' protocol without the
-    swept defence; its own ``defences`` apply in every cell), the ``federation``, the attacks (``labels``:
-    :class:`DefendLabels`, the label-leakage methods and the reconstruction's label mode; ``label_batch``: samples
-    per FedSGD label capture, default ``protocol.batch_size``; ``images`` and ``attack`` for the reconstruction)
-    and ``defences``: a list of ``{name, strengths: [...], params: {...}, label}`` (``label`` names the curve;
-    default ``name``). ``only``: run just these labels; ``workers``: cells computed at once, each in its own
-    process (the same numbers as one at a time: every cell reseeds). The baseline (no extra defence) is always the
-    first row. ``attack.preset`` (default ``auto``, :mod:`gi.attack.recon.presets`) fills the attack keys the
-    config leaves out, as in ``gi run``."""
-
-    name: str = "defend"
-    seed: int = 0
-    out: str | None = None
-    overwrite: bool = False
-    data: DataConfig = section(DataConfig, name="fashion-mnist", split="train")
-    model: ModelConfig = section(ModelConfig, name="lenet5")
-    aux: AuxConfig = section(AuxConfig, per_class=20, split="test")
-    protocol: Protocol = section(Protocol, scheme="fedavg", batch_size=32, lr=0.05)
-    federation: FederationConfig = field(default_factory=FederationConfig)
-    label_batch: int | None = None
-    images: ImageConfig = field(default_factory=ImageConfig)
-    labels: DefendLabels = field(default_factory=lambda: DefendLabels(mode="truth"))
-    attack: ReconConfig = field(default_factory=ReconConfig)
-    metrics: MetricConfig = field(default_factory=lambda: MetricConfig(lpips_vgg=False))
-    defences: list[dict[str, Any]] = field(default_factory=list)
-    only: list[str] | None = None
-    workers: int = 1
-
-    @classmethod
-    def from_mapping(cls, data: dict[str, Any] | None, where: str = "") -> Any:
-        refuse_renamed(data, {k: RENAMED_LABEL_KEYS[k] for k in ("label_methods", "method_options")}, LABELS_DOC)
-        return super().from_mapping(with_preset(data), where)
-
-    def __post_init__(self) -> None:
-        check_run_name(self.name)
-        if not self.protocol.is_update:
-            raise ConfigError(f"protocol.scheme={self.protocol.scheme!r}: gi defend trains a federation; use an "
-                              "update scheme (fedavg, fedprox, ...); image leakage is measured on FedSGD gradients")
-        if self.train.epochs > 0:
-            raise ConfigError("train: gi defend's federation starts from the initial model; leave train out")
-        self.attack = derived_attack(self.labels, self.attack)  # attack.labels from labels.mode, as in gi run
-        require(self.workers >= 1, "workers", self.workers, ">= 1 (processes computing cells at once)")
-        require(self.label_batch is None or self.label_batch >= 1, "label_batch", self.label_batch, ">= 1 or null")
-        seen = set()
-        for i, entry in enumerate(self.defences):
-            sweep = _sweep(entry, f"defences[{i}]")
-            if sweep["label"] in seen or sweep["label"] == BASELINE:
-                raise ConfigError(f"defences[{i}]: label {sweep['label']!r} is used twice (or is {BASELINE!r}); give "
-                                  "each entry its own label")
-            seen.add(sweep["label"])
-            for s in sweep["strengths"]:  # every cell's protocol is valid before any work
-                cell_protocol(self.protocol, sweep, s)
-        unknown = sorted(set(self.only or []) - seen - {BASELINE})
-        if unknown:
-            raise ConfigError(f"only names unknown defence label(s) {unknown}; valid: {sorted(seen | {BASELINE})}")
-
-
-def _sweep(entry: Any, where: str) -> dict[str, Any]:
-    """A ``defences`` entry checked: ``{name, strengths, params, label}``."""
-    if not isinstance(entry, dict):
-        raise ConfigError(f"{where}={entry!r}: expected a mapping {{name, strengths, params, label}}")
-    unknown = sorted(set(entry) - {"name", "strengths", "params", "label"})
-    if unknown:
-        raise ConfigError(f"{where} has unknown key(s) {unknown}; valid: ['label', 'name', 'params', 'strengths']")
-    strengths = entry.get("strengths")
-    if not isinstance(strengths, list) or not strengths:
-        raise ConfigError(f"{where}.strengths={strengths!r}: expected a non-empty list of numbers")
-    return {"name": entry.get("name"), "strengths": strengths, "params": entry.get("params") or {},
-            "label": str(entry.get("label") or entry.get("name"))}
-
-
-def cell_protocol(base: Protocol, sweep: dict[str, Any] | None, strength: float | None) -> Protocol:
-    """The clients' protocol of one cell: ``base`` with the swept defence appended (none for the baseline)."""
-    if sweep is None:
-        return base
-    extra = {"name": sweep["name"], "strength": strength, "params": sweep["params"]}
-    try:
-        return dataclasses.replace(base, defences=[*base.defences, extra])
-    except ConfigError as exc:
-        raise ConfigError(f"defences {sweep['label']!r} at strength {strength!r}: {exc}") from None
 
 
 # ----------------------------------------------------------------------------- the shared setup
@@ -228,9 +73,9 @@ class Setup:
 def build_setup(cfg: DefendConfig) -> Setup:
     import torch
 
+    from gi.world.build import build_model, draw_aux, load_data
     from gi.world.data import ImageDataset
     from gi.world.fl.partition import dirichlet_partition
-    from gi.world.setup import build_model, draw_aux, load_data
 
     fed = cfg.federation
     data = load_data(cfg.data)
@@ -390,7 +235,7 @@ def cells(cfg: DefendConfig) -> list[tuple[str, float | None, Protocol]]:
     """``(label, strength, protocol)`` of every cell: the baseline first, then each defence at each strength."""
     out: list[tuple[str, float | None, Protocol]] = [(BASELINE, None, cfg.protocol)]
     for i, entry in enumerate(cfg.defences):
-        sweep = _sweep(entry, f"defences[{i}]")
+        sweep = defence_sweep(entry, f"defences[{i}]")
         out += [(sweep["label"], s, cell_protocol(cfg.protocol, sweep, s)) for s in sweep["strengths"]]
     return [c for c in out if cfg.only is None or c[0] in cfg.only]
 
@@ -401,36 +246,6 @@ def _cell_key(cfg: DefendConfig, protocol: Protocol) -> str:
             if k not in ("out", "overwrite", "defences", "only", "protocol", "workers")}
     text = json.dumps([keep, to_dict(protocol)], sort_keys=True, default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
-
-
-def _slug(text: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in text)
-
-
-def _plots(out: Path, cfg: DefendConfig, table: list[dict[str, Any]]) -> list[str]:
-    """Privacy–utility plots: one per leakage metric, accuracy against leakage, one curve per defence."""
-    metrics = [f"label_acc:{m}" for m in cfg.labels.methods]
-    if cfg.images.count:
-        metrics += ["psnr_mean"] + (["psnr_mean:oracle"] if cfg.images.oracle else [])
-    base = next((r for r in table if r["defence"] == BASELINE), None)
-    names = []
-    for metric in metrics:
-        curves: dict[str, tuple[list[float], list[float], list[str]]] = {}
-        for r in table:
-            if r["defence"] == BASELINE:
-                continue
-            xs, ys, texts = curves.setdefault(r["defence"], ([], [], []))
-            xs.append(r[metric])
-            ys.append(r["accuracy"])
-            texts.append(f"{r['strength']:g}")
-        name = f"tradeoff-{_slug(metric.replace(':', '-'))}.png"
-        xlabel = f"image leakage: PSNR [dB]{' (true labels)' if metric.endswith('oracle') else ''}" \
-            if metric.startswith("psnr_mean") else f"label leakage: {metric}"
-        save_tradeoff_plot(out / name, curves, xlabel, f"test accuracy after {cfg.federation.rounds} rounds",
-                           title=f"gi defend {cfg.name}: {metric}",
-                           reference=None if base is None else (base[metric], base["accuracy"]))
-        names.append(name)
-    return names
 
 
 _WORKER_SETUP: dict[str, Setup] = {}
@@ -486,8 +301,6 @@ def _compute_cells(cfg: DefendConfig, todo: list[tuple[str, float | None, Protoc
 def run_defend(cfg: DefendConfig) -> Path:
     """Every cell (resuming finished ones; ``workers`` at a time), then the table, per-image and per-client CSVs,
     grids and plots."""
-    import torch
-
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(cfg.out or f"runs/defend-{cfg.name}-{stamp}")
     cache = cells_dir(out)
@@ -495,7 +308,7 @@ def run_defend(cfg: DefendConfig) -> Path:
         t0 = time.perf_counter()
         write_yaml(tmp / "config.yaml", to_dict(cfg))
         grid_cells = [(label, strength, protocol, _cell_key(cfg, protocol),
-                       tmp / f"grid-{_slug(label)}-{strength if strength is not None else 0:g}.png")
+                       tmp / f"grid-{file_slug(label)}-{strength if strength is not None else 0:g}.png")
                       for label, strength, protocol in cells(cfg)]
         todo = []
         for label, strength, protocol, key, grid in grid_cells:
@@ -506,14 +319,6 @@ def run_defend(cfg: DefendConfig) -> Path:
                 todo.append((label, strength, protocol, key, grid))
         _compute_cells(cfg, todo, cache)
         records = [load_cell(cache, key) for _, _, _, key, _ in grid_cells]
-        table = [r["summary"] for r in records]
-        write_csv(tmp / "table.csv", table)
-        write_csv(tmp / "results.csv", [row for r in records for row in r["per_image"]])
-        write_csv(tmp / "clients.csv", [row for r in records for row in r["per_client"]])
-        md = write_markdown_table(tmp / "table.md", table, title=f"gi defend: {cfg.name}")
-        plots = _plots(tmp, cfg, table)
-        write_json(tmp / "metrics.json", {"name": cfg.name, "table": table, "plots": plots,
-                                          "seconds": time.perf_counter() - t0, "torch": torch.__version__})
-        print(md)
+        print(write_defend(tmp, cfg, records, t0))
     shutil.rmtree(cache, ignore_errors=True)
     return out

@@ -24,111 +24,18 @@ from __future__ import annotations
 
 import copy
 import datetime as _dt
-import itertools
 import logging
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gi.analysis.report import save_bar_plot, save_line_plot, write_csv, write_json, write_markdown_table, write_yaml
-from gi.attack.stages import LABELS_DOC, RENAMED_LABEL_KEYS, LabelTable
-from gi.core.config import from_dict, refuse_renamed, set_dotted, to_dict
 from gi.core.errors import ConfigError
-from gi.experiments.outdir import check_run_name, staged_output
-from gi.world.setup import deprecated, upgrade
+from gi.experiments.config.labels import LabelBenchConfig, grid_points
+from gi.experiments.labels_output import write_label_bench
+from gi.experiments.outdir import staged_output
 
 log = logging.getLogger("gi.labels")
-
-
-@dataclass
-class LabelBenchConfig:
-    """A label-recovery benchmark. ``grid`` maps dotted setup keys to lists of values; ``paper`` maps a grid
-    point label (or ``"*"``) to ``{method: value}`` of the paper's reported ``metrics[0]``."""
-
-    name: str = "labels"
-    scenario: str = ""
-    trials: int = 20
-    seed: int = 0
-    out: str | None = None
-    overwrite: bool = False
-    setup: dict[str, Any] = field(default_factory=dict)
-    grid: dict[str, list[Any]] = field(default_factory=dict)
-    labels: LabelTable = field(default_factory=LabelTable)
-    metrics: list[str] = field(default_factory=lambda: ["ins_acc", "cls_acc"])
-    paper: dict[str, dict[str, float]] = field(default_factory=dict)
-    proportion_class: int | None = None
-    pool: list[str] = field(default_factory=list)
-    progress: bool = True
-
-    @classmethod
-    def from_mapping(cls, data: dict[str, Any] | None) -> LabelBenchConfig:
-        """The loading step of :func:`gi.core.config.load`: the old top-level label keys refused, then typed."""
-        refuse_renamed(data, RENAMED_LABEL_KEYS, LABELS_DOC)
-        return from_dict(cls, data)
-
-    def __post_init__(self) -> None:
-        from gi.core.names import LABEL_METRICS, POOLED_METRICS
-        from gi.world.scenarios import get_scenario
-
-        check_run_name(self.name)
-        scenario = get_scenario(self.scenario)
-        stray = [k for k in self.pool if k not in self.grid]
-        if stray:
-            raise ConfigError(f"pool={self.pool}: {stray} not grid keys; pool names keys of `grid` ({list(self.grid)})")
-        if self.proportion_class is not None and self.proportion_class < 0:
-            raise ConfigError(f"proportion_class={self.proportion_class} must be a class index >= 0 or null")
-        if self.trials < 1:
-            raise ConfigError("trials must be >= 1")
-        valid = [*LABEL_METRICS, *POOLED_METRICS]
-        bad = [m for m in self.metrics if m not in valid]
-        if bad or not self.metrics:
-            raise ConfigError(f"metrics={self.metrics}: unknown {bad}; valid: {valid}")
-        for point, setup in grid_points(self):  # every grid point's setup is typed and checked now, not mid-run
-            try:
-                scenario.resolve(setup)
-            except ConfigError as exc:
-                raise ConfigError(f"grid point {point!r}: {exc}" if self.grid else str(exc)) from None
-
-
-def grid_points(cfg: LabelBenchConfig, pooled: bool = False) -> list[tuple[str, dict[str, Any]]]:
-    """``[(label, setup)]``, one per combination of grid values (the label reads ``key=value, …`` of the grid keys
-    as written; old spellings of setup keys are set under their new ones). ``pooled``: labels leave out the keys
-    of ``cfg.pool`` (the summary row a point belongs to; ``"all"`` when every key is pooled)."""
-    from gi.world.scenarios import get_scenario
-
-    scenario = get_scenario(cfg.scenario)
-    base = copy.deepcopy(cfg.setup)
-    if scenario.setup is not None:
-        upgrade(base, scenario.setup.LEGACY, "setup")
-    if not cfg.grid:
-        return [("all", base)]
-    keys = list(cfg.grid)
-    points = []
-    for values in itertools.product(*(cfg.grid[k] for k in keys)):
-        setup = copy.deepcopy(base)
-        for k, v in zip(keys, values):
-            if scenario.key(k) != k:
-                deprecated("grid", k, scenario.key(k))
-            set_dotted(setup, scenario.key(k).split("."), copy.deepcopy(v), scenario.setup, f"grid key {k!r}")
-        points.append((point_label({k: v for k, v in zip(keys, values) if not (pooled and k in cfg.pool)}), setup))
-    return points
-
-
-def point_label(values: dict[str, Any]) -> str:
-    """The row label of a grid point: ``key=value, …`` (the last part of each dotted key), ``"all"`` for none."""
-    return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in values.items()) or "all"
-
-
-def line_axis(cfg: LabelBenchConfig) -> str | None:
-    """The grid key that ``plot.png`` puts on its x axis: the last unpooled key with >= 3 values, all numbers
-    (rounds, aux sizes, widths); None when there is none (then the plot is a bar chart of the rows)."""
-    for key in reversed([k for k in cfg.grid if k not in cfg.pool]):
-        vals = cfg.grid[key]
-        if len(vals) >= 3 and all(isinstance(v, int | float) and not isinstance(v, bool) for v in vals):
-            return key
-    return None
 
 
 def _paper_value(cfg: LabelBenchConfig, point: str, method: str) -> float | None:
@@ -188,18 +95,7 @@ def run_label_bench(cfg: LabelBenchConfig) -> Path:
                         rows.append(row)
             log.info("%s: %d captures, %d methods", point, len(trials), len(cfg.labels.methods))
         bar.close()
-        summary = summarize_rows(cfg, rows)
-        write_yaml(tmp / "config.yaml", to_dict(cfg))
-        write_csv(tmp / "trials.csv", rows)
-        write_csv(tmp / "summary.csv", summary)
-        text = write_markdown_table(tmp / "summary.md", summary, title=f"{cfg.name} ({cfg.trials} trials per point)")
-        write_json(tmp / "summary.json", {"name": cfg.name, "trials": cfg.trials, "rows": summary,
-                                          "seconds": time.perf_counter() - t0, "torch": torch.__version__})
-        rows_in_order = list(dict.fromkeys(summary_labels))
-        _plot(tmp / "plot.png", cfg, summary, rows_in_order)
-        if cfg.proportion_class is not None:
-            _proportion_plot(tmp / "proportions.png", cfg, rows, rows_in_order)
-        print(text)
+        print(write_label_bench(tmp, cfg, rows, summarize_rows(cfg, rows), list(dict.fromkeys(summary_labels)), t0))
     return out
 
 
@@ -232,31 +128,6 @@ def summarize_rows(cfg: LabelBenchConfig, rows: list[dict[str, Any]]) -> list[di
     return out
 
 
-def _plot(path: Path, cfg: LabelBenchConfig, summary: list[dict[str, Any]], points: list[str]) -> None:
-    """``metrics[0]`` per row: a line per method (and per value of the other unpooled grid keys) against the
-    :func:`line_axis` key when the grid has one, else bars per row and method."""
-    metric = cfg.metrics[0]
-
-    def value(point: str, method: str) -> float:
-        return next((float("nan") if r[metric] is None else r[metric] for r in summary
-                     if r["point"] == point and r["method"] == method), float("nan"))
-
-    axis = line_axis(cfg)
-    if axis is None:
-        bars = {m: [value(p, m) for p in points] for m in cfg.labels.methods}
-        save_bar_plot(path, points, bars, metric, title=cfg.name)
-        return
-    keys = [k for k in cfg.grid if k not in cfg.pool]
-    others = [k for k in keys if k != axis]
-    series = {}
-    for combo in itertools.product(*(cfg.grid[k] for k in others)):
-        fixed = dict(zip(others, combo))
-        for method in cfg.labels.methods:
-            name = " ".join([method, *(f"{k.split('.')[-1]}={v}" for k, v in fixed.items())])
-            series[name] = [value(point_label({k: fixed.get(k, x) for k in keys}), method) for x in cfg.grid[axis]]
-    save_line_plot(path, cfg.grid[axis], series, axis.split(".")[-1], metric, title=cfg.name)
-
-
 def class_proportions(result: Any, truth: Any, cls: int) -> dict[str, float]:
     """``p_true`` / ``p_hat``: the true and estimated proportion of class ``cls`` (uniform for a failed result)."""
     true = truth.counts.double()
@@ -267,29 +138,3 @@ def class_proportions(result: Any, truth: Any, cls: int) -> dict[str, float]:
     return {"p_true": float(true[cls] / true.sum()), "p_hat": p_hat}
 
 
-def _proportion_plot(path: Path, cfg: LabelBenchConfig, rows: list[dict[str, Any]],
-                     points: list[str]) -> None:
-    """Ramakrishna & Dán Figs. 5–6: estimated against true proportion of ``cfg.proportion_class``, one panel per
-    grid point, one marker series per method, the diagonal for reference."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(points), figsize=(4.2 * len(points), 4.0), squeeze=False)
-    for ax, point in zip(axes[0], points):
-        top = 0.0
-        for method in cfg.labels.methods:
-            rs = [r for r in rows if r["point"] == point and r["method"] == method]
-            xs, ys = [r["p_true"] for r in rs], [r["p_hat"] for r in rs]
-            top = max([top, *xs, *ys])
-            ax.scatter(xs, ys, s=14, label=method, alpha=0.8)
-        ax.plot([0, top], [0, top], color="grey", lw=0.8, ls="--")
-        ax.set_title(point, fontsize=9)
-        ax.set_xlabel(f"true proportion of class {cfg.proportion_class}")
-        ax.set_ylabel("estimate")
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle(cfg.name)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

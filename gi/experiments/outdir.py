@@ -182,6 +182,12 @@ def check_run_name(name: str) -> None:
                           "folder under runs/; use out= to write elsewhere")
 
 
+def file_slug(text: str) -> str:
+    """``text`` as part of a file name: every character but letters, digits, ``-``, ``_`` and ``.`` becomes ``-``
+    (the grid and plot files of gi ablate and gi defend)."""
+    return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in text)
+
+
 def _check_parent(final: Path) -> None:
     ancestor = final.parent
     while not ancestor.exists():

@@ -44,93 +44,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gi.analysis.report import write_json, write_yaml
-from gi.core.config import from_dict, load, require, to_dict
+from gi.core.config import from_dict, load
 from gi.core.errors import ConfigError
 from gi.core.registry import registrar
 from gi.experiments.bench import git_commit
-from gi.experiments.outdir import check_run_name, staged_output
+from gi.experiments.config.ttq import TTQConfig
+from gi.experiments.outdir import staged_output
+from gi.experiments.ttq_output import write_ttq
 
 BREACHING_INSTALL = ("pip download --no-deps breaching==0.1.2 -d /tmp/w && pip install --no-deps --target /tmp/br "
                      "/tmp/w/breaching*.whl && pip install --target /tmp/br hydra-core, then PYTHONPATH=$PWD:/tmp/br")
-
-
-# --------------------------------------------------------------------------- config
-@dataclass
-class BreachingOptions:
-    """breaching's ``invertinggradients`` attack config with these changes: ``tv`` (total-variation scale; 5e-4 is
-    its CIFAR notebook's value, 0.2 its config default), ``max_iterations`` (its step-lr schedule decays at 3/8,
-    5/8, 7/8 of it; 24000 is its default), ``seed`` (its randn start)."""
-
-    tv: float = 5.0e-4
-    max_iterations: int = 24000
-    seed: int = 0
-    schedules: list[int] | None = None  # several max_iterations, one curve each (null: max_iterations alone)
-
-    def __post_init__(self) -> None:
-        require(self.tv >= 0, "breaching.tv", self.tv, ">= 0")
-        require(self.max_iterations >= 1, "breaching.max_iterations", self.max_iterations, ">= 1")
-        require(self.schedules is None or (bool(self.schedules) and all(n >= 1 for n in self.schedules)
-                                           and len(set(self.schedules)) == len(self.schedules)),
-                "breaching.schedules", self.schedules, "distinct max_iterations >= 1 (null: max_iterations)")
-
-    def iteration_counts(self) -> list[int]:
-        """The max_iterations breaching runs with: ``schedules``, else ``max_iterations``."""
-        return list(self.schedules) if self.schedules else [self.max_iterations]
-
-
-@dataclass
-class TTQConfig:
-    """``kind: time-to-quality``. ``job``: the ``gi run`` config whose victim (data, model, protocol, aux) and
-    attack (labels, attack) are measured, with ``job_overrides`` (``key=value``); ``select``: which of the job's
-    captures to attack (indices; null: all); ``contenders``: names of :data:`CONTENDERS`, run in this order on even
-    captures and reversed on odd ones; ``budget``: seconds of ``clock`` per contender and capture (a contender also
-    stops when its own iterations end); ``every``: iterations between scored checkpoints; ``levels``: PSNR levels
-    [dB] whose times are reported; ``equal_time``: seconds at which both PSNRs are compared (null: ``budget``)."""
-
-    kind: str = "time-to-quality"
-    name: str = "ttq"
-    job: str = "configs/default.yaml"
-    job_overrides: list[str] = field(default_factory=list)
-    select: list[int] | None = None
-    contenders: list[str] = field(default_factory=lambda: ["gi", "breaching"])
-    budget: float = 120.0
-    every: int = 50
-    levels: list[float] = field(default_factory=lambda: [25.0, 30.0])
-    equal_time: float | None = None
-    clock: str = "cpu"
-    threads: int = 1
-    breaching: BreachingOptions = field(default_factory=BreachingOptions)
-    out: str | None = None
-    overwrite: bool = False
-
-    @classmethod
-    def from_mapping(cls, data: dict[str, Any] | None) -> TTQConfig:
-        """The loading step of :func:`gi.core.config.load` (``gi bench``): the config, and its ``job`` loaded with
-        ``job_overrides`` now (no torch), so that a bad job key or value is refused before any work."""
-        from gi.experiments.run import RunConfig
-
-        cfg = from_dict(cls, data)
-        try:
-            load(RunConfig, cfg.job, cfg.job_overrides)
-        except ConfigError as exc:
-            raise ConfigError(f"job={cfg.job!r} with job_overrides={cfg.job_overrides}: {exc}") from None
-        return cfg
-
-    def __post_init__(self) -> None:
-        check_run_name(self.name)
-        require(self.kind == "time-to-quality", "kind", self.kind, "time-to-quality")
-        require(self.select is None or (bool(self.select) and all(i >= 0 for i in self.select)), "select",
-                self.select, "a non-empty list of capture indices >= 0 (null: all)")
-        require(self.budget > 0, "budget", self.budget, "> 0 seconds")
-        require(self.every >= 1, "every", self.every, ">= 1")
-        require(self.threads >= 1, "threads", self.threads, ">= 1")
-        require(self.clock in CLOCKS, "clock", self.clock, f"one of {sorted(CLOCKS)}")
-        require(bool(self.levels) and all(v > 0 for v in self.levels), "levels", self.levels, "PSNRs > 0 dB")
-        require(self.equal_time is None or self.equal_time > 0, "equal_time", self.equal_time, "> 0 seconds")
-        bad = [c for c in self.contenders if c not in CONTENDERS]
-        if bad or not self.contenders or len(set(self.contenders)) != len(self.contenders):
-            raise ConfigError(f"contenders={self.contenders!r}: each once, from {sorted(CONTENDERS)}")
 
 
 # --------------------------------------------------------------------------- clock and curves
@@ -492,8 +415,8 @@ def build_victim_side(cfg: TTQConfig) -> Victim:
     captures (one per image or batch) and the attacker's aux set."""
     import torch
 
-    from gi.core.config import load
-    from gi.experiments.run import RunConfig, build_victim, capture_all, make_aux
+    from gi.experiments.config.run import RunConfig
+    from gi.experiments.run import build_victim, capture_all, make_aux
 
     job = load(RunConfig, cfg.job, cfg.job_overrides)
     torch.manual_seed(job.seed)
@@ -564,50 +487,6 @@ def summarize_curves(cfg: TTQConfig, curves: list[Curve]) -> dict[str, Any]:
     return out
 
 
-def save_plot(path: Path, cfg: TTQConfig, curves: list[Curve], title: str) -> None:
-    """PSNR against seconds: a thin line per contender (and variant) per capture, the median over captures bold
-    (drawn up to the longest curve; where a shorter curve has ended it holds its last value)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    groups = list(dict.fromkeys((c.contender, c.variant) for c in curves
-                                if c.contender in cfg.contenders))
-    groups.sort(key=lambda g: cfg.contenders.index(g[0]))
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=130)
-    for i, (name, variant) in enumerate(groups):
-        colour = f"C{i}"
-        mine = [c for c in curves if (c.contender, c.variant) == (name, variant)]
-        for c in mine:  # a one-point curve (an answer without iterations: the analytic inversion) is a dot
-            ax.plot(c.seconds(cfg.clock), c.psnr, color=colour, alpha=0.3, lw=0.8,
-                    marker="o" if len(c.psnr) == 1 else None, ms=3)
-        ends = max(c.seconds(cfg.clock)[-1] for c in mine)
-        starts = min(c.seconds(cfg.clock)[0] for c in mine)
-        grid = np.geomspace(max(starts, 1e-2), ends, 200)
-        values = [[psnr_at(c.seconds(cfg.clock), c.psnr, t) for c in mine] for t in grid]
-        med = [statistics.median(v) if all(x is not None for x in v) else np.nan for v in values]
-        label = f"{name} {variant}".strip()
-        if np.isfinite(med).sum() < 2:  # every curve a single answer: its median time and PSNR as one marker
-            ax.plot([statistics.median(c.seconds(cfg.clock)[-1] for c in mine)],
-                    [statistics.median(c.psnr[-1] for c in mine)], color=colour, marker="o", ms=8, ls="",
-                    label=f"{label} (median of {len(mine)})")
-            continue
-        ax.plot(grid, med, color=colour, lw=2.4, label=f"{label} (median of {len(mine)})")
-    for lvl in cfg.levels:
-        ax.axhline(lvl, color="grey", ls=":", lw=0.8)
-    ax.set_xscale("log")
-    ax.set_xlabel(f"attack seconds ({'CPU' if cfg.clock == 'cpu' else 'wall'}, {cfg.threads} thread)")
-    ax.set_ylabel("PSNR [dB]")
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
 def check_contenders(cfg: TTQConfig) -> None:
     for name in cfg.contenders:
         CONTENDERS[name].check(cfg)
@@ -645,10 +524,7 @@ def run_ttq(cfg: TTQConfig) -> Path:
         meta = {"created": stamp, "git": git_commit(), "torch": torch.__version__,
                 "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
                 "load_average_end": list(os.getloadavg()), "threads": torch.get_num_threads()}
-        write_yaml(tmp / "config.yaml", to_dict(cfg))
-        write_json(tmp / "curves.json", [dataclasses.asdict(c) for c in curves])
-        write_json(tmp / "summary.json", {**meta, **summary})
-        save_plot(tmp / "ttq.png", cfg, curves, f"{cfg.name}: {cfg.job} ({len(victim.captures)} captures)")
+        write_ttq(tmp, cfg, curves, {**meta, **summary}, f"{cfg.name}: {cfg.job} ({len(victim.captures)} captures)")
     return out
 
 
@@ -729,12 +605,10 @@ def merge_runs(parts: Sequence[str | Path], out: str | Path, overwrite: bool = F
                                 "budget": max(c["budget"] for c in configs), "breaching": breaching})
     metas = [json.loads((p / "summary.json").read_text()) for p in parts]
     with staged_output(Path(out), overwrite=overwrite) as tmp:
-        write_yaml(tmp / "config.yaml", to_dict(cfg))
-        write_json(tmp / "curves.json", [dataclasses.asdict(c) for c in curves])
         keep = ("created", "git", "torch", "python", "machine", "cpus", "load_average_end", "threads")
-        write_json(tmp / "summary.json", {"parts": [{"path": str(p), **{k: m.get(k) for k in keep}}
-                                                    for p, m in zip(parts, metas)], **summarize_curves(cfg, curves)})
-        save_plot(tmp / "ttq.png", cfg, curves, f"{cfg.name}: {cfg.job} ({len(seen)} captures)")
+        summary = {"parts": [{"path": str(p), **{k: m.get(k) for k in keep}} for p, m in zip(parts, metas)],
+                   **summarize_curves(cfg, curves)}
+        write_ttq(tmp, cfg, curves, summary, f"{cfg.name}: {cfg.job} ({len(seen)} captures)")
     return Path(out)
 
 

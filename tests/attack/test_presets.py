@@ -18,7 +18,8 @@ from gi.attack.recon.presets import (
 )
 from gi.core.config import load
 from gi.core.errors import ConfigError
-from gi.experiments.run import RunConfig, run
+from gi.experiments.config.run import RunConfig
+from gi.experiments.run import run
 
 
 def test_auto_picks_the_preset_registered_for_the_model():
@@ -75,9 +76,9 @@ def test_resnet18_default_job_runs_the_resnet_preset(tmp_path):
 
 def test_every_command_fills_its_attack_from_the_same_default_preset(tmp_path):
     """One default (preset auto) in gi run, gi attack, gi ablate and gi defend: the same attack keys in each."""
-    from gi.experiments.ablate import AblateConfig
-    from gi.experiments.attack import load_attack_config
-    from gi.experiments.defend import DefendConfig
+    from gi.experiments.config.ablate import AblateConfig
+    from gi.experiments.config.attack import load_attack_config
+    from gi.experiments.config.defend import DefendConfig
 
     path = tmp_path / "bare.yaml"
     path.write_text("model: {name: lenet}\nattack: {threads: 1}\nlabels: {mode: truth}\n")

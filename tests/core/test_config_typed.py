@@ -13,10 +13,10 @@ import pytest
 from gi.cli import main
 from gi.core.config import apply_overrides, from_dict, load, load_yaml, parse_override, to_dict
 from gi.core.errors import ConfigError
-from gi.experiments.ablate import AblateConfig, setting_config
-from gi.experiments.labels import LabelBenchConfig, grid_points
-from gi.experiments.run import RunConfig
-from gi.experiments.sweep import SweepConfig, expand_jobs
+from gi.experiments.config.ablate import AblateConfig, setting_config
+from gi.experiments.config.labels import LabelBenchConfig, grid_points
+from gi.experiments.config.run import RunConfig
+from gi.experiments.config.sweep import SweepConfig, expand_jobs
 
 DEMO = "configs/demo.yaml"
 
@@ -111,7 +111,7 @@ def test_value_ranges_are_checked_at_load_time(override, key):
 @pytest.mark.parametrize("override", ["restarts=[0]", "iterations.lenet=0", "timing_repeats=0", "threads=0"])
 def test_bench_counts_are_checked_at_load_time(override):
     from gi.core.config import load
-    from gi.experiments.bench import BenchConfig
+    from gi.experiments.config.bench import BenchConfig
 
     with pytest.raises(ConfigError, match=override.split("=")[0].split(".")[0] + ".*>= 1"):
         load(BenchConfig, None, [override])
@@ -182,8 +182,8 @@ def test_defaults_errors(tmp_path):
 
 
 def _loader(path: Path):
-    from gi.experiments.bench import BenchConfig
-    from gi.experiments.defend import DefendConfig
+    from gi.experiments.config.bench import BenchConfig
+    from gi.experiments.config.defend import DefendConfig
 
     if any(part.startswith("_") for part in path.parts):  # fragments composed by `defaults:`, not configs
         return load_yaml

@@ -31,7 +31,7 @@ def test_every_stage_refuses_a_missing_gpu_at_load_before_torch_work(key):
     """The victim (``device``), label recovery (``labels.device``) and the attack (``attack.device``) each refuse
     a GPU this machine lacks when the config loads, naming the key, in well under a second of CPU."""
     from gi.core.config import load
-    from gi.experiments.run import RunConfig
+    from gi.experiments.config.run import RunConfig
 
     start = time.process_time()
     with pytest.raises(ConfigError, match=f"^{key}=gpu but torch sees no GPU"):
@@ -54,7 +54,7 @@ def test_device_names():
 def test_unknown_label_metric_is_an_error_at_load():
 
     from gi.core.config import load
-    from gi.experiments.labels import LabelBenchConfig
+    from gi.experiments.config.labels import LabelBenchConfig
 
     with pytest.raises(ConfigError, match=r"metrics=\['nosuch'\]: unknown \['nosuch'\]; valid: \['ok', 'cls_acc'"):
         load(LabelBenchConfig, "configs/labels/rlu-table4-fedprox.yaml", ["metrics=[nosuch]"])

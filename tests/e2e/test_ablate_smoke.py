@@ -6,7 +6,8 @@ import csv
 import json
 
 from gi.core.config import load
-from gi.experiments.ablate import AblateConfig, run_ablation
+from gi.experiments.ablate import run_ablation
+from gi.experiments.config.ablate import AblateConfig
 
 
 def test_ablation_smoke_on_real_samples(tmp_path):

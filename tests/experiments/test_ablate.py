@@ -6,7 +6,8 @@ import pytest
 
 from gi.core.config import load
 from gi.core.errors import ConfigError
-from gi.experiments.ablate import AblateConfig, _paper_value, setting_config
+from gi.experiments.ablate import _paper_value
+from gi.experiments.config.ablate import AblateConfig, setting_config
 
 
 def test_table_configs_load_and_settings_override_the_base():

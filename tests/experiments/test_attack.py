@@ -14,8 +14,10 @@ from gi.attack.recon.config import ReconConfig
 from gi.attack.recon.presets import PRESETS, apply_preset
 from gi.core.config import load
 from gi.core.errors import ConfigError
-from gi.experiments.attack import load_attack_config, run_attack
-from gi.experiments.run import RunConfig, run
+from gi.experiments.attack import run_attack
+from gi.experiments.config.attack import load_attack_config
+from gi.experiments.config.run import RunConfig
+from gi.experiments.run import run
 from labels.auto import pick
 
 FAST = ["attack.iterations=30", "attack.restarts=1", "attack.progress=false", "metrics.lpips_vgg=false",

@@ -10,7 +10,8 @@ import gi.experiments.bench as bench
 from gi.attack.recon.config import ReconConfig
 from gi.core.config import load
 from gi.core.errors import ConfigError
-from gi.experiments.bench import BenchConfig, entries, format_report, measure, measure_restarts, run_bench
+from gi.experiments.bench import entries, format_report, measure, measure_restarts, run_bench
+from gi.experiments.config.bench import BenchConfig
 
 
 def test_entries_cover_models_batches_and_restart_timings():

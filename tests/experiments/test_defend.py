@@ -10,7 +10,8 @@ import pytest
 import gi.experiments.defend as defend
 from gi.core.config import load
 from gi.core.errors import ConfigError
-from gi.experiments.defend import BASELINE, DefendConfig, cells, run_defend
+from gi.experiments.config.defend import BASELINE, DefendConfig
+from gi.experiments.defend import cells, run_defend
 
 TINY = ["federation.num_clients=3", "federation.samples=48", "federation.rounds=1", "federation.capture_round=1",
         "federation.eval_samples=40", "aux.per_class=2", "images.count=1", "images.batch_size=1", "attack.iterations=2",

@@ -244,11 +244,11 @@ def test_gi_run_on_a_full_disk_exits_2_with_one_line_and_publishes_nothing(tmp_p
 @pytest.mark.parametrize("name", ["../../x", "a/b", "..", "a\\b", ""])
 def test_run_names_stay_inside_the_runs_folder(name):
     from gi.core.config import load
-    from gi.experiments.ablate import AblateConfig
-    from gi.experiments.bench import BenchConfig
-    from gi.experiments.labels import LabelBenchConfig
-    from gi.experiments.run import RunConfig
-    from gi.experiments.sweep import SweepConfig
+    from gi.experiments.config.ablate import AblateConfig
+    from gi.experiments.config.bench import BenchConfig
+    from gi.experiments.config.labels import LabelBenchConfig
+    from gi.experiments.config.run import RunConfig
+    from gi.experiments.config.sweep import SweepConfig
 
     with pytest.raises(ConfigError, match="name"):
         load(RunConfig, "configs/demo.yaml", [f"name={name!r}"])
@@ -263,7 +263,8 @@ def test_run_names_stay_inside_the_runs_folder(name):
 
 
 def test_bench_report_is_not_clobbered(tmp_path):
-    from gi.experiments.bench import BenchConfig, check_report_path
+    from gi.experiments.bench import check_report_path
+    from gi.experiments.config.bench import BenchConfig
 
     path = tmp_path / "b.json"
     path.write_text("{}")

@@ -9,7 +9,7 @@ import pytest
 from gi.core.config import load
 from gi.core.errors import ConfigError
 from gi.experiments import run as gi_run
-from gi.experiments.run import MAX_CAPTURES, RunConfig
+from gi.experiments.config.run import MAX_CAPTURES, RunConfig
 
 ONE_BATCH = ["data.indices=null"]  # configs/demo.yaml attacks one given image
 

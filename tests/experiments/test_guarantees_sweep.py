@@ -13,6 +13,7 @@ from gi.analysis.report import write_json
 from gi.cli import main
 from gi.core.config import load
 from gi.core.errors import ConfigError
+from gi.experiments.config.sweep import SweepConfig, expand_jobs
 from gi.experiments.outdir import staged_output
 
 
@@ -42,7 +43,7 @@ def _config(tmp_path: Path, **extra) -> Path:
 def test_other_overrides_or_an_edited_base_rerun_the_jobs(tmp_path, monkeypatch):
     base = tmp_path / "base.yaml"
     base.write_text(Path("configs/demo.yaml").read_text())
-    cfg = load(sweep.SweepConfig, _config(tmp_path, base=str(base), overrides=["attack.iterations=3"]))
+    cfg = load(SweepConfig, _config(tmp_path, base=str(base), overrides=["attack.iterations=3"]))
     calls: list[str] = []
     monkeypatch.setitem(sweep.JOB_KINDS, "run", _kind(calls))
     sweep.run_sweep(cfg)
@@ -50,7 +51,7 @@ def test_other_overrides_or_an_edited_base_rerun_the_jobs(tmp_path, monkeypatch)
     calls.clear()
     sweep.run_sweep(cfg)
     assert calls == []  # same config: finished jobs are reused
-    sweep.run_sweep(load(sweep.SweepConfig, _config(tmp_path, base=str(base), overrides=["attack.iterations=4"])))
+    sweep.run_sweep(load(SweepConfig, _config(tmp_path, base=str(base), overrides=["attack.iterations=4"])))
     assert len(calls) == 4  # other overrides: re-run, not the stale results
     calls.clear()
     base.write_text(base.read_text().replace("preset: default", "preset: fast"))
@@ -64,12 +65,12 @@ def test_other_overrides_or_an_edited_base_rerun_the_jobs(tmp_path, monkeypatch)
 
 
 def test_job_identity_ignores_where_and_how_it_is_written():
-    cfg = sweep.SweepConfig(grid={"attack.lr": [0.1]}, overrides=["attack.iterations=3"])
-    a = sweep.expand_jobs(cfg)[0]
-    b = sweep.expand_jobs(sweep.SweepConfig(grid={"attack.lr": [0.1]},
+    cfg = SweepConfig(grid={"attack.lr": [0.1]}, overrides=["attack.iterations=3"])
+    a = expand_jobs(cfg)[0]
+    b = expand_jobs(SweepConfig(grid={"attack.lr": [0.1]},
                                             overrides=["attack.iterations=3", "attack.progress=false",
                                                        "out=elsewhere", "overwrite=true"]))[0]
-    c = sweep.expand_jobs(sweep.SweepConfig(grid={"attack.lr": [0.1]}, overrides=["attack.iterations=4"]))[0]
+    c = expand_jobs(SweepConfig(grid={"attack.lr": [0.1]}, overrides=["attack.iterations=4"]))[0]
     assert a.key == b.key != c.key and len(a.key) >= 10
     assert a.name == c.name == "lr=0.1_seed=0"
 

@@ -6,7 +6,8 @@ import torch
 
 from gi.attack.stages import LabelTable
 from gi.core.errors import ConfigError
-from gi.experiments.labels import LabelBenchConfig, grid_points, run_label_bench, summarize_rows
+from gi.experiments.config.labels import LabelBenchConfig, grid_points
+from gi.experiments.labels import run_label_bench, summarize_rows
 from gi.world.fl.protocol import Protocol
 from gi.world.fl.victim import capture_gradients
 from gi.world.models import build
@@ -121,7 +122,7 @@ def test_a_variant_named_after_its_method_sets_the_methods_options():
 
 
 def test_line_axis_is_the_last_unpooled_numeric_key():
-    from gi.experiments.labels import line_axis
+    from gi.experiments.labels_output import line_axis
 
     def cfg(grid, pool=()):
         return LabelBenchConfig(scenario="test-single-onehot", labels=LabelTable(["idlg"]), grid=grid, pool=list(pool))
@@ -136,7 +137,7 @@ def test_line_axis_is_the_last_unpooled_numeric_key():
 
 def test_numeric_grid_is_plotted_as_lines(tmp_path, monkeypatch):
     """plot.png is a line plot over the numeric key: one line per method and value of the other keys."""
-    import gi.experiments.labels as lb
+    import gi.experiments.labels_output as lb
 
     seen = {}
     monkeypatch.setattr(lb, "save_line_plot", lambda path, x, series, xlabel, ylabel, title="": seen.update(

@@ -11,8 +11,10 @@ import torch
 import gi.experiments.sweep as sweep
 from gi.core.config import load
 from gi.core.errors import ConfigError
-from gi.experiments.run import RunConfig, run, run_many
-from gi.experiments.sweep import SweepConfig, dry_run, expand_jobs, pack_batches, pack_key, run_sweep
+from gi.experiments.config.run import RunConfig
+from gi.experiments.config.sweep import SweepConfig, expand_jobs, pack_key
+from gi.experiments.run import run, run_many
+from gi.experiments.sweep import dry_run, pack_batches, run_sweep
 
 FAST = ["attack.preset=ig", "attack.iterations=30", "attack.progress=false", "metrics.lpips_vgg=false",
         "attack.log_every=10", "attack.retries=0", "attack.restarts=1", "attack.analytic=false"]

@@ -8,7 +8,8 @@ import gi.analysis.lpips_offline
 import gi.world.assets
 from gi.core.config import load
 from gi.core.errors import AssetError, ConfigError
-from gi.experiments.run import RunConfig, run
+from gi.experiments.config.run import RunConfig
+from gi.experiments.run import run
 
 FAST = ["attack.iterations=150", "attack.progress=false", "metrics.lpips_vgg=false", "attack.log_every=25",
         "attack.analytic=false"]  # the optimisation path (the analytic stage: tests/experiments/test_attack.py)

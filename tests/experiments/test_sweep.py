@@ -11,8 +11,9 @@ import gi.experiments.sweep as sweep
 from gi.analysis.report import write_json
 from gi.core.config import load
 from gi.core.errors import ConfigError
+from gi.experiments.config.sweep import SweepConfig, expand_jobs
 from gi.experiments.outdir import staged_output
-from gi.experiments.sweep import SweepConfig, expand_jobs, run_sweep
+from gi.experiments.sweep import run_sweep
 
 
 def test_jobs_are_the_grid_times_seeds_in_a_fixed_order():

@@ -15,7 +15,8 @@ from gi.attack.recon.module import GradientInversion
 from gi.attack.recon.problem import build_problem
 from gi.core.config import load
 from gi.core.errors import ConfigError
-from gi.experiments.bench import BenchConfig, entries, measure_packed
+from gi.experiments.bench import entries, measure_packed
+from gi.experiments.config.bench import BenchConfig
 from gi.world.train import train_model, training_key
 
 
@@ -152,8 +153,8 @@ def test_trained_resnet_scenario_refuses_bad_setups(setup, match):
 
 @pytest.mark.slow
 def test_trained_resnet_scenario_trains_like_gi_run_and_shares_the_last_layer(tmp_path, monkeypatch):
+    from gi.world.build import TRAINED
     from gi.world.scenarios import get_scenario
-    from gi.world.setup import TRAINED
 
     monkeypatch.setenv("GI_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(TRAINED, "items", type(TRAINED.items)())

@@ -12,10 +12,11 @@ import torch
 import gi.experiments.ttq as ttq
 from gi.core.config import load
 from gi.core.errors import ConfigError
-from gi.experiments.bench import BenchConfig, bench_kind
+from gi.experiments.bench import bench_kind
+from gi.experiments.config.bench import BenchConfig
+from gi.experiments.config.ttq import BreachingOptions, TTQConfig
 from gi.experiments.ttq import (
     AttackClock,
-    TTQConfig,
     format_ttq,
     median_bound,
     psnr_at,
@@ -288,7 +289,7 @@ def test_merge_runs_joins_contenders_and_schedules_from_separate_runs(tmp_path):
         d = tmp_path / name
         d.mkdir()
         cfg = TTQConfig(contenders=contenders, budget=150.0 if breaching else 2000.0, select=[0, 1],
-                        breaching=ttq.BreachingOptions(**breaching))
+                        breaching=BreachingOptions(**breaching))
         write_yaml(d / "config.yaml", to_dict(cfg))
         rows = [dict(c.__dict__) for c in curves]
         for r in rows:

@@ -105,7 +105,8 @@ def test_scenario_attaches_the_same_clients_earlier_rounds():
 def test_gi_labels_runs_the_multi_round_attack(tmp_path):
     """k = 1 equals the single-round attack; the grid rows of average_from differ from round 2 on."""
     from gi.attack.stages import LabelTable
-    from gi.experiments.labels import LabelBenchConfig, run_label_bench
+    from gi.experiments.config.labels import LabelBenchConfig
+    from gi.experiments.labels import run_label_bench
 
     cfg = LabelBenchConfig(name="mr", scenario="fedavg-client", trials=1, setup=SETUP, out=str(tmp_path / "mr"),
                            grid={"average_from": [1, None], "round": [1, 3]}, labels=LabelTable(["decaf"]),

@@ -395,7 +395,8 @@ def test_folder_datasets_imagefolder_csv_grey_rgb_and_sizes(tmp_path):
 def test_folder_dataset_in_a_victim_setup(tmp_path):
     import numpy as np
 
-    from gi.world.setup import VictimSetup, load_data
+    from gi.world.build import load_data
+    from gi.world.setup import VictimSetup
 
     rng = np.random.default_rng(1)
     _write(tmp_path, [rng.integers(0, 256, (8, 8), dtype=np.uint8) for _ in range(3)], ["a/1.png", "b/2.png",
@@ -474,7 +475,8 @@ def test_own_model_reconstruction_reaches_25_db_mean_over_5_images(tmp_path):
 def test_victim_setup_builds_a_factory_model_on_a_folder(tmp_path):
     import numpy as np
 
-    from gi.world.setup import VictimSetup, build_model, load_data
+    from gi.world.build import build_model, load_data
+    from gi.world.setup import VictimSetup
 
     rng = np.random.default_rng(2)
     _write(tmp_path, [rng.integers(0, 256, (32, 32, 3), dtype=np.uint8) for _ in range(4)],

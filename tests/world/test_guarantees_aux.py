@@ -9,8 +9,10 @@ import torch
 import gi.experiments.run as pipeline
 import gi.world.data as gdata
 from gi.core.config import load
-from gi.experiments.ablate import AblateConfig, _captures, setting_config
-from gi.experiments.run import RunConfig, run
+from gi.experiments.ablate import _captures
+from gi.experiments.config.ablate import AblateConfig, setting_config
+from gi.experiments.config.run import RunConfig
+from gi.experiments.run import run
 
 
 def _shared_images(aux_images: torch.Tensor, victim_images: torch.Tensor) -> int:

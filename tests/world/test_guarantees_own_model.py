@@ -144,18 +144,18 @@ def test_a_first_linear_layer_of_another_size_and_other_failures_are_one_line():
 
 
 def test_model_factory_of_a_victim_setup_is_checked_before_training(monkeypatch):
-    from gi.world import setup
+    from gi.world import build, setup
 
-    monkeypatch.setattr(setup, "train_on", lambda *a, **k: pytest.fail("trained a model that cannot be called"))
+    monkeypatch.setattr(build, "train_on", lambda *a, **k: pytest.fail("trained a model that cannot be called"))
     x, y = data(4)
     images = type("Images", (), {"images": x, "labels": y, "num_classes": 4})()
     for factory, match in ((f"{__name__}:tuple_net", r"model.factory='.*:tuple_net': the model's forward returns a "
                                                      "tuple"),
                            (f"{__name__}:grey_net", r"model.factory='.*:grey_net': the model's first layer 'conv'")):
         with pytest.raises(ConfigError, match=match) as exc:
-            setup.build_model(setup.ModelConfig(factory=factory), images, seed=0)
+            build.build_model(setup.ModelConfig(factory=factory), images, seed=0)
         one_line(exc)
-    assert isinstance(setup.build_model(setup.ModelConfig(factory=f"{__name__}:plain"), images, seed=0), PlainNet)
+    assert isinstance(build.build_model(setup.ModelConfig(factory=f"{__name__}:plain"), images, seed=0), PlainNet)
 
 
 def test_gi_run_with_a_tuple_model_factory_exits_2_with_one_line(tmp_path, capsys):

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from gi.core.errors import ConfigError
+from gi.world.build import synthetic_labels
 from gi.world.scenarios import get_scenario
-from gi.world.scenarios.fedsgd_batch import synthetic_labels
 
 
 def _setup(**extra):

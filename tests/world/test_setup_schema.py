@@ -14,14 +14,15 @@ import torch
 import yaml
 
 import gi.experiments.run as pipeline
+import gi.world.build as builders
 import gi.world.setup as setup
 from gi.core.config import load, to_dict
 from gi.core.errors import ConfigError
-from gi.experiments.ablate import AblateConfig
-from gi.experiments.defend import DefendConfig
-from gi.experiments.labels import LabelBenchConfig, grid_points
-from gi.experiments.run import RunConfig, RunDataConfig
-from gi.experiments.sweep import SweepConfig
+from gi.experiments.config.ablate import AblateConfig
+from gi.experiments.config.defend import DefendConfig
+from gi.experiments.config.labels import LabelBenchConfig, grid_points
+from gi.experiments.config.run import RunConfig, RunDataConfig
+from gi.experiments.config.sweep import SweepConfig
 from gi.world.fl.protocol import Protocol
 from gi.world.scenarios import get_scenario
 from gi.world.scenarios.fedavg_client import FedAvgClientSetup
@@ -64,7 +65,8 @@ def test_the_shared_sections_are_the_one_definition(cls):
 
 
 def test_gi_run_and_the_scenarios_use_the_same_classes():
-    assert pipeline.DataConfig is setup.DataConfig and pipeline.ModelConfig is setup.ModelConfig
+    assert issubclass(RunDataConfig, setup.DataConfig)
+    assert typing.get_type_hints(RunConfig)["model"] is setup.ModelConfig
     assert {get_scenario(n).setup for n in ("fedsgd-batch", "fedavg-client", "single-sample")} == \
         {FedSGDBatchSetup, FedAvgClientSetup, SingleSampleSetup}
     assert issubclass(AblateConfig, RunConfig)
@@ -164,10 +166,10 @@ def test_one_place_trains_and_caches(monkeypatch):
         return {"steps": 1}
 
     def build():
-        return setup.build_model(setup.ModelConfig(name="linear"), _Data(), seed=3)
+        return builders.build_model(setup.ModelConfig(name="linear"), _Data(), seed=3)
 
-    a, info = setup.trained_model("test-key", build, train)
-    b, _ = setup.trained_model("test-key", build, train)
+    a, info = builders.trained_model("test-key", build, train)
+    b, _ = builders.trained_model("test-key", build, train)
     assert calls == [1] and info == {"steps": 1} and a is not b
     assert torch.equal(a.fc.bias, b.fc.bias) and float(b.fc.bias[0]) == 0.5
 

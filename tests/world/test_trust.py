@@ -366,7 +366,7 @@ def test_gi_attack_with_trust_factory_true_runs(saved, tmp_path, capsys):
 
 def test_gi_attack_help_states_the_risk_and_checks_model():
     from gi.cli import COMMANDS
-    from gi.experiments.attack import load_attack_config
+    from gi.experiments.config.attack import load_attack_config
 
     text = COMMANDS["attack"][1]
     assert "model=pkg.mod:fn" in text and "trust_factory=true" in text and "trusted source" in text

@@ -44,22 +44,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from gi.core.config import require, to_dict
 from gi.core.errors import ConfigError
+from gi.world.build import AUX, LRU, build_model, draw_aux, key_of, load_data
 from gi.world.fl.protocol import Protocol
 from gi.world.scenarios import Trial, register_scenario
-from gi.world.setup import (
-    AUX,
-    LRU,
-    SCENARIO_LEGACY,
-    AuxConfig,
-    DataConfig,
-    ModelConfig,
-    VictimSetup,
-    build_model,
-    draw_aux,
-    key_of,
-    load_data,
-    section,
-)
+from gi.world.setup import SCENARIO_LEGACY, AuxConfig, DataConfig, ModelConfig, VictimSetup, section
 
 if TYPE_CHECKING:
     import torch

@@ -47,26 +47,19 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from gi.core.config import require
 from gi.core.errors import ConfigError
-from gi.world.fl.protocol import Protocol
-from gi.world.scenarios import Trial, register_scenario
-from gi.world.setup import (  # noqa: F401  (synthetic_labels: importable from here too)
+from gi.world.build import (
     AUX,
     DATA,
-    SCENARIO_LEGACY,
-    AuxConfig,
-    DataConfig,
-    ModelConfig,
-    TrainConfig,
-    VictimSetup,
     build_model,
     draw_aux,
     key_of,
     load_data,
-    section,
-    synthetic_labels,
     train_on,
     trained_model,
 )
+from gi.world.fl.protocol import Protocol
+from gi.world.scenarios import Trial, register_scenario
+from gi.world.setup import SCENARIO_LEGACY, AuxConfig, DataConfig, ModelConfig, TrainConfig, VictimSetup, section
 
 if TYPE_CHECKING:
     import torch

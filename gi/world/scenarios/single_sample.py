@@ -28,21 +28,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from gi.core.config import require, to_dict
 from gi.core.errors import ConfigError
+from gi.world.build import build_model, key_of, load_data, train_on, trained_model
 from gi.world.fl.protocol import Protocol
 from gi.world.scenarios import Trial, register_scenario
-from gi.world.setup import (
-    SCENARIO_LEGACY,
-    SECTION,
-    ModelConfig,
-    TrainConfig,
-    VictimSetup,
-    build_model,
-    key_of,
-    load_data,
-    section,
-    train_on,
-    trained_model,
-)
+from gi.world.setup import SCENARIO_LEGACY, SECTION, ModelConfig, TrainConfig, VictimSetup, section
 
 if TYPE_CHECKING:
     import torch
@@ -148,7 +137,7 @@ def _make_samples(ds: Any, s: SingleSampleSetup, generator: torch.Generator) -> 
 
 
 def _train(model: torch.nn.Module, s: SingleSampleSetup, ds: Any, generator: torch.Generator) -> dict[str, Any]:
-    """Brief SGD training (:func:`gi.world.setup.train_on`) with the trial's generator; the record kept in
+    """Brief SGD training (:func:`gi.world.build.train_on`) with the trial's generator; the record kept in
     ``capture.meta['trained']``."""
     t = s.train
     info = train_on(model, t, s.data, ds, generator)

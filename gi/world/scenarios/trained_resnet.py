@@ -4,7 +4,7 @@ torchvision's ResNet-18 (CIFAR stem, BatchNorm after every convolution) trained 
 resized to 32×32 (:class:`TrainedResNetSetup`'s defaults: 3000 training images, 2 epochs of SGD, a few minutes on
 one idle CPU core), attacked on FedSGD batches of 8–32 test images. The model is built and trained exactly as
 ``gi run`` / ``gi ablate`` build theirs for the same ``data``, ``model``, ``train`` and ``seed``
-(:func:`gi.world.setup.build_model`, :func:`gi.world.setup.train_on` with a generator seeded ``seed + 1``), so
+(:func:`gi.world.build.build_model`, :func:`gi.world.build.train_on` with a generator seeded ``seed + 1``), so
 with ``$GI_CACHE_DIR`` set the label table and ``configs/ablate/resnet18-bn.yaml`` share one cached training
 (:func:`gi.world.train.train_model`).
 
@@ -24,23 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 from gi.core.config import require
 from gi.core.errors import ConfigError
+from gi.world.build import AUX, build_model, draw_aux, key_of, load_data, train_on, trained_model
 from gi.world.fl.protocol import Protocol
 from gi.world.scenarios import Trial, register_scenario
-from gi.world.setup import (
-    AUX,
-    AuxConfig,
-    DataConfig,
-    ModelConfig,
-    TrainConfig,
-    VictimSetup,
-    build_model,
-    draw_aux,
-    key_of,
-    load_data,
-    section,
-    train_on,
-    trained_model,
-)
+from gi.world.setup import AuxConfig, DataConfig, ModelConfig, TrainConfig, VictimSetup, section
 
 if TYPE_CHECKING:
     import torch

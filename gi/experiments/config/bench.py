@@ -1,0 +1,90 @@
+"""The config schema of ``gi bench``'s ``throughput`` kind (:class:`BenchConfig`, :class:`PackedConfig`); the
+command and its registry of kinds are :mod:`gi.experiments.bench`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gi.attack.recon.config import ReconConfig, compile_mode
+from gi.core.config import require
+from gi.core.errors import ConfigError
+from gi.experiments.outdir import check_run_name
+
+SCHEMA = 1
+
+
+@dataclass
+class PackedConfig:
+    """The packed-throughput entry: ``captures`` (0: off) one-image captures of ``model`` on ``dataset`` images
+    0..captures-1, ``iterations`` per reconstruction, ``rounds`` alternations of packed and one-by-one;
+    ``compile``: also time the packed problem compiled (``attack.compile``'s values; false: not timed)."""
+
+    captures: int = 0
+    model: str = "lenet"
+    iterations: int = 1000
+    rounds: int = 2
+    compile: bool | str = False
+
+    def __post_init__(self) -> None:
+        require(self.captures >= 0, "packed.captures", self.captures, ">= 0 (0: off)")
+        require(self.iterations >= 4, "packed.iterations", self.iterations, ">= 4")
+        require(self.rounds >= 1, "packed.rounds", self.rounds, ">= 1")
+        compile_mode(self.compile, "packed.compile")
+
+
+@dataclass
+class BenchConfig:
+    """``iterations``: iterations of the fixed reconstruction per model (its final PSNR is reported);
+    ``timing_iterations``, ``timing_repeats``: steps and interleaved repeats of the restart-timing runs;
+    ``devices``: ``cpu``/``gpu`` (``auto``: cpu, plus gpu
+    when one is available); ``threads``: torch CPU threads (1 on shared machines)."""
+
+    kind: str = "throughput"
+    name: str = "bench"
+    models: list[str] = field(default_factory=lambda: ["lenet", "resnet18"])
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 8])
+    iterations: dict[str, int] = field(default_factory=lambda: {"lenet": 1000, "resnet18": 100})
+    restarts: list[int] = field(default_factory=lambda: [8])
+    restart_batch_sizes: list[int] = field(default_factory=lambda: [1])
+    timing_iterations: int = 12
+    timing_repeats: int = 3
+    devices: list[str] = field(default_factory=lambda: ["auto"])
+    threads: int = 1
+    seed: int = 0
+    dataset: str = "cifar10-samples"
+    attack: ReconConfig = field(default_factory=lambda: ReconConfig(lr=0.01, regularizers={"tv": 2e-3},
+                                                                    progress=False, log_every=1000))
+    packed: PackedConfig = field(default_factory=PackedConfig)
+    out: str | None = None
+    overwrite: bool = False
+
+    @classmethod
+    def config_class(cls, data: dict[str, Any], overrides: list[str]) -> type:
+        """The config class of a ``gi bench`` file (:func:`gi.core.config.load` asks it first): that of its ``kind``
+        (a ``kind=`` override wins; default ``throughput``: this class) in :data:`BENCH_KINDS`."""
+        from gi.experiments.bench import BENCH_KINDS  # the registry of kinds (it imports this module)
+
+        kind = next((o.split("=", 1)[1] for o in overrides if o.startswith("kind=")), data.get("kind", "throughput"))
+        if kind not in BENCH_KINDS:
+            raise ConfigError(f"kind={kind!r} is not a bench kind; valid: {sorted(BENCH_KINDS)}")
+        return BENCH_KINDS[kind].config()
+
+    def __post_init__(self) -> None:
+        from gi.core.names import known
+
+        check_run_name(self.name)
+        require(self.kind == "throughput", "kind", self.kind, "throughput")
+        zoo = known("model")
+        bad = [m for m in self.models + ([self.packed.model] if self.packed.captures else []) if m not in zoo]
+        if bad:
+            raise ConfigError(f"models has unknown {bad}; valid: {zoo}")
+        if any(b < 1 for b in self.batch_sizes + self.restart_batch_sizes) or self.timing_iterations < 4:
+            raise ConfigError("batch sizes must be >= 1 and timing_iterations >= 4")
+        counts = {"restarts": self.restarts, "iterations": list(self.iterations.values()),
+                  "timing_repeats": [self.timing_repeats], "threads": [self.threads]}
+        for key, values in counts.items():
+            require(all(v >= 1 for v in values), key, getattr(self, key), "counts >= 1")
+        for d in self.devices:
+            if d not in ("auto", "cpu", "gpu"):
+                raise ConfigError(f"devices has {d!r}; valid: auto, cpu, gpu")

@@ -1,0 +1,94 @@
+"""The config schema of ``gi labels`` (:class:`LabelBenchConfig`) and its grid points (:func:`grid_points`); the
+command is :mod:`gi.experiments.labels`."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from gi.attack.stages import LABELS_DOC, RENAMED_LABEL_KEYS, LabelTable
+from gi.core.config import from_dict, refuse_renamed, set_dotted
+from gi.core.errors import ConfigError
+from gi.experiments.outdir import check_run_name
+from gi.world.setup import deprecated, upgrade
+
+
+@dataclass
+class LabelBenchConfig:
+    """A label-recovery benchmark. ``grid`` maps dotted setup keys to lists of values; ``paper`` maps a grid
+    point label (or ``"*"``) to ``{method: value}`` of the paper's reported ``metrics[0]``."""
+
+    name: str = "labels"
+    scenario: str = ""
+    trials: int = 20
+    seed: int = 0
+    out: str | None = None
+    overwrite: bool = False
+    setup: dict[str, Any] = field(default_factory=dict)
+    grid: dict[str, list[Any]] = field(default_factory=dict)
+    labels: LabelTable = field(default_factory=LabelTable)
+    metrics: list[str] = field(default_factory=lambda: ["ins_acc", "cls_acc"])
+    paper: dict[str, dict[str, float]] = field(default_factory=dict)
+    proportion_class: int | None = None
+    pool: list[str] = field(default_factory=list)
+    progress: bool = True
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any] | None) -> LabelBenchConfig:
+        """The loading step of :func:`gi.core.config.load`: the old top-level label keys refused, then typed."""
+        refuse_renamed(data, RENAMED_LABEL_KEYS, LABELS_DOC)
+        return from_dict(cls, data)
+
+    def __post_init__(self) -> None:
+        from gi.core.names import LABEL_METRICS, POOLED_METRICS
+        from gi.world.scenarios import get_scenario
+
+        check_run_name(self.name)
+        scenario = get_scenario(self.scenario)
+        stray = [k for k in self.pool if k not in self.grid]
+        if stray:
+            raise ConfigError(f"pool={self.pool}: {stray} not grid keys; pool names keys of `grid` ({list(self.grid)})")
+        if self.proportion_class is not None and self.proportion_class < 0:
+            raise ConfigError(f"proportion_class={self.proportion_class} must be a class index >= 0 or null")
+        if self.trials < 1:
+            raise ConfigError("trials must be >= 1")
+        valid = [*LABEL_METRICS, *POOLED_METRICS]
+        bad = [m for m in self.metrics if m not in valid]
+        if bad or not self.metrics:
+            raise ConfigError(f"metrics={self.metrics}: unknown {bad}; valid: {valid}")
+        for point, setup in grid_points(self):  # every grid point's setup is typed and checked now, not mid-run
+            try:
+                scenario.resolve(setup)
+            except ConfigError as exc:
+                raise ConfigError(f"grid point {point!r}: {exc}" if self.grid else str(exc)) from None
+
+
+def grid_points(cfg: LabelBenchConfig, pooled: bool = False) -> list[tuple[str, dict[str, Any]]]:
+    """``[(label, setup)]``, one per combination of grid values (the label reads ``key=value, …`` of the grid keys
+    as written; old spellings of setup keys are set under their new ones). ``pooled``: labels leave out the keys
+    of ``cfg.pool`` (the summary row a point belongs to; ``"all"`` when every key is pooled)."""
+    from gi.world.scenarios import get_scenario
+
+    scenario = get_scenario(cfg.scenario)
+    base = copy.deepcopy(cfg.setup)
+    if scenario.setup is not None:
+        upgrade(base, scenario.setup.LEGACY, "setup")
+    if not cfg.grid:
+        return [("all", base)]
+    keys = list(cfg.grid)
+    points = []
+    for values in itertools.product(*(cfg.grid[k] for k in keys)):
+        setup = copy.deepcopy(base)
+        for k, v in zip(keys, values):
+            if scenario.key(k) != k:
+                deprecated("grid", k, scenario.key(k))
+            set_dotted(setup, scenario.key(k).split("."), copy.deepcopy(v), scenario.setup, f"grid key {k!r}")
+        points.append((point_label({k: v for k, v in zip(keys, values) if not (pooled and k in cfg.pool)}), setup))
+    return points
+
+
+def point_label(values: dict[str, Any]) -> str:
+    """The row label of a grid point: ``key=value, …`` (the last part of each dotted key), ``"all"`` for none."""
+    return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in values.items()) or "all"
