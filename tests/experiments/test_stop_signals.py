@@ -21,7 +21,10 @@ def test_a_signal_during_the_optimisation_stops_gi_run_non_zero_with_a_message(t
     cmd = [sys.executable, "-c", "import sys; from gi.cli import main; sys.exit(main())", "run", "configs/demo.yaml",
            "attack.analytic=false", "attack.iterations=1000000", f"out={out}"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GI_THREADS": "1"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    # a process started with SIGINT ignored keeps ignoring it (nohup, `cmd &`, a pytest-xdist worker's children):
+    # start the command as a terminal would, with the default disposition
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines = []
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:  # the optimisation starts after the features stage's log line
