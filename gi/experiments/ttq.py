@@ -61,19 +61,25 @@ CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time
 
 
 class AttackClock:
-    """Wall and CPU seconds of an attack with the scoring left out: :meth:`pause` / :meth:`resume` around it."""
+    """Wall and CPU seconds of an attack with the scoring left out: :meth:`pause` / :meth:`resume` around it.
+    ``sync`` (e.g. ``torch.cuda.synchronize``) runs first in :meth:`start` and :meth:`pause`, so that work a GPU
+    still has queued counts as attack time; :meth:`read` between pauses (a budget check every step) does not
+    synchronise, so the attack's own loop keeps its pace and a budget may be overrun by the queued work."""
 
-    def __init__(self) -> None:
+    def __init__(self, sync: Callable[[], None] | None = None) -> None:
+        self._sync = sync or (lambda: None)
         self._start = {k: 0.0 for k in CLOCKS}
         self._paused_at: dict[str, float] | None = None
         self._excluded = {k: 0.0 for k in CLOCKS}
 
     def start(self) -> None:
+        self._sync()
         self._start = {k: f() for k, f in CLOCKS.items()}
         self._excluded = {k: 0.0 for k in CLOCKS}
         self._paused_at = None
 
     def pause(self) -> None:
+        self._sync()
         self._paused_at = {k: f() for k, f in CLOCKS.items()}
 
     def resume(self) -> None:
@@ -252,7 +258,7 @@ def _gi_default_job(cfg: TTQConfig, victim: Victim, k: int, clock: AttackClock,
                 trainer.should_stop = stopped[0] = True
 
     job = victim.job
-    attack = dataclasses.replace(job.attack, threads=cfg.threads, progress=False)
+    attack = dataclasses.replace(job.attack, threads=cfg.threads, progress=False, device=cfg.device)
     truths = [victim.truths[k]] if job.labels.mode == "truth" else None
     clock.start()
     outcome = attack_stages(job.labels, attack, [victim.captures[k]], truths, victim.aux, callbacks=[Checkpoints()])
@@ -263,6 +269,21 @@ def _gi_default_job(cfg: TTQConfig, victim: Victim, k: int, clock: AttackClock,
                   "labels_ok": all(lr is None or lr.ok for lr in outcome.label_results),
                   "labels_given": False, "stopped_by_budget": stopped[0]}
     return curve
+
+
+def torch_device(name: str) -> str:
+    """A config's device name (``cpu``, ``gpu``, ``cuda``, ``cuda:N``) as torch spells it."""
+    return "cuda" if name == "gpu" else name
+
+
+def device_sync(name: str) -> Callable[[], None] | None:
+    """``torch.cuda.synchronize`` on a CUDA device (the clock's :class:`AttackClock` ``sync``), else None."""
+    if name == "cpu":
+        return None
+    import torch
+
+    device = torch.device(torch_device(name))
+    return lambda: torch.cuda.synchronize(device)
 
 
 def check_breaching(cfg: TTQConfig) -> None:
@@ -345,11 +366,11 @@ def _breaching_attack(cfg: TTQConfig, victim: Victim, k: int, clock: AttackClock
     capture, truth = victim.captures[k], victim.truths[k]
     opts = cfg.breaching
     attacker, payload, shared, mean, std = breaching_setup(capture, truth.labels.clone(), opts.tv,
-                                                           opts.max_iterations)
+                                                           opts.max_iterations, torch_device(cfg.device))
     dm, ds = torch.tensor(mean).view(1, -1, 1, 1), torch.tensor(std).view(1, -1, 1, 1)
 
     def pixels(x: torch.Tensor) -> torch.Tensor:
-        return (x.detach() * ds + dm).clamp(0, 1)
+        return (x.detach().cpu() * ds + dm).clamp(0, 1)
 
     curve = Curve("breaching", k, variant=f"{opts.max_iterations} it")
     state: dict[str, Any] = {"done": 0, "loss": None, "best": None, "best_loss": math.inf, "stopped": False}
@@ -496,6 +517,7 @@ def run_ttq(cfg: TTQConfig) -> Path:
     """Run the benchmark (module docstring) and write its output directory: ``config.yaml``, ``curves.json`` (every
     checkpoint), ``summary.json`` (times to each level, ratios, PSNR at equal time), ``ttq.png``; returns it."""
     check_contenders(cfg)  # before torch loads: a missing optional package answers at once
+    cfg.check_device()
     import torch
 
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -511,7 +533,7 @@ def run_ttq(cfg: TTQConfig) -> Path:
                 contender = CONTENDERS[name]
                 for variant, vcfg in (contender.variants(cfg) if contender.variants else [("", cfg)]):
                     torch.set_num_threads(cfg.threads)
-                    curve = contender.run(vcfg, victim, k, AttackClock(), score)
+                    curve = contender.run(vcfg, victim, k, AttackClock(device_sync(cfg.device)), score)
                     curve.capture, curve.variant = (cfg.select[k] if cfg.select else k), variant
                     curves.append(curve)
                     secs = curve.seconds(cfg.clock)
@@ -523,7 +545,9 @@ def run_ttq(cfg: TTQConfig) -> Path:
         summary = summarize_curves(cfg, curves)
         meta = {"created": stamp, "git": git_commit(), "torch": torch.__version__,
                 "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-                "load_average_end": list(os.getloadavg()), "threads": torch.get_num_threads()}
+                "load_average_end": list(os.getloadavg()), "threads": torch.get_num_threads(), "device": cfg.device,
+                "accelerator": (torch.cuda.get_device_name(torch.device(torch_device(cfg.device)))
+                                if cfg.device != "cpu" else platform.processor() or platform.machine())}
         write_ttq(tmp, cfg, curves, {**meta, **summary}, f"{cfg.name}: {cfg.job} ({len(victim.captures)} captures)")
     return out
 

@@ -24,6 +24,7 @@ def save_plot(path: Path, cfg: TTQConfig, curves: list[Curve], title: str) -> No
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     import numpy as np
 
     from gi.experiments.ttq import psnr_at  # the measurement (it imports this module)
@@ -53,7 +54,9 @@ def save_plot(path: Path, cfg: TTQConfig, curves: list[Curve], title: str) -> No
     for lvl in cfg.levels:
         ax.axhline(lvl, color="grey", ls=":", lw=0.8)
     ax.set_xscale("log")
-    ax.set_xlabel(f"attack seconds ({'CPU' if cfg.clock == 'cpu' else 'wall'}, {cfg.threads} thread)")
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # minor labels overlap on a short range
+    where = f"{cfg.threads} thread" if cfg.device == "cpu" else f"{cfg.device}"
+    ax.set_xlabel(f"attack seconds ({'CPU' if cfg.clock == 'cpu' else 'wall'}, {where})")
     ax.set_ylabel("PSNR [dB]")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)

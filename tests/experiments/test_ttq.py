@@ -160,6 +160,7 @@ def test_our_curve_ends_on_the_default_jobs_image_and_stops_at_its_budget(tmp_pa
 def test_breaching_curve_on_a_short_budget(tmp_path):
     pytest.importorskip("breaching")
     over = ["contenders=[breaching]", "select=[0]", "every=10", "breaching.max_iterations=30",
+            "breaching.schedules=null",
             f"out={tmp_path / 'c'}"]
     (c,) = json.loads((run_ttq(load(TTQConfig, LENET, over)) / "curves.json").read_text())
     assert c["iterations"] == [10, 20, 30] and c["info"]["labels_given"] is True and 5 < c["psnr"][-1] < 40
@@ -182,6 +183,41 @@ def test_bench_kinds_and_bad_configs():
             load(TTQConfig, LENET, [bad])
     with pytest.raises(ConfigError, match="select"):
         ttq.build_victim_side(load(TTQConfig, LENET, ["select=[99]"]))
+
+
+def test_a_gpu_bench_needs_the_wall_clock_and_a_named_device(monkeypatch, tmp_path):
+    with pytest.raises(ConfigError, match="clock.*wall when device=gpu"):
+        load(TTQConfig, LENET, ["device=gpu", "clock=cpu"])
+    with pytest.raises(ConfigError, match="device"):
+        load(TTQConfig, LENET, ["device=auto", "clock=wall"])
+    monkeypatch.setattr("gi.core.devices._gpu_device_nodes", lambda: False)  # any machine: as if it had no GPU
+    gpu = load(TTQConfig, LENET, ["device=gpu", "clock=wall", f"out={tmp_path / 'o'}"])  # a GPU run's config loads
+    with pytest.raises(ConfigError, match="no GPU.*use device=cpu$"):                    # anywhere; running it needs
+        run_ttq(gpu)                                                                     # the GPU, before any work
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(ConfigError, match="device"):
+        load(TTQConfig, LENET, ["device=tpu", "clock=wall"])
+    assert load(TTQConfig, LENET, ["clock=wall"]).device == "cpu"
+    assert ttq.device_sync("cpu") is None
+    assert ttq.torch_device("gpu") == "cuda" and ttq.torch_device("cuda:1") == "cuda:1"
+
+
+def test_clock_synchronises_before_it_starts_and_pauses(monkeypatch):
+    now = {"wall": 0.0, "cpu": 0.0}
+    monkeypatch.setattr(ttq, "CLOCKS", {k: (lambda k=k: now[k]) for k in now})
+    queued = []
+
+    def sync() -> None:  # the GPU finishing its queued work takes 3 s of wall time
+        if queued:
+            now["wall"] += queued.pop()
+
+    clock = AttackClock(sync)
+    queued.append(5.0)  # work queued before the attack starts is not attack time
+    clock.start()
+    queued.append(3.0)
+    assert clock.read() == {"wall": 0.0, "cpu": 0.0}  # a budget check between pauses does not wait for the GPU
+    clock.pause()
+    assert clock.read() == {"wall": 3.0, "cpu": 0.0}  # the pause waits: the queued work counts
 
 
 def test_merge_runs_joins_disjoint_parts_and_refuses_overlaps(tmp_path):

@@ -41,7 +41,9 @@ class TTQConfig:
     captures to attack (indices; null: all); ``contenders``: names of :data:`CONTENDERS`, run in this order on even
     captures and reversed on odd ones; ``budget``: seconds of ``clock`` per contender and capture (a contender also
     stops when its own iterations end); ``every``: iterations between scored checkpoints; ``levels``: PSNR levels
-    [dB] whose times are reported; ``equal_time``: seconds at which both PSNRs are compared (null: ``budget``)."""
+    [dB] whose times are reported; ``equal_time``: seconds at which both PSNRs are compared (null: ``budget``);
+    ``device``: where every contender attacks (``cpu``, or ``gpu``/``cuda``/``cuda:N``: both contenders on that GPU,
+    which needs ``clock: wall``, since a process's CPU seconds do not measure GPU work)."""
 
     kind: str = "time-to-quality"
     name: str = "ttq"
@@ -55,6 +57,7 @@ class TTQConfig:
     equal_time: float | None = None
     clock: str = "cpu"
     threads: int = 1
+    device: str = "cpu"
     breaching: BreachingOptions = field(default_factory=BreachingOptions)
     out: str | None = None
     overwrite: bool = False
@@ -72,6 +75,18 @@ class TTQConfig:
             raise ConfigError(f"job={cfg.job!r} with job_overrides={cfg.job_overrides}: {exc}") from None
         return cfg
 
+    def check_device(self) -> None:
+        """That this machine has ``device`` (:func:`gi.core.devices.resolve_device`, no torch import where /dev has no
+        GPU); run before the benchmark's work, not at load, so that a GPU run's output can be read anywhere."""
+        if self.device == "cpu":
+            return
+        from gi.core.devices import resolve_device
+
+        try:
+            resolve_device(self.device, "device")
+        except ConfigError as exc:
+            raise ConfigError(f"{str(exc).split('; use ')[0]}; use device=cpu") from None
+
     def __post_init__(self) -> None:
         from gi.experiments.ttq import CLOCKS, CONTENDERS  # the measurement's tables (it imports this module)
 
@@ -83,6 +98,11 @@ class TTQConfig:
         require(self.every >= 1, "every", self.every, ">= 1")
         require(self.threads >= 1, "threads", self.threads, ">= 1")
         require(self.clock in CLOCKS, "clock", self.clock, f"one of {sorted(CLOCKS)}")
+        require(self.device == "cpu" or self.clock == "wall", "clock", self.clock,
+                f"wall when device={self.device} (CPU seconds do not count GPU work)")
+        named = self.device in ("cpu", "gpu", "cuda") or (self.device.startswith("cuda:") and self.device[5:].isdigit())
+        require(named,
+                "device", self.device, "cpu, gpu, cuda or cuda:N (auto is not allowed: name the device)")
         require(bool(self.levels) and all(v > 0 for v in self.levels), "levels", self.levels, "PSNRs > 0 dB")
         require(self.equal_time is None or self.equal_time > 0, "equal_time", self.equal_time, "> 0 seconds")
         bad = [c for c in self.contenders if c not in CONTENDERS]
