@@ -30,7 +30,7 @@ from gi.attack.recon.problem import build_problem
 from gi.attack.stages import feature_stage, label_stage
 from gi.core.config import load
 from gi.experiments.config.run import RunConfig
-from gi.experiments.run import build_victim, capture_all, make_aux
+from gi.world.build import build_victim, capture_all, make_aux
 
 
 def old_lbfgs(ref: str) -> type:

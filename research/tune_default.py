@@ -28,7 +28,7 @@ from gi.analysis.metrics import match_images, psnr
 from gi.attack.stages import attack_stages
 from gi.core.config import load
 from gi.experiments.config.run import RunConfig
-from gi.experiments.run import build_victim, capture_all, make_aux
+from gi.world.build import build_victim, capture_all, make_aux
 
 TUNE_DATA = ("cifar10-samples", "fashion-mnist")
 

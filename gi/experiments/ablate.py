@@ -38,7 +38,7 @@ from gi.core.errors import GIError
 from gi.experiments.ablate_output import write_ablation
 from gi.experiments.config.ablate import AblateConfig, setting_config
 from gi.experiments.outdir import cells_dir, file_slug, load_cell, restore_cell_file, save_cell, staged_output
-from gi.experiments.run import build_victim, capture_client, make_aux
+from gi.world.build import build_victim, capture_client, make_aux
 
 log = logging.getLogger("gi.experiments.ablate")
 METRIC_KEYS = ("psnr", "ssim", "lpips", "L_r")

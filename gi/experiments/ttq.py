@@ -437,7 +437,7 @@ def build_victim_side(cfg: TTQConfig) -> Victim:
     import torch
 
     from gi.experiments.config.run import RunConfig
-    from gi.experiments.run import build_victim, capture_all, make_aux
+    from gi.world.build import build_victim, capture_all, make_aux
 
     job = load(RunConfig, cfg.job, cfg.job_overrides)
     torch.manual_seed(job.seed)

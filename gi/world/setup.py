@@ -187,6 +187,32 @@ class VictimSetup:
         return setup
 
 
+def capture_count(data: Any, trials: int, batch_size: int, dataset_size: int | None = None) -> int | None:
+    """The number of captures a gi run asks for: ``trials`` batches, ``data.images`` in chunks of ``batch_size``
+    (``all``: of the dataset's ``dataset_size`` images, None while it is not known)."""
+    if data.images is None:
+        return 1 if data.indices is not None else int(trials)
+    n = dataset_size if data.images == "all" else len(data.images)
+    return None if n is None else -(-int(n) // max(int(batch_size), 1))
+
+
+def check_capture_count(data: Any, trials: int, batch_size: int, dataset_size: int | None = None) -> None:
+    """Refuse a gi run of more than ``data.max_captures`` captures (gi run's default:
+    ``gi.experiments.config.run.MAX_CAPTURES``) in one line, naming the count and what to do (docs/guarantees.md):
+    at config load for ``trials`` and ``data.images`` lists, once the dataset is read (before any model is built) for
+    ``data.images: all`` (:func:`gi.world.build.victim_batches`)."""
+    n = capture_count(data, trials, batch_size, dataset_size)
+    if n is None or n <= data.max_captures:
+        return
+    asked = (f"trials={trials}" if data.images is None else
+             f"data.images=all ({dataset_size} images of {data.name}/{data.split})" if data.images == "all" else
+             f"data.images lists {len(data.images)} images")
+    raise ConfigError(f"{asked} asks for {n} captures (batches of protocol.batch_size={batch_size}), more than "
+                      f"data.max_captures={data.max_captures}: every capture keeps the model's gradient and state in "
+                      "memory for one packed reconstruction; list the images to attack (data.images=[...]), split "
+                      "the job (gi sweep over data.images), or raise data.max_captures")
+
+
 def with_defaults(cls: type, data: dict[str, Any]) -> dict[str, Any]:
     """``data`` with every :func:`section` field's defaults under the keys it leaves out (a null section is an
     absent one)."""

@@ -101,7 +101,7 @@ def test_bn_regulariser_is_zero_at_the_client_batch_statistics():
     model = _cnn(batch_norm=True).eval()
     x = _images(3)
     capture, _ = capture_gradients(model, x, _labels(3), Protocol(batch_size=3))
-    from gi.experiments.run import share_bn_statistics
+    from gi.world.build import share_bn_statistics
 
     share_bn_statistics(model, x, capture)
     targets = bn_targets(capture, model, "shared")

@@ -239,7 +239,7 @@ def test_trials_is_the_one_name_for_the_client_batches(overrides, match):
 
 
 def test_trials_draws_that_many_batches():
-    from gi.experiments.run import victim_batches
+    from gi.world.build import victim_batches
 
     cfg = load(RunConfig, DEMO, ["trials=3", "data.indices=null"])
     assert cfg.trials == 3 and victim_batches(cfg, None) == [None, None, None]

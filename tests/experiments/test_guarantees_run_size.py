@@ -10,6 +10,7 @@ from gi.core.config import load
 from gi.core.errors import ConfigError
 from gi.experiments import run as gi_run
 from gi.experiments.config.run import MAX_CAPTURES, RunConfig
+from gi.world import build as victim
 
 ONE_BATCH = ["data.indices=null"]  # configs/demo.yaml attacks one given image
 
@@ -60,7 +61,7 @@ def fashion_train():
 
 def test_data_images_all_on_fashion_mnist_is_refused_before_any_model_and_writes_nothing(tmp_path, monkeypatch,
                                                                                           fashion_train):
-    monkeypatch.setattr(gi_run, "build_model", lambda *a, **k: pytest.fail("a model was built"))
+    monkeypatch.setattr(victim, "build_model", lambda *a, **k: pytest.fail("a model was built"))
     out = tmp_path / "run"
     cfg = load(RunConfig, "configs/demo.yaml", [*ONE_BATCH, "data.name=fashion-mnist", "data.split=train",
                                                 "data.images=all", "model.name=fcn3", f"out={out}"])
@@ -71,10 +72,10 @@ def test_data_images_all_on_fashion_mnist_is_refused_before_any_model_and_writes
     assert list(tmp_path.iterdir()) == []
     raised = load(RunConfig, "configs/demo.yaml", [*ONE_BATCH, "data.name=fashion-mnist", "data.split=train",
                                                    "data.images=all", "data.max_captures=60000"])
-    dataset = gi_run.load_data(raised.data)
-    assert len(gi_run.victim_batches(raised, dataset)) == 60000  # raised explicitly: every image its own capture
+    dataset = victim.load_data(raised.data)
+    assert len(victim.victim_batches(raised, dataset)) == 60000  # raised explicitly: every image its own capture
 
 
 def test_data_images_all_on_a_small_dataset_is_every_image():
     cfg = load(RunConfig, "configs/demo.yaml", [*ONE_BATCH, "data.images=all"])
-    assert gi_run.victim_batches(cfg, gi_run.load_data(cfg.data)) == [[i] for i in range(20)]
+    assert victim.victim_batches(cfg, victim.load_data(cfg.data)) == [[i] for i in range(20)]

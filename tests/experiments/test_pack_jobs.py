@@ -96,7 +96,7 @@ def test_bad_pack_settings_raise(keys, needle):
 
 def test_reconstruct_prepared_refuses_attacks_that_cannot_share_a_problem(tmp_path):
     from gi.attack.stages import prepare_attack, reconstruct_prepared
-    from gi.experiments.run import build_victim, capture_all
+    from gi.world.build import build_victim, capture_all
 
     cfg = _cfg(tmp_path, "x")
     dataset, model = build_victim(cfg)

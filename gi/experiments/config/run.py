@@ -12,38 +12,13 @@ from gi.core.config import refuse_renamed, require, to_dict
 from gi.core.errors import ConfigError
 from gi.experiments.config.attack import with_preset
 from gi.experiments.outdir import check_run_name
-from gi.world.setup import DataConfig, VictimSetup
+from gi.world.setup import DataConfig, VictimSetup, check_capture_count
 
 RENAMED = {"data.captures": "trials"}  # one name in every command for the client batches attacked (docs/usage.md)
 
 MAX_CAPTURES = 1000  # captures of one gi run (data.max_captures raises it): each holds the model's gradient or
 # update and its state (float32: 0.13 MB for the DLG LeNet, 89 MB for a ResNet-18), all kept in memory and packed
 # into one reconstruction; `data.images: all` on fashion-mnist's train split would be 60 000 of them
-
-
-def capture_count(data: Any, trials: int, batch_size: int, dataset_size: int | None = None) -> int | None:
-    """The number of captures a gi run asks for: ``trials`` batches, ``data.images`` in chunks of ``batch_size``
-    (``all``: of the dataset's ``dataset_size`` images, None while it is not known)."""
-    if data.images is None:
-        return 1 if data.indices is not None else int(trials)
-    n = dataset_size if data.images == "all" else len(data.images)
-    return None if n is None else -(-int(n) // max(int(batch_size), 1))
-
-
-def check_capture_count(data: Any, trials: int, batch_size: int, dataset_size: int | None = None) -> None:
-    """Refuse a gi run of more than ``data.max_captures`` captures (:data:`MAX_CAPTURES`) in one line, naming the
-    count and what to do (docs/guarantees.md): at config load for ``trials`` and ``data.images`` lists,
-    once the dataset is read (before any model is built) for ``data.images: all``."""
-    n = capture_count(data, trials, batch_size, dataset_size)
-    if n is None or n <= data.max_captures:
-        return
-    asked = (f"trials={trials}" if data.images is None else
-             f"data.images=all ({dataset_size} images of {data.name}/{data.split})" if data.images == "all" else
-             f"data.images lists {len(data.images)} images")
-    raise ConfigError(f"{asked} asks for {n} captures (batches of protocol.batch_size={batch_size}), more than "
-                      f"data.max_captures={data.max_captures}: every capture keeps the model's gradient and state in "
-                      "memory for one packed reconstruction; list the images to attack (data.images=[...]), split "
-                      "the job (gi sweep over data.images), or raise data.max_captures")
 
 
 @dataclass
@@ -55,8 +30,8 @@ class RunDataConfig(DataConfig):
     ``protocol.batch_size`` consecutive entries each (batch size 1: every image its own capture), packed into one
     batched reconstruction; results are per image plus mean / median / min. When neither is given, the run's
     ``trials`` batches are drawn with the run seed. ``max_captures``: the most captures one run may make
-    (:data:`MAX_CAPTURES`; :func:`check_capture_count`). ``eps``: label-smoothing ε (null: U(0, eps_max) per sample, as
-    the soft-label paper). ``mixup_lam``: mixup λ (null: U(0, 1)).
+    (:data:`MAX_CAPTURES`; :func:`gi.world.setup.check_capture_count`). ``eps``: label-smoothing ε (null:
+    U(0, eps_max) per sample, as the soft-label paper). ``mixup_lam``: mixup λ (null: U(0, 1)).
     """
 
     indices: list[int] | None = None

@@ -63,7 +63,7 @@ class TrainedResNetSetup(VictimSetup):
 
 def trained_victim(s: Any) -> tuple[Any, torch.nn.Module, dict[str, Any]]:
     """The victim dataset and the trained model of a setup with ``data``, ``model``, ``train`` and ``seed``: built
-    and trained as :func:`gi.experiments.run.build_victim` does, cached in-process (and by
+    and trained as :func:`gi.world.build.build_victim` does, cached in-process (and by
     :func:`gi.world.train.train_model` on disk under ``$GI_CACHE_DIR``); returns ``(dataset, model, training
     record)``."""
     import torch
