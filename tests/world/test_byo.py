@@ -460,16 +460,17 @@ def test_capture_to_moves_every_tensor():
     assert moved.last_layer_name == "head.out"
 
 
-@pytest.mark.slow  # 5 × 3000 iterations: ~1.5 min on an idle 2-core box, several under load
+@pytest.mark.slow  # 5 captures x 400 iterations on 16 x 16 images: ~10 s on an idle 2-core box
 def test_own_model_reconstruction_reaches_25_db_mean_over_5_images(tmp_path):
-    """A LeNet-sized user CNN (BatchNorm, head.out) on PNG files written here, captures
-    saved and re-loaded, labels exact, mean PSNR >= 25 dB over 5 images (docs/results/own-model.md: the measured
-    numbers)."""
+    """A LeNet-sized user CNN (BatchNorm, head.out) on PNG files written here, captures saved and re-loaded, labels
+    exact, mean and median PSNR >= 25 dB over 5 images. The images are resized to 16 x 16 and the default preset
+    cut to 400 iterations, which recover them (measured: 76.5 dB mean, 86.7 median, 33.1 min; an attack that
+    recovers nothing scores 7-10 dB); docs/results/own-model.md has the full-size, full-preset numbers."""
     from examples.own_model_folder import main
 
-    summary = main(["--images", "5", "--out", str(tmp_path)])  # the default preset, 5 captures packed
+    summary = main(["--images", "5", "--size", "16", "--iterations", "400", "--out", str(tmp_path)])  # 5 packed
     assert summary["labels_exact"] and summary["images"] == 5
-    assert summary["psnr_mean"] >= 25.0, summary
+    assert summary["psnr_mean"] >= 25.0 and summary["psnr_median"] >= 25.0, summary
 
 
 def test_victim_setup_builds_a_factory_model_on_a_folder(tmp_path):
@@ -495,27 +496,33 @@ def test_victim_setup_builds_a_factory_model_on_a_folder(tmp_path):
 
 
 def test_gi_attack_in_a_new_process_recovers_a_user_model_captures_labels(tmp_path):
-    """Issue 13's acceptance path on the command line: a user CNN (BatchNorm, head ``head.out``) on a folder of PNG
-    files → capture saved → ``gi attack`` in a new process (only the factory's package on PYTHONPATH) → labels
-    exact, the output directory complete and scored against the saved truth."""
+    """The acceptance path of a user's own model on the command line: a user CNN (BatchNorm, head ``head.out``) on a
+    folder of PNG files → three one-image captures saved (a ``captures/`` + ``truths/`` folder) → one ``gi attack``
+    in a new process (only the factory's package on PYTHONPATH) → every capture's labels exact, the output
+    directory complete and scored against the saved truths."""
+    import json
+
     from examples.own_model_folder import write_pngs
 
     data = load("folder", root=str(write_pngs(tmp_path / "images", 3)), size=32)
     model = from_factory("examples.own_model_folder:make_net", num_classes=data.num_classes, seed=0)
+    truths = []
     for i in range(3):
         capture, truth = gi.capture_gradients(model, data.images[i:i + 1], data.labels[i:i + 1], gi.Protocol())
-        capture.save(tmp_path / f"c{i}" / "capture.safetensors")
-        truth.save(tmp_path / f"c{i}" / "truth.safetensors")
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "GI_THREADS": "1"}
-        out = subprocess.run([sys.executable, "-m", "gi.cli", "attack", str(tmp_path / f"c{i}"), "attack.iterations=3",
-                              "attack.progress=false", f"truth={tmp_path / f'c{i}'}", f"out={tmp_path / f'a{i}'}",
-                              "model=examples.own_model_folder:make_net"],
-                             env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
-        assert out.returncode == 0, out.stderr[-2000:]
-        metrics = __import__("json").loads((tmp_path / f"a{i}" / "metrics.json").read_text())
-        assert metrics["labels"]["counts"] == truth.counts.tolist()
-        assert [s["name"] for s in metrics["stages"]] == ["labels", "features", "reconstruct"]
-        assert "psnr_mean" in metrics and (tmp_path / f"a{i}" / "grid.png").is_file()
+        capture.save(tmp_path / "c" / "captures" / f"{i:03d}.safetensors")
+        truth.save(tmp_path / "c" / "truths" / f"{i:03d}.safetensors")
+        truths.append(truth)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GI_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-m", "gi.cli", "attack", str(tmp_path / "c"), "attack.iterations=3",
+                          "attack.progress=false", f"truth={tmp_path / 'c'}", f"out={tmp_path / 'a'}",
+                          "model=examples.own_model_folder:make_net"],
+                         env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    metrics = json.loads((tmp_path / "a" / "metrics.json").read_text())
+    assert len({tuple(t.counts.tolist()) for t in truths}) > 1  # the captures hold different labels
+    assert metrics["labels"]["counts"] == [t.counts.tolist() for t in truths]
+    assert [s["name"] for s in metrics["stages"]] == ["labels", "features", "reconstruct"]
+    assert metrics["num_images"] == 3 and "psnr_mean" in metrics and (tmp_path / "a" / "grid.png").is_file()
 
 
 def test_the_attack_saved_capture_example_reproduces_the_run(tmp_path):
