@@ -432,7 +432,7 @@ register_contender("breaching")(Contender(check_breaching, _breaching_attack,
 
 # --------------------------------------------------------------------------- the job
 def build_victim_side(cfg: TTQConfig) -> Victim:
-    """The job's victim part exactly as ``gi run`` makes it (:mod:`gi.experiments.run`): data, model,
+    """The job's victim part exactly as ``gi run`` makes it (:mod:`gi.world.build`): data, model,
     captures (one per image or batch) and the attacker's aux set."""
     import torch
 

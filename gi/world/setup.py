@@ -32,16 +32,13 @@ import dataclasses
 import logging
 import typing
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from gi.core.config import from_dict, require, set_dotted
 from gi.core.devices import torch_device
 from gi.core.errors import ConfigError
 from gi.core.names import check_name
 from gi.world.fl.protocol import Protocol
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("gi.setup")
 T = TypeVar("T")

@@ -191,9 +191,10 @@ def test_a_gpu_bench_needs_the_wall_clock_and_a_named_device(monkeypatch, tmp_pa
     with pytest.raises(ConfigError, match="device"):
         load(TTQConfig, LENET, ["device=auto", "clock=wall"])
     monkeypatch.setattr("gi.core.devices._gpu_device_nodes", lambda: False)  # any machine: as if it had no GPU
-    gpu = load(TTQConfig, LENET, ["device=gpu", "clock=wall", f"out={tmp_path / 'o'}"])  # a GPU run's config loads
-    with pytest.raises(ConfigError, match="no GPU.*use device=cpu$"):                    # anywhere; running it needs
-        run_ttq(gpu)                                                                     # the GPU, before any work
+    # a GPU run's config loads anywhere; running it needs the GPU, and says so before any work
+    gpu = load(TTQConfig, LENET, ["device=gpu", "clock=wall", "contenders=[gi]", f"out={tmp_path / 'o'}"])
+    with pytest.raises(ConfigError, match="no GPU.*use device=cpu$"):
+        run_ttq(gpu)
     assert not (tmp_path / "o").exists()
     with pytest.raises(ConfigError, match="device"):
         load(TTQConfig, LENET, ["device=tpu", "clock=wall"])
