@@ -1,0 +1,82 @@
+"""fcn_analytic.disaggregate: a batch's per-sample inputs of a Linear layer from its summed gradient."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fcn_analytic.disaggregate import linear_inputs
+from gi.core.errors import GIError
+from gi.world.data import load
+from gi.world.fl.protocol import Protocol
+from gi.world.fl.victim import capture_gradients
+from gi.world.models import build
+
+
+def _layer_gradient(batch: int, n: int = 120, m: int = 24, seed: int = 0, zeros: float = 0.5
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """∇W = Δ Xᵀ, ∇b = Δ 1 for nonnegative inputs with a fraction ``zeros`` of exact zeros and dense errors."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(batch, n, generator=g, dtype=torch.float64)
+    x[torch.rand(batch, n, generator=g) < zeros] = 0.0
+    delta = torch.randn(batch, m, generator=g, dtype=torch.float64)
+    return delta.T @ x, delta.sum(0), x, delta
+
+
+def _matched_error(found: torch.Tensor, truth: torch.Tensor) -> float:
+    """Largest relative error of each true row against its nearest found row (the order is free)."""
+    dist = torch.cdist(truth, found)
+    return float((dist.min(1).values / truth.norm(dim=1)).max())
+
+
+def test_inputs_and_output_errors_are_recovered_exactly():
+    grad_w, grad_b, x, delta = _layer_gradient(batch=5)
+    got = linear_inputs(grad_w, grad_b, 5, samples=50_000, chunk=2_000)
+    assert _matched_error(got.inputs, x) < 1e-9
+    assert _matched_error(got.output_errors, delta) < 1e-9
+    assert got.residual < 1e-10 and got.draws <= 50_000
+    # the recovered pairs explain the gradient: Δ Xᵀ = ∇W, Δ 1 = ∇b
+    assert torch.allclose(got.output_errors.T @ got.inputs, grad_w, atol=1e-10)
+
+
+@settings(max_examples=6, deadline=None)
+@given(batch=st.integers(2, 5), seed=st.integers(0, 1000))
+def test_any_batch_of_sparse_nonnegative_inputs_is_recovered(batch, seed):
+    grad_w, grad_b, x, _ = _layer_gradient(batch, seed=seed)
+    got = linear_inputs(grad_w, grad_b, batch, samples=50_000, chunk=2_000, seed=seed)
+    assert got.inputs.shape == x.shape and _matched_error(got.inputs, x) < 1e-8
+
+
+def test_a_real_relu_cnn_batch_gives_its_fully_connected_inputs():
+    """The zoo's BatchNorm CNN in train mode on 4 Fashion-MNIST images: the input of ``body.1`` (the max-pooled
+    ReLU feature map, 1568-d) of every image, from the captured float32 gradient."""
+    data = load("fashion-mnist")
+    model = build("cnn", 10, activation="relu", in_shape=(1, 28, 28), seed=0, batch_norm=True, channels=[16, 32],
+                  hidden=64)
+    images, labels = data.images[:4], data.labels[:4]
+    capture, _ = capture_gradients(model, images, labels, Protocol(batch_size=4, model_mode="train"))
+    seen: dict[str, torch.Tensor] = {}
+    hook = model.body[1].register_forward_hook(lambda mod, inp, out: seen.__setitem__("x", inp[0].detach()))
+    model.train()(images)
+    hook.remove()
+    got = linear_inputs(capture.gradients["body.1.weight"], capture.gradients["body.1.bias"], 4, chunk=5_000)
+    assert _matched_error(got.inputs, seen["x"].double()) < 1e-3  # float32 gradient; exact up to its rounding
+    assert got.residual < 1e-3
+
+
+def test_bad_inputs_are_clear_errors():
+    grad_w, grad_b, x, delta = _layer_gradient(batch=3)
+    with pytest.raises(GIError, match="bias gradient"):
+        linear_inputs(grad_w, grad_b[:-1], 3)
+    with pytest.raises(GIError, match="batch=1"):
+        linear_inputs(grad_w, grad_b, 1)
+    with pytest.raises(GIError, match="samples"):
+        linear_inputs(grad_w, grad_b, 3, samples=0)
+    twice = torch.cat([x[:2], x[:1]])  # two samples with the same input: rank 2 for a batch of 3
+    with pytest.raises(GIError, match="rank < batch=3"):
+        linear_inputs(delta.T @ twice, delta.sum(0), 3)
+    dense = torch.rand(3, 120, dtype=torch.float64) + 0.1  # no zeros: nothing for the sampling to find
+    with pytest.raises(GIError, match="0 of 3 inputs found"):
+        linear_inputs(delta.T @ dense, delta.sum(0), 3, samples=4_000, chunk=2_000)
