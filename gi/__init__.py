@@ -6,10 +6,11 @@ use, so ``gi --help`` and config errors answer at once.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gi.core.devices import env_threads
 from gi.core.errors import AssetError, CaptureError, ConfigError, GIError, OutputError
+from gi.core.registry import lazy_names
 from gi.world.fl.protocol import Protocol
 
 if TYPE_CHECKING:
@@ -48,14 +49,4 @@ _MODULES = {"attack": "gi.attack", "data": "gi.world.data", "models": "gi.world.
             "metrics": "gi.analysis.metrics", "world": "gi.world", "analysis": "gi.analysis"}
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        module, attr = _LAZY[name]
-        return getattr(importlib.import_module(module), attr)
-    if name in _MODULES:
-        import importlib
-
-        return importlib.import_module(_MODULES[name])
-    raise AttributeError(f"module 'gi' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, {**_LAZY, **_MODULES})

@@ -6,7 +6,7 @@ registering a name twice is an error (two modules silently overriding each other
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -40,16 +40,26 @@ def import_members(package: str, path: Iterable[str]) -> None:
             importlib.import_module(f"{package}.{module.name}")
 
 
-def lazy_submodules(package: str, names: Iterable[str]) -> Callable[[str], Any]:
-    """A module ``__getattr__`` for ``package`` that imports its submodule ``names`` on first use (``gi.world.data``
-    without ``import gi.world.data``), keeping the package's own import light."""
-    known = frozenset(names)
+def lazy_names(package: str, table: Mapping[str, str | tuple[str, str]]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` for ``package`` that resolves each name of ``table`` on first use: a module path
+    (imported and returned) or ``(module path, attribute)`` (the module imported, the attribute returned), keeping
+    the package's own import light (PEP 562)."""
+    known = dict(table)
 
     def getattr_(name: str) -> Any:
         if name in known:
             import importlib
 
-            return importlib.import_module(f"{package}.{name}")
+            target = known[name]
+            if isinstance(target, tuple):
+                return getattr(importlib.import_module(target[0]), target[1])
+            return importlib.import_module(target)
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
     return getattr_
+
+
+def lazy_submodules(package: str, names: Iterable[str]) -> Callable[[str], Any]:
+    """:func:`lazy_names` for ``package``'s own submodules ``names`` (``gi.world.data`` without ``import
+    gi.world.data``)."""
+    return lazy_names(package, {name: f"{package}.{name}" for name in names})
