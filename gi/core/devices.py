@@ -12,30 +12,32 @@ from gi.core.errors import ConfigError
 DEVICES = ("auto", "cpu", "gpu", "cuda", "cuda:N", "mps")
 
 
-def resolve_device(name: str, where: str = "attack.device") -> tuple[str, int | list[int]]:
+def resolve_device(name: str, where: str = "attack.device", auto_ok: bool = True) -> tuple[str, int | list[int]]:
     """``auto`` (a GPU when one is visible, else the CPU), ``cpu``, ``gpu``/``cuda``, ``cuda:N``, ``mps``.
 
-    Raises :class:`ConfigError` for an unknown name or an accelerator this machine does not have.
+    Raises :class:`ConfigError` for an unknown name or an accelerator this machine does not have; its advice names
+    ``auto`` as an alternative only where the caller accepts it (``auto_ok``).
     """
+    instead = f"{where}=cpu or {where}=auto" if auto_ok else f"{where}=cpu"
     if name == "cpu":
         return "cpu", 1
     if not isinstance(name, str) or not (name in DEVICES or (name.startswith("cuda:") and name[5:].isdigit())):
         raise ConfigError(f"{where}={name!r} is not allowed; valid: {', '.join(DEVICES)}")
     if name != "auto" and name != "mps" and not _gpu_device_nodes():  # no torch import: answers in milliseconds
         raise ConfigError(f"{where}={name} but torch sees no GPU on this machine (no GPU device under /dev); use "
-                          f"{where}=cpu or {where}=auto")
+                          f"{instead}")
     import torch
 
     if name == "auto":
         return ("gpu" if torch.cuda.is_available() else "cpu"), 1
     if name == "mps":
         if not torch.backends.mps.is_available():
-            raise ConfigError(f"{where}=mps but this machine has no MPS device; use {where}=cpu or auto")
+            raise ConfigError(f"{where}=mps but this machine has no MPS device; use {instead}")
         return "mps", 1
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count == 0:
         raise ConfigError(f"{where}={name} but torch sees no GPU on this machine (torch.cuda.is_available() is "
-                          f"False); use {where}=cpu or {where}=auto")
+                          f"False); use {instead}")
     if name.startswith("cuda:"):
         index = int(name[5:])
         if index >= count:

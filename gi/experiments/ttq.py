@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from gi.core.config import from_dict, load
+from gi.core.devices import torch_device
 from gi.core.errors import ConfigError
 from gi.core.registry import registrar
 from gi.experiments.bench import git_commit
@@ -271,18 +272,13 @@ def _gi_default_job(cfg: TTQConfig, victim: Victim, k: int, clock: AttackClock,
     return curve
 
 
-def torch_device(name: str) -> str:
-    """A config's device name (``cpu``, ``gpu``, ``cuda``, ``cuda:N``) as torch spells it."""
-    return "cuda" if name == "gpu" else name
-
-
 def device_sync(name: str) -> Callable[[], None] | None:
     """``torch.cuda.synchronize`` on a CUDA device (the clock's :class:`AttackClock` ``sync``), else None."""
     if name == "cpu":
         return None
     import torch
 
-    device = torch.device(torch_device(name))
+    device = torch.device(torch_device(name))  # checked: a missing GPU is a ConfigError
     return lambda: torch.cuda.synchronize(device)
 
 

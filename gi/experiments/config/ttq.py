@@ -82,10 +82,7 @@ class TTQConfig:
             return
         from gi.core.devices import resolve_device
 
-        try:
-            resolve_device(self.device, "device")
-        except ConfigError as exc:
-            raise ConfigError(f"{str(exc).split('; use ')[0]}; use device=cpu") from None
+        resolve_device(self.device, "device", auto_ok=False)
 
     def __post_init__(self) -> None:
         from gi.experiments.ttq import CLOCKS, CONTENDERS  # the measurement's tables (it imports this module)
