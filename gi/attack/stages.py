@@ -181,15 +181,14 @@ def attack_labels(lcfg: LabelConfig, capture: Capture, truth: Truth | None,
 
 
 def derived_attack(lcfg: LabelConfig, attack: ReconConfig) -> ReconConfig:
-    """``attack`` with its ``labels`` (fixed or joint) set by ``lcfg.mode`` (a ConfigError for an unknown mode), and
-    ``feature_weight`` 0 for a mode without labels (DLG's joint labels from a random start give no f*)."""
+    """``attack`` with its ``labels`` (fixed or joint) set by ``lcfg.mode`` (a ConfigError for an unknown mode).
+    ``feature_weight`` is kept: :func:`gi.attack.recon.problem.build_problem` drops the term, with a warning, for
+    captures without a target f* (DLG's joint labels give one only where it is label-free)."""
     if lcfg.mode not in LABEL_MODES:
         raise ConfigError(f"labels.mode={lcfg.mode!r} is not allowed; valid: {list(LABEL_MODES)}")
     kind = LABEL_MODES[lcfg.mode].kind
     if attack.labels != kind:
         attack = dataclasses.replace(attack, labels=kind)
-    if LABEL_MODES[lcfg.mode].labels is _no_labels and attack.feature_weight > 0:
-        attack = dataclasses.replace(attack, feature_weight=0.0)  # no labels, no last-layer features to match
     return attack
 
 
@@ -239,11 +238,8 @@ def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_result
 
     start, cpu = time.perf_counter(), time.process_time()
     features: list[torch.Tensor | None] = []
-    for c, lr in zip(captures, label_results):
-        if lr is None or c.is_update:
-            features.append(None)
-            continue
-        soft = labels_for_slots(lr, c.num_samples, c.num_classes)
+    for c, lr in zip(captures, label_results):  # joint labels (lr None): only a label-free f* (one sample, a bias)
+        soft = None if lr is None else labels_for_slots(lr, c.num_samples, c.num_classes)
         features.append(feature_targets(c, lr, soft))
     available = bool(features) and all(f is not None for f in features)
     source = None
@@ -316,10 +312,7 @@ def reconstruct_stage(attack: ReconConfig, captures: Sequence[Capture], label_re
     else:
         from gi.attack.recon import reconstruct_many  # Lightning loads here, when a capture is optimised
 
-        cfg = attack
-        if features[0] is None and cfg.feature_weight > 0:
-            cfg = dataclasses.replace(cfg, feature_weight=0.0)
-            record["feature_weight"] = "0 (no features available)"
+        cfg = attack  # a feature term without a target is dropped by build_problem, which warns (one rule)
         warm = [i for i in rest if residuals[i] is not None and residuals[i] < INIT_MAX_RESIDUAL]
         cold = [i for i in rest if i not in warm]
         if warm:

@@ -372,11 +372,34 @@ def test_feature_term_alone_is_zero_at_the_true_image_and_targets_are_exact_for_
     assert rec.images.shape == (1, 3, 8, 8)
 
 
-def test_feature_weight_without_a_feature_target_is_a_clear_error():
+def test_feature_weight_without_a_feature_target_drops_the_term_and_says_so():
+    """One rule for gi run, gi ablate and gi defend: a capture without f* (a bias-free batch here) loses the feature
+    term, and the fit's warnings name why."""
     model = build("cnn", C, in_shape=(3, 8, 8), seed=0, channels=(4,), hidden=8, bias_last=False)
     capture, truth = capture_gradients(model, _images(2), _labels(2), Protocol(batch_size=2))
-    with pytest.raises(ConfigError, match="feature target"):
-        reconstruct(capture, _oracle(truth), config=ReconConfig(feature_weight=1.0, **FAST))
+    problem = build_problem([capture], [_oracle(truth)], ReconConfig(feature_weight=1.0, **FAST))
+    assert "features" not in problem.terms and problem.features is None
+    assert len(problem.notes) == 1 and "feature_weight (β) set to 0" in problem.notes[0] and "1 of 1" in problem.notes[0]
+    rec = reconstruct(capture, _oracle(truth), config=ReconConfig(feature_weight=1.0, **FAST))
+    assert any("set to 0" in w for w in rec.history["warnings"])
+    kept = build_problem([capture], [_oracle(truth)], ReconConfig(feature_weight=0.0, **FAST))
+    assert kept.notes == () and "features" not in kept.terms
+
+
+def test_joint_labels_use_only_a_label_free_feature_target():
+    """DLG's joint labels from a random start: one sample with a last-layer bias has the label-free f* =
+    ∇Wᵀ∇b/‖∇b‖² (the true features); without a bias no λ can be fitted, so the term is dropped, not guessed."""
+    cfg = ReconConfig(labels="joint", feature_weight=1.0, **FAST)
+    model = _cnn()
+    x = _images(1)
+    capture, _ = capture_gradients(model, x, _labels(1), Protocol())
+    problem = build_problem([capture], [None], cfg)
+    assert "features" in problem.terms and problem.notes == ()
+    torch.testing.assert_close(problem.features[0].float(), model.features(x), rtol=1e-4, atol=1e-6)
+    bare = build("cnn", C, in_shape=(3, 8, 8), seed=0, channels=(4,), hidden=8, bias_last=False)
+    capture, _ = capture_gradients(bare, x, _labels(1), Protocol())
+    problem = build_problem([capture], [None], cfg)
+    assert "features" not in problem.terms and problem.notes
 
 
 # ------------------------------------------------------------------------------------------ config, threads

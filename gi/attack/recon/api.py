@@ -232,7 +232,7 @@ def optimise(problem: Problem, cfg: ReconConfig, callbacks: Sequence[L.Callback]
         start = time.perf_counter()
         trainer.fit(module)
         seconds = time.perf_counter() - start
-        module.history["warnings"] = diagnose(module, cfg, initial)
+        module.history["warnings"] = [*problem.notes, *diagnose(module, cfg, initial)]
     log.info("reconstructed %d capture(s) x %d restart(s) in %.1f s (%d threads)", problem.num_problems,
              cfg.restarts, seconds, threads)
     for warning in module.history["warnings"]:

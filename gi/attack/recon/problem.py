@@ -9,6 +9,7 @@ N·R rows are simulated in one ``vmap`` call. Ground truth never enters a Proble
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -60,6 +61,7 @@ class Problem:
     bn_targets: dict[str, tuple[Tensor, Tensor]] | None = None
     ids: tuple[int, ...] = ()
     output_error: Tensor | None = None
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if "features" in self.terms and self.features is None:
@@ -128,21 +130,24 @@ def labels_for_slots(label_result: LabelResult | None, batch: int, num_classes: 
     return torch.nn.functional.one_hot(slots, num_classes).float()
 
 
-def feature_targets(capture: Capture, label_result: LabelResult | None, soft: Tensor) -> Tensor | None:
+def feature_targets(capture: Capture, label_result: LabelResult | None, soft: Tensor | None) -> Tensor | None:
     """f*_{N−1} per slot (B, D), float64, for the feature term of eq. 8; None when the capture does not give it.
 
     One sample: :func:`fcn_analytic.last_layer_features` (``λ·g_r`` of the soft-label method, ``∇Wᵀ∇b/‖∇b‖²``
     with a bias, or λ fitted to the slot label). A batch with a last-layer bias: slot with label c gets
     ``∇W_c/∇b_c``, the ∇b-weighted mean of the features in the batch, which is the feature of a class that
     occurs once (breaching's ``features`` regulariser); a bias-free batch has no analytic per-slot feature.
+    ``soft`` None (no labels: joint labels from a random start): only the label-free bias source of one sample.
     """
-    b = soft.shape[0]
-    if capture.is_update:
+    b = capture.num_samples if soft is None else soft.shape[0]
+    if capture.is_update or (soft is None and b != 1):
         return None
     if b == 1:
         from fcn_analytic import last_layer_features
 
-        if label_result is None or (label_result.features is None and label_result.soft is None):
+        if soft is None:
+            label_result = None  # the bias source or nothing: a λ fit needs a label
+        elif label_result is None or (label_result.features is None and label_result.soft is None):
             # counts only (or joint labels): λ fitted to the slot label
             label_result = LabelResult.from_counts("slots", soft.argmax(1).bincount(minlength=soft.shape[1]),
                                                    soft=soft)
@@ -261,16 +266,25 @@ def same_model(a: Capture, b: Capture) -> bool:
 
 
 def _feature_rows(captures: list[Capture], label_results: list[LabelResult | None], features: list[Tensor | None],
-                  soft: Tensor | None, classes: int) -> Tensor:
-    """f* (N, B, D): the given features, else :func:`feature_targets` of each capture."""
+                  soft: Tensor | None) -> list[Tensor | None]:
+    """f* (B, D) per capture: the given features, else :func:`feature_targets`; None where a capture has none (an
+    update, a bias-free batch, joint labels without a last-layer bias).
+
+    With joint labels from a random start (``soft`` None) only a label-free target is used: one sample's
+    ``∇Wᵀ∇b/‖∇b‖²`` (eq. 8's f* needs no label when the last layer has a bias)."""
     b = image_slots(captures[0])
-    slots = soft if soft is not None else torch.zeros(len(captures), b, classes)
-    rows = [f if f is not None else (feature_targets(c, lr, s) if soft is not None or b == 1 else None)
-            for c, lr, f, s in zip(captures, label_results, features, slots)]
-    if any(f is None for f in rows):
-        raise ConfigError("attack.feature_weight > 0 but no last-layer feature target f* is available for this "
-                          "capture (needs one sample, or a batch with a last-layer bias, or explicit features)")
-    return torch.stack([f.reshape(b, -1) for f in rows])
+    if soft is None:
+        rows = [f if f is not None else (feature_targets(c, None, None) if b == 1 else None)
+                for c, f in zip(captures, features)]
+    else:
+        rows = [f if f is not None else feature_targets(c, lr, s)
+                for c, lr, f, s in zip(captures, label_results, features, soft)]
+    return [None if f is None else f.reshape(b, -1) for f in rows]
+
+
+NO_FEATURES = ("attack.feature_weight (β) set to 0: no last-layer feature target f* (eq. 8) for {n} of {total} "
+               "capture(s) (it needs one sample with a last-layer bias or known labels, or a FedSGD batch with a "
+               "last-layer bias and labels; an update has none)")
 
 
 def _prior(captures: list[Capture], label_results: list[LabelResult | None],
@@ -310,6 +324,15 @@ def build_problem(captures: Sequence[Capture], label_results: Sequence[LabelResu
     joint_random = cfg.labels == "joint" and all(lr is None for lr in label_results)
     soft = None if joint_random else torch.stack([labels_for_slots(lr, b, classes) for lr in label_results])
     targets = {k: torch.stack([c.shared[k] for c in captures]) for k in first.shared}
+    rows, notes = None, ()
+    if cfg.feature_weight > 0:  # one rule for every command: no target, no feature term, and the run says so
+        found = _feature_rows(captures, label_results, features, soft)
+        missing = sum(f is None for f in found)
+        if missing:
+            cfg = dataclasses.replace(cfg, feature_weight=0.0)
+            notes = (NO_FEATURES.format(n=missing, total=len(captures)),)
+        else:
+            rows = torch.stack(found)
     weights = match_weights(list(targets), cfg, first.last_layer_name)
     return Problem(
         model=model, protocol=first.protocol, targets=targets, weights=weights, soft=soft,
@@ -317,8 +340,8 @@ def build_problem(captures: Sequence[Capture], label_results: Sequence[LabelResu
         terms=term_weights(cfg, matched=any(w != 0.0 for w in weights.values())),
         batching=choose_batching(cfg.batching, len(captures) * cfg.restarts, model, resolve_device(cfg.device)[0]),
         kind="update" if first.is_update else "gradient", history=dict(first.history),
-        features=_feature_rows(captures, label_results, features, soft, classes) if cfg.feature_weight > 0 else None,
+        features=rows,
         prior=_prior(captures, label_results, priors) if cfg.init == "analytic" else None,
         bn_targets=bn_targets(first, model, cfg.bn_stats) if cfg.regularizers.get("bn") else None,
-        output_error=output_errors(captures, cfg.output_error, joint=cfg.labels == "joint"),
+        output_error=output_errors(captures, cfg.output_error, joint=cfg.labels == "joint"), notes=notes,
     )
