@@ -8,6 +8,9 @@ test checks every pair is equal. A name added to a
 registry at run time (a user's label method, a body added to ``BODIES``) is known as well: its registry's module
 is then loaded, and :func:`known` reads it from ``sys.modules``, never importing it.
 
+:data:`DATASET_SIZES` gives the image count of each dataset split of fixed size (``data.images: all`` is counted
+from it at config load); a test checks it against the datasets read.
+
 The label metrics' names (:data:`LABEL_METRICS`, :data:`POOLED_METRICS`) live here too; :mod:`gi.analysis.metrics`
 re-exports them.
 """
@@ -18,6 +21,15 @@ import sys
 from collections.abc import Iterable
 
 from gi.core.errors import ConfigError
+
+# the image count of every (dataset, split) of gi.world.data.DATASETS whose size is fixed (a user's folder has none):
+# `data.images: all` is sized from it when the config loads, before any data is read
+DATASET_SIZES: dict[tuple[str, str], int] = {
+    **{(f"{s}-samples", "test"): 20 for s in ("cifar10", "cifar100", "mnist", "fashion-mnist", "imagenet")},
+    ("fashion-mnist", "train"): 60000, ("fashion-mnist", "test"): 10000, ("mnist", "train"): 60000,
+    ("mnist", "test"): 10000, ("cifar10", "train"): 50000, ("cifar10", "test"): 10000, ("cifar100", "train"): 50000,
+    ("cifar100", "test"): 10000, ("svhn", "train"): 73257, ("svhn", "test"): 26032, ("svhn", "extra"): 531131,
+}
 
 # gi.world.models.BODIES
 ZOO_MODELS = ("cnn", "cnn6", "fcn3", "fcn4", "lenet", "lenet5", "linear", "mlp", "resnet18", "resnet32", "resnet50",

@@ -184,20 +184,35 @@ class VictimSetup:
         return setup
 
 
+MAX_CAPTURES = 1000  # captures of one gi run (data.max_captures raises it), and trials per grid point of gi labels:
+# each holds the model's gradient or update and its state (float32: 0.13 MB for the DLG LeNet, 89 MB for a
+# ResNet-18), all kept in memory; `data.images: all` on fashion-mnist's train split would be 60 000 of them
+
+
 def capture_count(data: Any, trials: int, batch_size: int, dataset_size: int | None = None) -> int | None:
     """The number of captures a gi run asks for: ``trials`` batches, ``data.images`` in chunks of ``batch_size``
-    (``all``: of the dataset's ``dataset_size`` images, None while it is not known)."""
+    (``all``: of the dataset's ``dataset_size`` images, else its fixed size,
+    :data:`gi.core.names.DATASET_SIZES`; None while it is not known, a folder before it is read)."""
     if data.images is None:
         return 1 if data.indices is not None else int(trials)
+    dataset_size = _size(data, dataset_size)
     n = dataset_size if data.images == "all" else len(data.images)
     return None if n is None else -(-int(n) // max(int(batch_size), 1))
 
 
+def _size(data: Any, dataset_size: int | None) -> int | None:
+    """``dataset_size``, else the fixed size of ``data``'s dataset and split (None for a folder: counted once read)."""
+    from gi.core.names import DATASET_SIZES
+
+    return dataset_size if dataset_size is not None else DATASET_SIZES.get((data.name, data.split))
+
+
 def check_capture_count(data: Any, trials: int, batch_size: int, dataset_size: int | None = None) -> None:
     """Refuse a gi run of more than ``data.max_captures`` captures (gi run's default:
-    ``gi.experiments.config.run.MAX_CAPTURES``) in one line, naming the count and what to do (docs/guarantees.md):
-    at config load for ``trials`` and ``data.images`` lists, once the dataset is read (before any model is built) for
-    ``data.images: all`` (:func:`gi.world.build.victim_batches`)."""
+    :data:`MAX_CAPTURES`) in one line, naming the count and what to do (docs/guarantees.md): at config load for
+    ``trials``, ``data.images`` lists and ``data.images: all`` of a dataset of fixed size, once a folder is read
+    (before any model is built; :func:`gi.world.build.victim_batches`)."""
+    dataset_size = _size(data, dataset_size)
     n = capture_count(data, trials, batch_size, dataset_size)
     if n is None or n <= data.max_captures:
         return

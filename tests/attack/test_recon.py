@@ -379,7 +379,8 @@ def test_feature_weight_without_a_feature_target_drops_the_term_and_says_so():
     capture, truth = capture_gradients(model, _images(2), _labels(2), Protocol(batch_size=2))
     problem = build_problem([capture], [_oracle(truth)], ReconConfig(feature_weight=1.0, **FAST))
     assert "features" not in problem.terms and problem.features is None
-    assert len(problem.notes) == 1 and "feature_weight (β) set to 0" in problem.notes[0] and "1 of 1" in problem.notes[0]
+    note, = problem.notes
+    assert "feature_weight (β) set to 0" in note and "1 of 1" in note
     rec = reconstruct(capture, _oracle(truth), config=ReconConfig(feature_weight=1.0, **FAST))
     assert any("set to 0" in w for w in rec.history["warnings"])
     kept = build_problem([capture], [_oracle(truth)], ReconConfig(feature_weight=0.0, **FAST))

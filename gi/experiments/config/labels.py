@@ -12,7 +12,7 @@ from gi.attack.stages import LABELS_DOC, RENAMED_LABEL_KEYS, LabelTable
 from gi.core.config import from_dict, refuse_renamed, set_dotted
 from gi.core.errors import ConfigError
 from gi.experiments.outdir import check_run_name
-from gi.world.setup import deprecated, upgrade
+from gi.world.setup import MAX_CAPTURES, deprecated, upgrade
 
 
 @dataclass
@@ -52,8 +52,9 @@ class LabelBenchConfig:
             raise ConfigError(f"pool={self.pool}: {stray} not grid keys; pool names keys of `grid` ({list(self.grid)})")
         if self.proportion_class is not None and self.proportion_class < 0:
             raise ConfigError(f"proportion_class={self.proportion_class} must be a class index >= 0 or null")
-        if self.trials < 1:
-            raise ConfigError("trials must be >= 1")
+        if not 1 <= self.trials <= MAX_CAPTURES:
+            raise ConfigError(f"trials={self.trials}: must be >= 1 and at most {MAX_CAPTURES} (every trial of a grid "
+                              "point is kept in memory for the vectorised label call); run more as separate seeds")
         valid = [*LABEL_METRICS, *POOLED_METRICS]
         bad = [m for m in self.metrics if m not in valid]
         if bad or not self.metrics:

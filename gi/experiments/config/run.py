@@ -12,13 +12,10 @@ from gi.core.config import refuse_renamed, require, to_dict
 from gi.core.errors import ConfigError
 from gi.experiments.config.attack import with_preset
 from gi.experiments.outdir import check_run_name
-from gi.world.setup import DataConfig, VictimSetup, check_capture_count
+from gi.world.setup import MAX_CAPTURES, DataConfig, VictimSetup, check_capture_count
 
 RENAMED = {"data.captures": "trials"}  # one name in every command for the client batches attacked (docs/usage.md)
 
-MAX_CAPTURES = 1000  # captures of one gi run (data.max_captures raises it): each holds the model's gradient or
-# update and its state (float32: 0.13 MB for the DLG LeNet, 89 MB for a ResNet-18), all kept in memory and packed
-# into one reconstruction; `data.images: all` on fashion-mnist's train split would be 60 000 of them
 
 
 @dataclass
@@ -98,7 +95,7 @@ class RunConfig(VictimSetup):
                               "(data.indices one batch, data.images one per protocol.batch_size images); leave "
                               "trials out, or leave them out to draw trials random batches")
         self.attack = derived_attack(self.labels, self.attack)  # the loaders refuse an explicit other value
-        check_capture_count(self.data, self.trials, self.protocol.batch_size)  # data.images=all: once read
+        check_capture_count(self.data, self.trials, self.protocol.batch_size)  # a folder's images=all: once read
         if self.protocol.is_update and self.protocol.label_aug == "mixup":
             raise ConfigError("protocol.label_aug=mixup is FedSGD-only here (gi.world.fl.victim trains with one-hot or "
                               "smoothed labels); use protocol.scheme=fedsgd or another label_aug")
