@@ -224,6 +224,21 @@ def label_stage(lcfg: LabelConfig, captures: Sequence[Capture], truths: Sequence
     return results, kind, record
 
 
+def capture_features(attack: ReconConfig, captures: Sequence[Capture], label_results: Sequence[LabelResult | None]
+                     ) -> list[torch.Tensor | None]:
+    """f* per capture (:func:`gi.attack.recon.problem.feature_targets`) at ``attack.feature_layer`` when the feature
+    term is on (a named layer's inputs cost a search), else at the last layer; joint labels (None): only a
+    label-free f*. The one rule of ``gi run`` / ``gi attack`` (:func:`feature_stage`) and ``gi ablate``."""
+    from gi.attack.recon.problem import feature_targets, labels_for_slots
+
+    layer = attack.feature_layer_name if attack.feature_weight > 0 else None
+    out: list[torch.Tensor | None] = []
+    for c, lr in zip(captures, label_results):
+        soft = None if lr is None else labels_for_slots(lr, c.num_samples, c.num_classes)
+        out.append(feature_targets(c, lr, soft, layer, attack.seed, attack.feature_draws))
+    return out
+
+
 def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_results: Sequence[LabelResult | None]
                   ) -> tuple[list[torch.Tensor | None], list[Any] | None, dict[str, Any]]:
     """The feature stage: f* of eq. 8 per capture when the labels give it (one sample; a batch with a last-layer
@@ -233,17 +248,16 @@ def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_result
     capture inverts) and the stage record."""
 
     from fcn_analytic import invert
-    from gi.attack.recon.problem import feature_targets, labels_for_slots
     from gi.core.errors import GIError
 
     start, cpu = time.perf_counter(), time.process_time()
-    features: list[torch.Tensor | None] = []
-    for c, lr in zip(captures, label_results):  # joint labels (lr None): only a label-free f* (one sample, a bias)
-        soft = None if lr is None else labels_for_slots(lr, c.num_samples, c.num_classes)
-        features.append(feature_targets(c, lr, soft))
+    features = capture_features(attack, captures, label_results)
+    layer = attack.feature_layer_name if attack.feature_weight > 0 else None
     available = bool(features) and all(f is not None for f in features)
     source = None
-    if available:
+    if available and layer is not None:
+        source = f"inputs of {layer} per slot (fcn_analytic.disaggregate.linear_inputs, ordered by their labels)"
+    elif available:
         source = "last_layer_features" if captures[0].num_samples == 1 else "grad_W_c / grad_b_c per slot"
     inversions: list[Any] | None = [] if attack.analytic else None
     for c, lr in zip(captures, label_results):  # joint labels (lr None): the DLG baseline, no analytic stage
@@ -288,10 +302,12 @@ def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_result
 
 def reconstruct_stage(attack: ReconConfig, captures: Sequence[Capture], label_results: Sequence[LabelResult | None],
                       features: Sequence[torch.Tensor | None], inversions: list[Any] | None,
-                      callbacks: Sequence[Any] = ()) -> tuple[list[Reconstruction], dict[str, Any]]:
+                      callbacks: Sequence[Any] = (), aux_images: torch.Tensor | None = None
+                      ) -> tuple[list[Reconstruction], dict[str, Any]]:
     """Reconstruct every capture as one batched problem (:func:`gi.attack.recon.reconstruct_many`); captures whose
     analytic inversion is consistent (largest layer residual below ``attack.analytic_tol``) are answered
-    directly, otherwise the optimisation starts from it."""
+    directly, otherwise the optimisation starts from it. ``aux_images``: the attacker's aux images, for the
+    ``aux-span`` prior."""
     start, cpu = time.perf_counter(), time.process_time()
     record: dict[str, Any] = {"name": "reconstruct", "optimizer": attack.optimizer, "objective": attack.objective,
                               "preset": attack.preset, "iterations": attack.iterations, "restarts": attack.restarts,
@@ -328,7 +344,7 @@ def reconstruct_stage(attack: ReconConfig, captures: Sequence[Capture], label_re
             out = reconstruct_many([captures[i] for i in group], [label_results[i] for i in group],
                                    [features[i] for i in group], dataclasses.replace(cfg, init=init), callbacks,
                                    priors=[inversions[i].image for i in group] if init == "analytic" and inversions
-                                   else None, ids=group)
+                                   else None, ids=group, aux_images=aux_images)
             for i, rec in zip(group, out):
                 recs[i] = rec
                 if residuals[i] is not None:
@@ -419,6 +435,7 @@ class PreparedAttack:
     stages: list[dict[str, Any]]
     silent: dict[int, Capture] = field(default_factory=dict)  # position among the job's captures -> a capture
     # that shares an all-zero gradient (:attr:`gi.capture.Capture.silent`): kept out of every stage
+    aux_images: torch.Tensor | None = None  # the attacker's aux images (the aux-span prior's), if any
 
     def splice(self, recs: Sequence[Reconstruction]) -> tuple[list[LabelResult | None], list[torch.Tensor | None],
                                                                list[Reconstruction]]:
@@ -480,7 +497,8 @@ def prepare_attack(lcfg: LabelConfig, attack: ReconConfig, captures: Sequence[Ca
     if silent:
         lrec["silent_captures"] = sorted(silent)
         log.warning("%s", silent_warning(sorted(silent), len(live) + len(silent)))
-    return PreparedAttack(attack, captures, label_results, kind, matched, inversions, [lrec, frec], silent)
+    return PreparedAttack(attack, captures, label_results, kind, matched, inversions, [lrec, frec], silent,
+                          getattr(aux, "images", None))
 
 
 SILENT_WHY = ("its shared tensors are all zero (the client's loss had no gradient, e.g. the net already predicts "
@@ -536,7 +554,13 @@ def can_pack(a: PreparedAttack, b: PreparedAttack) -> bool:
 
     return bool(a.captures) and bool(b.captures) and a.attack == b.attack and a.inversions is None and \
         b.inversions is None and (a.matched[0] is None) == (b.matched[0] is None) and \
-        same_model(a.captures[0], b.captures[0])
+        same_model(a.captures[0], b.captures[0]) and _same_aux(a.aux_images, b.aux_images)
+
+
+def _same_aux(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    import torch
+
+    return (a is None and b is None) or (a is not None and b is not None and a.shape == b.shape and torch.equal(a, b))
 
 
 def reconstruct_prepared(prepared: Sequence[PreparedAttack], callbacks: Sequence[Any] = ()) -> list[AttackResult]:
@@ -551,7 +575,8 @@ def reconstruct_prepared(prepared: Sequence[PreparedAttack], callbacks: Sequence
     labels = [lr for p in prepared for lr in p.label_results]
     matched = [f for p in prepared for f in p.matched]
     if captures:
-        recs, rrec = reconstruct_stage(first.attack, captures, labels, matched, first.inversions, callbacks)
+        recs, rrec = reconstruct_stage(first.attack, captures, labels, matched, first.inversions, callbacks,
+                                       first.aux_images)
     else:  # every capture is silent
         recs, rrec = [], {"name": "reconstruct", "captures": 0, "skipped": True, "iterations": 0,
                           "why": "no capture shares a gradient", "seconds": 0.0, "cpu_seconds": 0.0}

@@ -60,9 +60,10 @@ LABEL_OPTIONS: dict[str, tuple[str, ...] | None] = {
 
 # the attack's registries (gi.attack.recon): attack.objective, attack.init, attack.optimizer, attack.regularizers
 ATTACK_OBJECTIVES = ("cosine", "cosine-layerwise", "l1", "l2")  # gi.attack.recon.objectives.OBJECTIVES
-ATTACK_INITS = ("analytic", "constant", "gaussian", "uniform")  # gi.attack.recon.inits.INITS
+ATTACK_INITS = ("analytic", "aux-mean", "constant", "gaussian", "uniform")  # gi.attack.recon.inits.INITS
 ATTACK_OPTIMIZERS = ("adam", "lbfgs", "sgd")  # gi.attack.recon.optim.OPTIMIZERS
-ATTACK_REGULARIZERS = ("bn", "l2", "l2-norm", "tv", "tv-iso", "tv-kornia")  # gi.attack.recon.terms.REGULARIZERS
+# gi.attack.recon.terms.REGULARIZERS
+ATTACK_REGULARIZERS = ("aux-span", "bn", "l2", "l2-norm", "tv", "tv-iso", "tv-kornia")
 
 # per-trial label metrics of gi.analysis.metrics.label_metrics_from_counts
 LABEL_METRICS = ("ok", "cls_acc", "ins_acc", "count_acc", "prop_mse", "prop_kl", "l1", "l2", "linf", "absent_hit",

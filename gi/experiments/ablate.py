@@ -32,7 +32,7 @@ from typing import Any
 
 from gi.analysis.report import save_grid, write_yaml
 from gi.attack.recon.config import ReconConfig
-from gi.attack.stages import LABEL_MODES, used_labels
+from gi.attack.stages import LABEL_MODES, capture_features, used_labels
 from gi.core.config import to_dict
 from gi.core.errors import GIError
 from gi.experiments.ablate_output import write_ablation
@@ -117,6 +117,7 @@ def run_setting(cfg: AblateConfig, setting: str, out: Path, cache: Path | None =
     captures, truths, aux = _captures(scfg)
     variants = cfg.variants or {"base": {}}
     labels_cache: dict[Any, list[Any]] = {}  # one label stage per source (recovered serves recovered+joint too)
+    features_cache: dict[Any, list[Any]] = {}  # f* per label source and feature layer
     rows = []
     for mode in cfg.modes:
         lcfg = dataclasses.replace(scfg.labels, mode=mode)
@@ -135,10 +136,14 @@ def run_setting(cfg: AblateConfig, setting: str, out: Path, cache: Path | None =
             if source not in labels_cache:
                 labels_cache[source] = [source(lcfg, c, t, aux) for c, t in zip(captures, truths)]
             results = labels_cache[source]
-            features = [None if r is None else r.features for r in results]
             start = time.perf_counter()
             try:
-                recs = reconstruct_many(captures, results, features, attack)
+                fkey = (source, attack.feature_layer_name if attack.feature_weight > 0 else None, attack.seed,
+                        attack.feature_draws)
+                if fkey not in features_cache:  # gi run's rule (capture_features), once per label source and layer
+                    features_cache[fkey] = capture_features(attack, captures, results)
+                recs = reconstruct_many(captures, results, features_cache[fkey], attack,
+                                        aux_images=getattr(aux, "images", None))
             except GIError as exc:  # e.g. a feature term without a feature target: the row reports why
                 print(f"  {setting:>24s} {variant:>12s} {mode:>16s}  FAILED: {exc}", flush=True)
                 rows.append(Row(setting, variant, mode, [], 0.0, 0.0, error=str(exc)))

@@ -117,15 +117,15 @@ def test_bn_regulariser_is_zero_at_the_client_batch_statistics():
         REGULARIZERS["bn"](both, Evaluation(dataclasses.replace(problem, bn_targets=None)))
 
 
-def test_every_registered_regulariser_has_a_test_above():
-    assert set(REGULARIZERS) == {"tv", "tv-iso", "tv-kornia", "l2", "l2-norm", "bn"}
+def test_every_registered_regulariser_has_a_test_above():  # aux-span: tests/attack/test_fc_inputs.py
+    assert set(REGULARIZERS) == {"tv", "tv-iso", "tv-kornia", "l2", "l2-norm", "bn", "aux-span"}
 
 
 # ------------------------------------------------------------------------------------------ inits
 def test_inits_shapes_ranges_and_analytic_prior():
     shape = (2, 3, 1, 3, 4, 4)
     gen = lambda: torch.Generator().manual_seed(0)  # noqa: E731
-    assert set(INITS) == {"uniform", "gaussian", "constant", "analytic"}
+    assert set(INITS) == {"uniform", "gaussian", "constant", "analytic", "aux-mean"}  # aux-mean: test_fc_inputs.py
     for name in ("uniform", "gaussian", "constant"):
         out = INITS[name](shape, gen(), None, 0.0)
         assert out.shape == shape and float(out.min()) >= 0 and float(out.max()) <= 1
@@ -302,9 +302,10 @@ def test_the_attack_api_has_no_route_for_ground_truth():
     """Oracle selection is impossible by construction: the attack sees captures, labels, features, a config."""
     for fn in (reconstruct, reconstruct_many):
         params = set(inspect.signature(fn).parameters)
-        # priors: the attack's own analytic images; ids: the captures' positions in the caller's list
+        # priors: the attack's own analytic images; ids: the captures' positions in the caller's list;
+        # aux_images: the attacker's own aux set (never the victims' images: gi.world.build.make_aux excludes them)
         assert params <= {"capture", "captures", "label_result", "label_results", "features", "config", "callbacks",
-                          "priors", "ids"}
+                          "priors", "ids", "aux_images"}
     assert "truth" not in {f.name for f in dataclasses.fields(Problem)}
     assert "truth" not in inspect.signature(GradientInversion.__init__).parameters
     assert "truth" not in inspect.signature(build_problem).parameters

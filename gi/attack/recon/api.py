@@ -66,15 +66,17 @@ def reconstruct(
     features: Tensor | None = None,
     config: ReconConfig | None = None,
     callbacks: Sequence[L.Callback] = (),
+    aux_images: Tensor | None = None,
 ) -> Reconstruction:
     """Reconstruct the client's images from a capture (FedSGD gradients or a FedAvg update), given recovered
     (or oracle) labels; ``features`` (B, D) the feature targets of eq. 8 (default: from the capture and labels).
 
     Optimises ``config.restarts`` restarts as one batched problem through a Lightning ``Trainer`` and returns
-    the restart with the lowest attack objective (never chosen with ground truth).
+    the restart with the lowest attack objective (never chosen with ground truth). ``aux_images``: the attacker's
+    aux images (N, C, H, W), for the ``aux-span`` prior.
     """
     return reconstruct_many([capture], [label_result], None if features is None else [features], config,
-                            callbacks)[0]
+                            callbacks, aux_images=aux_images)[0]
 
 
 def reconstruct_many(
@@ -85,12 +87,14 @@ def reconstruct_many(
     callbacks: Sequence[L.Callback] = (),
     priors: Sequence[Tensor] | None = None,
     ids: Sequence[int] | None = None,
+    aux_images: Tensor | None = None,
 ) -> list[Reconstruction]:
     """:func:`reconstruct` for many captures of one global model as one batched problem (captures × restarts).
 
     ``priors``: the ``init=analytic`` image (1, C, H, W) of each capture when the caller already has it (the
     pipeline's feature stage); default: :func:`gi.attack.recon.problem.analytic_prior` computes it. ``ids``: the
     captures' positions in the caller's list (``Problem.ids``, which callbacks follow; default 0 … N−1).
+    ``aux_images``: the attacker's aux images (N, C, H, W), for the ``aux-span`` prior.
     A fit that starts from the analytic inversion (``init=analytic``) is not retried: it starts near its
     optimum, so its objective need not fall far below its start (the stall rule's premise).
 
@@ -101,7 +105,7 @@ def reconstruct_many(
     captures, label_results, features = check_inputs(captures, label_results, features)
     priors = list(priors) if priors is not None else [None] * len(captures)
     ids = list(range(len(captures))) if ids is None else list(ids)
-    recs = fit_many(captures, label_results, features, cfg, callbacks, ids=ids, priors=priors)
+    recs = fit_many(captures, label_results, features, cfg, callbacks, ids=ids, priors=priors, aux_images=aux_images)
     for attempt in range(1, (cfg.retries if cfg.init != "analytic" else 0) + 1):  # restart-on-stall (retries)
         again = [i for i, rec in enumerate(recs) if stalled(rec, cfg.retry_ratio)]
         if not again:
@@ -114,7 +118,7 @@ def reconstruct_many(
                     retry.restarts, attempt)
         news = fit_many([captures[i] for i in again], [label_results[i] for i in again], [features[i] for i in again],
                         retry, callbacks, stage=f"reconstruct (retry {attempt})", ids=[ids[i] for i in again],
-                        priors=[priors[i] for i in again])
+                        priors=[priors[i] for i in again], aux_images=aux_images)
         for i, new in zip(again, news):
             old = recs[i]
             recs[i] = new if float(new.objective.min()) < float(old.objective.min()) else old
@@ -137,7 +141,8 @@ RETRY_LBFGS_HISTORY = 100
 def fit_many(captures: Sequence[Capture], label_results: Sequence[LabelResult | None],
              features: Sequence[Tensor | None], cfg: ReconConfig, callbacks: Sequence[L.Callback] = (),
              stage: str = "reconstruct", ids: Sequence[int] | None = None,
-             priors: Sequence[Tensor | None] | None = None) -> list[Reconstruction]:
+             priors: Sequence[Tensor | None] | None = None, aux_images: Tensor | None = None
+             ) -> list[Reconstruction]:
     """One fit of checked inputs: one packed problem, or problems of at most ``cfg.pack`` captures one after
     another (``auto``: :func:`pack_size`), or one problem per capture when the captures do not share a model.
     ``stage`` names the fit in the piped progress lines; ``ids`` are the captures' positions in
@@ -145,8 +150,18 @@ def fit_many(captures: Sequence[Capture], label_results: Sequence[LabelResult | 
     memory is halved and the problem that failed is run again (the problems before it are kept)."""
     ids = list(range(len(captures))) if ids is None else list(ids)
     priors = list(priors) if priors is not None else [None] * len(captures)
+    have = [f is not None for f in features]
+    if cfg.feature_weight > 0 and any(have) and not all(have):  # captures with f* and without: one problem each
+        out: list[Reconstruction | None] = [None] * len(captures)
+        for flag in (True, False):
+            idx = [i for i, h in enumerate(have) if h == flag]
+            part = fit_many([captures[i] for i in idx], [label_results[i] for i in idx], [features[i] for i in idx],
+                            cfg, callbacks, stage, [ids[i] for i in idx], [priors[i] for i in idx], aux_images)
+            for i, rec in zip(idx, part):
+                out[i] = rec
+        return out  # type: ignore[return-value]
     if not all(same_model(captures[0], c) for c in captures[1:]):
-        return [fit_many([c], [lr], [f], cfg, callbacks, stage, [i], [pr])[0]
+        return [fit_many([c], [lr], [f], cfg, callbacks, stage, [i], [pr], aux_images)[0]
                 for c, lr, f, i, pr in zip(captures, label_results, features, ids, priors)]
     auto = cfg.pack == "auto"
     pack = min(pack_size(captures[0], cfg, len(captures)) if auto else int(cfg.pack) or len(captures), len(captures))
@@ -155,7 +170,7 @@ def fit_many(captures: Sequence[Capture], label_results: Sequence[LabelResult | 
         part = slice(len(out), len(out) + pack)
         try:
             problem = dataclasses.replace(build_problem(captures[part], label_results[part], cfg, features[part],
-                                                        priors[part]),
+                                                        priors[part], aux_images),
                                           ids=tuple(ids[part]))
             module, seconds, threads = optimise(problem, cfg, callbacks, stage)
         except torch.OutOfMemoryError:

@@ -96,6 +96,16 @@ class ReconConfig:
     the capture shares, ``δ = ∇b`` of the last layer for one FedSGD sample (:func:`gi.world.losses.output_error_loss`,
     exact for any loss); the slot labels then only name the classes (report, features). ``auto``: ``captured``
     where the capture gives it (one FedSGD sample, last-layer bias), else ``simulated``.
+    ``feature_layer``: where the feature term's f* sits. ``last``: the last layer's input (eq. 8). A module name
+    (an ``nn.Linear``, e.g. ``body.1``, the first fully-connected layer after a conv body): that layer's
+    per-sample inputs, from its own weight and bias gradients (:func:`gi.attack.recon.problem.layer_inputs`: one
+    sample ``∇Wᵀ∇b/‖∇b‖²``; a FedSGD batch by SPEAR's sparsity sampling on the layer's input side), matched
+    against the dummy images' input of that layer. ``aux_rank``: the principal directions of the attacker's aux
+    images the ``aux-span`` prior keeps (:func:`gi.attack.recon.problem.aux_span`). ``feature_draws``: the budget
+    of the named layer's input search (draws; it stops as soon as every input is found; about 7000 draws per CPU
+    second at B = 8, and an input with a fraction ρ of zeros needs about ρ^−(B−1)). ``match_weight`` scales the
+    whole match term (0: none; the feature term and priors alone). ``feature_relative``: the feature term compares
+    f/‖f*‖ with f*/‖f*‖ per capture (for ``l2``: ‖f − f*‖²/‖f*‖², free of the features' scale).
     """
 
     iterations: int = 1000
@@ -132,6 +142,16 @@ class ReconConfig:
     analytic: bool = True
     analytic_tol: float = 1.0e-2
     output_error: str = "simulated"
+    feature_layer: str = "last"
+    aux_rank: int = 200
+    match_weight: float = 1.0
+    feature_relative: bool = False
+    feature_draws: int = 1_000_000
+
+    @property
+    def feature_layer_name(self) -> str | None:
+        """The module whose input f* is: None for the last layer (``feature_layer: last``)."""
+        return None if self.feature_layer == "last" else self.feature_layer
 
     @classmethod
     def from_preset(cls, name: str, **keys: object) -> ReconConfig:
@@ -185,8 +205,12 @@ class ReconConfig:
                               f"{self.memory_budget}")
         if self.lr <= 0 or (self.label_lr is not None and self.label_lr <= 0):
             raise ConfigError(f"attack.lr and attack.label_lr must be > 0, got {self.lr}, {self.label_lr}")
-        if self.last_layer_weight < 0 or self.feature_weight < 0:
-            raise ConfigError("attack.last_layer_weight (α) and attack.feature_weight (β) must be >= 0")
+        if self.last_layer_weight < 0 or self.feature_weight < 0 or self.match_weight < 0:
+            raise ConfigError("attack.last_layer_weight (α), attack.feature_weight (β) and attack.match_weight must "
+                              "be >= 0")
+        if self.match_weight == 0 and self.feature_weight == 0:
+            raise ConfigError("attack.match_weight=0 and attack.feature_weight=0 leave nothing of the capture to "
+                              "match: keep one of them > 0")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"attack.threads must be >= 1 or null, got {self.threads}")
         if self.log_every < 1:
@@ -195,6 +219,16 @@ class ReconConfig:
             from gi.attack.recon.presets import preset
 
             preset(self.preset)  # a ConfigError listing the presets
+        if not isinstance(self.feature_layer, str) or not self.feature_layer:
+            raise ConfigError(f"attack.feature_layer must be last or a module name (e.g. body.1), got "
+                              f"{self.feature_layer!r}")
+        if isinstance(self.feature_draws, bool) or not isinstance(self.feature_draws, int) or \
+                not 1 <= self.feature_draws <= 100_000_000:
+            raise ConfigError(f"attack.feature_draws must be an int in [1, 1e8] (draws of the named layer's input "
+                              f"search, about 7000 per CPU second), got {self.feature_draws!r}")
+        if isinstance(self.aux_rank, bool) or not isinstance(self.aux_rank, int) or self.aux_rank < 1:
+            raise ConfigError(f"attack.aux_rank must be an int >= 1 (principal directions of the aux images kept by "
+                              f"the aux-span prior), got {self.aux_rank!r}")
         if self.analytic_tol < 0:
             raise ConfigError(f"attack.analytic_tol must be >= 0, got {self.analytic_tol}")
         if self.init_noise < 0:

@@ -54,3 +54,16 @@ def analytic_init(shape: tuple[int, ...], generator: torch.Generator, prior: Ten
     if r > 1 and noise > 0:
         out[:, 1:] += noise * torch.randn(out[:, 1:].shape, generator=generator)
     return out.clamp(0, 1)
+
+
+@register_init("aux-mean")
+def aux_mean_init(shape: tuple[int, ...], generator: torch.Generator, prior: Tensor | None, noise: float) -> Tensor:
+    """Every slot starts at the mean of the attacker's aux images (the ``aux-span`` prior's μ,
+    :func:`gi.attack.recon.problem.aux_span`); restarts r ≥ 1 add N(0, noise²)."""
+    if prior is None:
+        raise ConfigError("attack.init=aux-mean needs the attacker's aux images: set aux.per_class > 0")
+    n, r, b = shape[:3]
+    out = prior.float().reshape(n, 1, 1, *shape[3:]).expand(shape).clone()
+    if r > 1 and noise > 0:
+        out[:, 1:] += noise * torch.randn(out[:, 1:].shape, generator=generator)
+    return out.clamp(0, 1)

@@ -166,7 +166,15 @@ class GradientInversion(L.LightningModule):
         for i, k in enumerate(self.names):
             self.register_buffer(f"target_{i}", self._per_problem(self.problem.targets[k].detach().float()))
         if self.use_features:
-            self.register_buffer("feature_target", self._per_problem(self.problem.features.detach().float()))
+            target = self.problem.features.detach().float()
+            norm = target.flatten(1).norm(dim=1).clamp_min(1e-30) if self.cfg.feature_relative \
+                else torch.ones(target.shape[0])
+            shape = (-1,) + (1,) * (target.dim() - 1)
+            self.register_buffer("feature_norm", self._per_problem(norm).view(shape))
+            self.register_buffer("feature_target", self._per_problem(target / norm.view(shape)))
+        if self.problem.aux_span is not None:
+            self.register_buffer("aux_mu", self.problem.aux_span[0].detach())
+            self.register_buffer("aux_basis", self.problem.aux_span[1].detach())
         for i, (mean, var) in enumerate((self.problem.bn_targets or {}).values()):  # BN prior (a GPU run failed
             self.register_buffer(f"bn_mean_{i}", mean.detach())                   # with them left on the CPU)
             self.register_buffer(f"bn_var_{i}", var.detach())
@@ -211,11 +219,12 @@ class GradientInversion(L.LightningModule):
         loss = output_error_loss if self.captured_error else None
         self.simulate = SIMULATORS[problem.kind](self.net, problem.protocol, self.names, num_samples=self.batch,
                                                  history=problem.history, trained=trained, features=self.use_features,
-                                                 loss=loss)
+                                                 loss=loss, feature_layer=problem.feature_layer)
         self.simulate_one, self.flat_numel = self.simulate, None
         if problem.kind == "gradient":
             self.simulate_one = SIMULATORS["gradient"](self.net, problem.protocol, self.names,
-                                                       features=self.use_features, autograd=True, loss=loss)
+                                                       features=self.use_features, autograd=True, loss=loss,
+                                                       feature_layer=problem.feature_layer)
             if self.cfg.objective in FLAT_OBJECTIVES and self.names:
                 self.flat_numel = sum(getattr(self, f"target_{i}")[0].numel() for i in range(len(self.names)))
                 self.sqrt_w = [math.sqrt(self.weights[k]) for k in self.names]
@@ -278,9 +287,12 @@ class GradientInversion(L.LightningModule):
             else:
                 dummy = {k: stack_rows([o[0][k] for o in outs]) for k in self.names}
             feats = stack_rows([o[1] for o in outs]) if self.use_features else None
+        if self.use_features and self.cfg.feature_relative:
+            feats = feats / pick(self.feature_norm)
         ev = Evaluation(self.problem, OBJECTIVES[self.cfg.objective], features=feats,
                         feature_target=pick(self.feature_target) if self.use_features else None,
-                        device_bn_targets=self.device_bn_targets())
+                        device_bn_targets=self.device_bn_targets(),
+                        device_aux_span=(self.aux_mu, self.aux_basis) if self.problem.aux_span is not None else None)
         if flat:
             ev.shared, ev.shared_target, ev.shared_weights = dummy, {"all": pick(self.flat_target())}, {"all": 1.0}
         else:

@@ -10,6 +10,8 @@ N·R rows are simulated in one ``vmap`` call. Ground truth never enters a Proble
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -62,6 +64,8 @@ class Problem:
     ids: tuple[int, ...] = ()
     output_error: Tensor | None = None
     notes: tuple[str, ...] = ()
+    feature_layer: str | None = None
+    aux_span: tuple[Tensor, Tensor] | None = None
 
     def __post_init__(self) -> None:
         if "features" in self.terms and self.features is None:
@@ -85,9 +89,10 @@ class Problem:
 
 
 def match_weights(names: list[str], cfg: ReconConfig, last_layer: str = "fc") -> dict[str, float]:
-    """w_l per shared tensor: ``layer_weights`` (default 1) times α for the last layer ``last_layer`` (eq. 8)."""
+    """w_l per shared tensor: ``layer_weights`` (default 1) times α for the last layer ``last_layer`` (eq. 8), all
+    times ``match_weight`` (0: no match term)."""
     last = (f"{last_layer}.weight", f"{last_layer}.bias")
-    return {k: float(cfg.layer_weights.get(k, 1.0)) * (cfg.last_layer_weight if k in last else 1.0)
+    return {k: float(cfg.layer_weights.get(k, 1.0)) * (cfg.last_layer_weight if k in last else 1.0) * cfg.match_weight
             for k in names}
 
 
@@ -130,8 +135,10 @@ def labels_for_slots(label_result: LabelResult | None, batch: int, num_classes: 
     return torch.nn.functional.one_hot(slots, num_classes).float()
 
 
-def feature_targets(capture: Capture, label_result: LabelResult | None, soft: Tensor | None) -> Tensor | None:
+def feature_targets(capture: Capture, label_result: LabelResult | None, soft: Tensor | None,
+                    layer: str | None = None, seed: int = 0, draws: int = 1_000_000) -> Tensor | None:
     """f*_{N−1} per slot (B, D), float64, for the feature term of eq. 8; None when the capture does not give it.
+    ``layer`` (``attack.feature_layer``) other than the last layer: :func:`layer_inputs` of that layer instead.
 
     One sample: :func:`fcn_analytic.last_layer_features` (``λ·g_r`` of the soft-label method, ``∇Wᵀ∇b/‖∇b‖²``
     with a bias, or λ fitted to the slot label). A batch with a last-layer bias: slot with label c gets
@@ -139,6 +146,9 @@ def feature_targets(capture: Capture, label_result: LabelResult | None, soft: Te
     occurs once (breaching's ``features`` regulariser); a bias-free batch has no analytic per-slot feature.
     ``soft`` None (no labels: joint labels from a random start): only the label-free bias source of one sample.
     """
+    layer = resolve_feature_layer(capture, layer)
+    if layer is not None and layer != capture.last_layer_name:
+        return layer_inputs(capture, layer, soft, seed, draws)
     b = capture.num_samples if soft is None else soft.shape[0]
     if capture.is_update or (soft is None and b != 1):
         return None
@@ -163,6 +173,97 @@ def feature_targets(capture: Capture, label_result: LabelResult | None, soft: Te
     if bool((denom == 0).any()):
         return None
     return gw[cls] / denom.unsqueeze(1)
+
+
+_FOUND: OrderedDict[tuple[str, int, int, int], Tensor | None] = OrderedDict()  # linear_inputs per gradient (sha1)
+_FOUND_KEEP = 64
+FIRST_LINEAR = "first-linear"  # attack.feature_layer: the model's first nn.Linear (after a conv body: its flat map)
+
+
+def resolve_feature_layer(capture: Capture, layer: str | None) -> str | None:
+    """The module name ``attack.feature_layer`` stands for on the capture's model: ``first-linear`` is the first
+    ``nn.Linear`` in module order (None when there is none); a name is itself, checked to exist."""
+    if layer is None:
+        return None
+    modules = dict(capture.model().named_modules())
+    if layer == FIRST_LINEAR:
+        return next((n for n, m in modules.items() if isinstance(m, torch.nn.Linear)), None)
+    if layer not in modules:
+        linear = [n for n, m in modules.items() if isinstance(m, torch.nn.Linear)]
+        raise ConfigError(f"attack.feature_layer={layer!r} is no module of the capture's model; valid: last, "
+                          f"{FIRST_LINEAR} or one of {linear}")
+    return layer
+
+
+def layer_inputs(capture: Capture, layer: str, soft: Tensor | None, seed: int = 0, draws: int = 1_000_000
+                 ) -> Tensor | None:
+    """The per-sample inputs (B, n), float64, of the ``nn.Linear`` layer ``layer`` from its shared weight and bias
+    gradients, in slot order; None where the capture does not give them (an update, a layer that is not a Linear
+    with both gradients shared, inputs not sparse and nonnegative enough).
+
+    One sample: ``∇Wᵀ∇b/‖∇b‖²`` (every row of ∇W is ``∇b_r·x``). A FedSGD batch:
+    :func:`fcn_analytic.disaggregate.linear_inputs` (SPEAR's sparsity sampling, Dimitrov et al. 2024, on the
+    layer's input side: a ReLU / max-pool feature map), which finds the inputs in no particular order. They are
+    put in slot order by their own labels: the inputs are forwarded through the rest of the net together (the
+    client's forward, BatchNorm in the protocol's mode), the last layer's input h_i read, each sample's output
+    error δ_i solved from the last layer's gradient ``∇W_L ∝ Σ_i δ_i h_iᵀ`` (least squares), and inputs paired with
+    slots by the assignment that puts each slot's class where δ_i is most negative (a cross-entropy error is
+    ``p − y``: negative only at the label). ``soft`` None (joint labels): the order found. ``draws``: the search's
+    budget (``attack.feature_draws``); ``seed`` its generator's.
+    """
+    from scipy.optimize import linear_sum_assignment
+
+    from fcn_analytic.disaggregate import linear_inputs
+
+    names = (f"{layer}.weight", f"{layer}.bias")
+    if capture.is_update or not all(n in capture.shared for n in names):
+        return None
+    gw, gb = (capture.shared[n].double() for n in names)
+    if gw.dim() != 2:
+        return None
+    b = capture.num_samples
+    if b == 1:
+        return None if not bool(gb.any()) else (gw.T @ gb / gb.dot(gb)).view(1, -1)
+    key = (hashlib.sha1(gw.numpy().tobytes() + gb.numpy().tobytes()).hexdigest(), b, seed, draws)
+    if key not in _FOUND:  # one search per gradient: label modes, variants and retries reuse it
+        try:
+            _FOUND[key] = linear_inputs(gw, gb, b, samples=draws, seed=seed).inputs
+        except GIError:
+            _FOUND[key] = None
+        while len(_FOUND) > _FOUND_KEEP:
+            _FOUND.popitem(last=False)
+    x = _FOUND[key]
+    if x is None:
+        return None
+    if soft is None:
+        return x
+    model = capture.model().double().train(capture.protocol.model_mode == "train")
+    seen: dict[str, Tensor] = {}
+    feed = model.get_submodule(layer).register_forward_pre_hook(lambda m, a: (x,))
+    read = model.get_submodule(capture.last_layer_name).register_forward_pre_hook(
+        lambda m, a: seen.__setitem__("h", a[0].flatten(1)))
+    try:
+        with torch.no_grad():
+            model(torch.zeros(b, *capture.model_spec["in_shape"], dtype=torch.float64))
+    finally:
+        feed.remove()
+        read.remove()
+    last_w = capture.last_layer(torch.float64)[0]
+    delta = torch.linalg.lstsq(seen["h"].T, last_w.T).solution  # (B, C), up to the loss's 1/B
+    delta = delta / delta.abs().amax(1, keepdim=True).clamp_min(1e-30)
+    rows, cols = linear_sum_assignment((delta @ soft.double().T).numpy())
+    order = torch.empty(b, dtype=torch.long)
+    order[torch.as_tensor(cols)] = torch.as_tensor(rows)
+    return x[order]
+
+
+def aux_span(images: Tensor, rank: int) -> tuple[Tensor, Tensor]:
+    """The aux-span image prior's ``(μ, P)``: the mean of the attacker's aux images (N, C, H, W) flattened, and its
+    top-``rank`` principal directions (rank × D, orthonormal rows; at most N − 1 of them carry variance)."""
+    flat = images.reshape(images.shape[0], -1).double()
+    mu = flat.mean(0)
+    basis = torch.linalg.svd(flat - mu, full_matrices=False)[2][: min(rank, flat.shape[0])]
+    return mu.float(), basis.float()
 
 
 def analytic_prior(capture: Capture, label_result: LabelResult | None) -> Tensor | None:
@@ -266,7 +367,8 @@ def same_model(a: Capture, b: Capture) -> bool:
 
 
 def _feature_rows(captures: list[Capture], label_results: list[LabelResult | None], features: list[Tensor | None],
-                  soft: Tensor | None) -> list[Tensor | None]:
+                  soft: Tensor | None, layer: str | None = None, seed: int = 0, draws: int = 1_000_000
+                  ) -> list[Tensor | None]:
     """f* (B, D) per capture: the given features, else :func:`feature_targets`; None where a capture has none (an
     update, a bias-free batch, joint labels without a last-layer bias).
 
@@ -274,17 +376,18 @@ def _feature_rows(captures: list[Capture], label_results: list[LabelResult | Non
     ``∇Wᵀ∇b/‖∇b‖²`` (eq. 8's f* needs no label when the last layer has a bias)."""
     b = image_slots(captures[0])
     if soft is None:
-        rows = [f if f is not None else (feature_targets(c, None, None) if b == 1 else None)
+        rows = [f if f is not None else feature_targets(c, None, None, layer, seed, draws)
                 for c, f in zip(captures, features)]
     else:
-        rows = [f if f is not None else feature_targets(c, lr, s)
+        rows = [f if f is not None else feature_targets(c, lr, s, layer, seed, draws)
                 for c, lr, f, s in zip(captures, label_results, features, soft)]
     return [None if f is None else f.reshape(b, -1) for f in rows]
 
 
-NO_FEATURES = ("attack.feature_weight (β) set to 0: no last-layer feature target f* (eq. 8) for {n} of {total} "
-               "capture(s) (it needs one sample with a last-layer bias or known labels, or a FedSGD batch with a "
-               "last-layer bias and labels; an update has none)")
+NO_FEATURES = ("attack.feature_weight (β) set to 0: no feature target f* (eq. 8) at {layer} for {n} of {total} "
+               "capture(s) (the last layer's needs one sample with a last-layer bias or known labels, or a FedSGD "
+               "batch with a last-layer bias and labels; a named Linear layer's, inputs sparse enough to be found "
+               "in attack.feature_draws; an update has none)")
 
 
 def _prior(captures: list[Capture], label_results: list[LabelResult | None],
@@ -302,13 +405,14 @@ def _prior(captures: list[Capture], label_results: list[LabelResult | None],
 
 def build_problem(captures: Sequence[Capture], label_results: Sequence[LabelResult | None] | None,
                   config: ReconConfig, features: Sequence[Tensor | None] | None = None,
-                  priors: Sequence[Tensor | None] | None = None) -> Problem:
+                  priors: Sequence[Tensor | None] | None = None, aux_images: Tensor | None = None) -> Problem:
     """The :class:`Problem` of captures of one global model (:func:`same_model`) under ``config``.
 
     ``label_results`` give the slot labels (:func:`labels_for_slots`; all None with ``labels=joint``: random
     start); ``features`` the f* of eq. 8 per capture (None: from the capture and labels, when
     ``feature_weight`` > 0); ``priors`` the ``init=analytic`` images when already computed (None each:
-    :func:`analytic_prior`). Reads its arguments only; the model is a fresh copy rebuilt from the capture.
+    :func:`analytic_prior`); ``aux_images`` the attacker's aux images (N, C, H, W), which the ``aux-span`` prior
+    needs (:func:`aux_span`). Reads its arguments only; the model is a fresh copy rebuilt from the capture.
     """
     captures, label_results, features = check_inputs(captures, label_results, features)
     first = captures[0]
@@ -326,14 +430,26 @@ def build_problem(captures: Sequence[Capture], label_results: Sequence[LabelResu
     targets = {k: torch.stack([c.shared[k] for c in captures]) for k in first.shared}
     rows, notes = None, ()
     if cfg.feature_weight > 0:  # one rule for every command: no target, no feature term, and the run says so
-        found = _feature_rows(captures, label_results, features, soft)
+        found = _feature_rows(captures, label_results, features, soft, cfg.feature_layer_name, cfg.seed,
+                              cfg.feature_draws)
         missing = sum(f is None for f in found)
-        if missing:
-            cfg = dataclasses.replace(cfg, feature_weight=0.0)
-            notes = (NO_FEATURES.format(n=missing, total=len(captures)),)
+        if missing:  # without f* a feature-only recipe (match_weight 0) falls back to the plain match term
+            cfg = dataclasses.replace(cfg, feature_weight=0.0, match_weight=cfg.match_weight or 1.0)
+            where = cfg.feature_layer_name or "the last layer"
+            notes = (NO_FEATURES.format(layer=where, n=missing, total=len(captures))
+                     + ("; attack.match_weight 0 → 1 (the gradient match instead)" if not config.match_weight else ""),)
         else:
             rows = torch.stack(found)
     weights = match_weights(list(targets), cfg, first.last_layer_name)
+    span = None
+    if cfg.regularizers.get("aux-span") or cfg.init == "aux-mean":
+        if aux_images is None or aux_images.shape[0] < 2:
+            raise ConfigError("the aux-span prior and attack.init=aux-mean need the attacker's aux images: set "
+                              "aux.per_class > 0 (at least 2 images)")
+        if tuple(aux_images.shape[1:]) != tuple(int(v) for v in first.model_spec["in_shape"]):
+            raise ConfigError(f"the aux images are {tuple(aux_images.shape[1:])}; the model takes "
+                              f"{tuple(first.model_spec['in_shape'])}: the aux-span prior needs both alike")
+        span = aux_span(aux_images, cfg.aux_rank)
     return Problem(
         model=model, protocol=first.protocol, targets=targets, weights=weights, soft=soft,
         image_shape=tuple(int(s) for s in first.model_spec["in_shape"]), num_samples=b,
@@ -341,7 +457,11 @@ def build_problem(captures: Sequence[Capture], label_results: Sequence[LabelResu
         batching=choose_batching(cfg.batching, len(captures) * cfg.restarts, model, resolve_device(cfg.device)[0]),
         kind="update" if first.is_update else "gradient", history=dict(first.history),
         features=rows,
-        prior=_prior(captures, label_results, priors) if cfg.init == "analytic" else None,
+        prior=_prior(captures, label_results, priors) if cfg.init == "analytic" else
+        span[0].view(1, 1, *first.model_spec["in_shape"]).expand(len(captures), 1, *first.model_spec["in_shape"])
+        if cfg.init == "aux-mean" else None,
         bn_targets=bn_targets(first, model, cfg.bn_stats) if cfg.regularizers.get("bn") else None,
         output_error=output_errors(captures, cfg.output_error, joint=cfg.labels == "joint"), notes=notes,
+        feature_layer=resolve_feature_layer(first, cfg.feature_layer_name) if rows is not None else None,
+        aux_span=span,
     )

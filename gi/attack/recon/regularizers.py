@@ -97,3 +97,20 @@ def bn_statistics(x: Tensor, ctx: Any = None) -> Tensor:
         var = a.var(dim=dims, unbiased=False)
         total = total + (mean - mean_t).norm(dim=1) + (var - var_t).norm(dim=1)
     return total
+
+
+@register_regularizer("aux-span")
+def aux_span_distance(x: Tensor, ctx: Any = None) -> Tensor:
+    """An image prior fitted on the attacker's aux set: ‖(I − PᵀP)(x − μ)‖² per image, the squared distance of x from
+    the affine span of the aux images (μ their mean, P their top ``attack.aux_rank`` principal directions,
+    :func:`gi.attack.recon.problem.aux_span`), summed over pixels and averaged over the batch. It keeps the
+    reconstruction near images of the kind the aux set holds where the gradient leaves it free (a feature map
+    that does not pin the image: docs/results/realistic.md, S4)."""
+    span = getattr(ctx, "aux_span", None)
+    if span is None:
+        raise ConfigError("the aux-span regulariser needs the attacker's aux images (aux.per_class > 0)")
+    mu, basis = span
+    p, b = x.shape[:2]
+    d = x.reshape(p, b, -1) - mu
+    off = d - (d @ basis.T) @ basis
+    return off.pow(2).sum(-1).mean(1)

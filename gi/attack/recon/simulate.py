@@ -42,8 +42,9 @@ class FeaturesAndLogits(nn.Module):
         return features_and_logits(self.model, x, self.last_layer)
 
 
-def _caller(model: nn.Module) -> Callable[[State, Tensor], tuple[Tensor | None, Tensor]]:
-    wrapper = FeaturesAndLogits(model)
+def _caller(model: nn.Module, feature_layer: str | None = None
+            ) -> Callable[[State, Tensor], tuple[Tensor | None, Tensor]]:
+    wrapper = FeaturesAndLogits(model, feature_layer)
 
     def call(params: State, x: Tensor) -> tuple[Tensor | None, Tensor]:
         # buffers read at call time: Lightning moves the module to its device after the simulator is built
@@ -54,20 +55,28 @@ def _caller(model: nn.Module) -> Callable[[State, Tensor], tuple[Tensor | None, 
 
 
 def gradient_simulator(model: nn.Module, protocol: Protocol, names: list[str], features: bool = False,
-                       autograd: bool = False, loss: LossFn | None = None, **_: Any) -> Simulator:
+                       autograd: bool = False, loss: LossFn | None = None, feature_layer: str | None = None,
+                       **_: Any) -> Simulator:
     """FedSGD: ``∇θ L(f_θ(x), y)`` of the mean loss over the batch (docs/architecture.md), only for ``names``;
     ``features``: also return ``f_{N−1}(x)`` (free: the same forward pass). ``loss``: ``(logits, y) -> scalar``
     instead of the protocol's (:func:`gi.world.losses.loss_for`), e.g. :func:`gi.world.losses.output_error_loss` with
-    ``y`` the captured output error.
+    ``y`` the captured output error. ``feature_layer``: the module whose input the features are (None: the last
+    layer, ``f_{N−1}``; ``attack.feature_layer``).
 
     ``autograd=True``: one problem per call with ``torch.autograd.grad(create_graph=True)`` on the model's own
     parameters, which this sets to ``requires_grad`` (so callers must back-propagate with ``inputs=``); no
     ``functional_call``/``torch.func`` overhead, but it cannot be vmapped (the one-problem-at-a-time path).
     """
     # Parameters and buffers are looked up at call time: Lightning moves the module to its device after this.
-    call, loss_fn = _caller(model), loss or loss_for(protocol)
+    call, loss_fn = _caller(model, feature_layer), loss or loss_for(protocol)
+    if not names:  # every layer weighs 0: the feature term alone, one forward pass and no gradient
+        def forward_only(x: Tensor, y: Tensor) -> tuple[State, Tensor | None]:
+            f, _ = call(dict(model.named_parameters()), x)
+            return {}, (f if features else None)
+
+        return forward_only
     if autograd:
-        forward = FeaturesAndLogits(model)
+        forward = FeaturesAndLogits(model, feature_layer)
         params = dict(model.named_parameters())
         for n in names:
             params[n].requires_grad_(True)

@@ -51,6 +51,7 @@ class Evaluation:
     features: Tensor | None = None
     feature_target: Tensor | None = None
     device_bn_targets: dict[str, tuple[Tensor, Tensor]] | None = None  # the module's copies, on its device
+    device_aux_span: tuple[Tensor, Tensor] | None = None
 
     @property
     def model(self) -> torch.nn.Module | None:
@@ -61,6 +62,13 @@ class Evaluation:
         if self.device_bn_targets is not None:
             return self.device_bn_targets
         return None if self.problem is None else self.problem.bn_targets
+
+    @property
+    def aux_span(self) -> tuple[Tensor, Tensor] | None:
+        """The aux-span prior's ``(μ, P)`` (:func:`gi.attack.recon.problem.aux_span`), on the module's device."""
+        if self.device_aux_span is not None:
+            return self.device_aux_span
+        return None if self.problem is None else self.problem.aux_span
 
 
 @register_term("match")

@@ -1,0 +1,138 @@
+"""The fc-inputs attack's parts: a named layer's per-slot inputs as the feature target (``attack.feature_layer``),
+the aux-span image prior and its aux-mean start, the match term's weight and the relative feature distance."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gi.attack.recon import ReconConfig, reconstruct
+from gi.attack.recon.module import GradientInversion
+from gi.attack.recon.problem import aux_span, build_problem, feature_targets, labels_for_slots, resolve_feature_layer
+from gi.attack.recon.regularizers import aux_span_distance
+from gi.attack.recon.terms import Evaluation
+from gi.core.errors import ConfigError
+from gi.world.data import load
+from gi.world.fl.protocol import Protocol
+from gi.world.fl.victim import capture_gradients
+from gi.world.models import build
+from tests.factories import oracle
+
+FAST = dict(iterations=3, progress=False, threads=1, log_every=1)
+
+
+@pytest.fixture(scope="module")
+def fmnist_batch():
+    """Four Fashion-MNIST test images of four different classes, the zoo's BatchNorm ReLU cnn in train mode, its
+    capture and every image's true input of ``body.1`` (the first Linear: the max-pooled ReLU map)."""
+    data = load("fashion-mnist")
+    first: dict[int, int] = {}
+    for i, y in enumerate(data.labels.tolist()):
+        first.setdefault(y, i)
+    idx = [first[c] for c in (7, 2, 5, 0)]
+    images, labels = data.images[idx], data.labels[idx]
+    model = build("cnn", 10, activation="relu", in_shape=(1, 28, 28), seed=0, batch_norm=True, channels=[16, 32],
+                  hidden=64)
+    capture, truth = capture_gradients(model, images, labels, Protocol(batch_size=4, model_mode="train"))
+    seen: dict[str, torch.Tensor] = {}
+    hook = model.body[1].register_forward_pre_hook(lambda m, a: seen.__setitem__("x", a[0].detach()))
+    model.train()(images)
+    hook.remove()
+    return capture, truth, seen["x"].double(), data
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+def test_a_named_layer_gives_every_slot_its_own_image_input_in_slot_order(fmnist_batch):
+    capture, truth, x, _ = fmnist_batch
+    assert resolve_feature_layer(capture, "first-linear") == "body.1"
+    soft = labels_for_slots(oracle(truth), 4, 10)  # slots sorted by class: 0, 2, 5, 7
+    rows = feature_targets(capture, oracle(truth), soft, "first-linear")
+    for slot, cls in enumerate(soft.argmax(1).tolist()):
+        image = truth.labels.tolist().index(cls)
+        assert _rel(rows[slot], x[image]) < 1e-3, (slot, cls)
+    flipped = feature_targets(capture, oracle(truth), soft.flip(0), "body.1")  # the rows follow the slots
+    assert _rel(flipped, rows.flip(0)) < 1e-6
+    joint = feature_targets(capture, None, None, "body.1")  # no labels: the inputs, in the order found
+    assert all(min(_rel(r, x[i]) for i in range(4)) < 1e-3 for r in joint)
+
+
+def test_one_sample_layer_input_is_the_bias_ratio_and_misfits_are_none(fmnist_batch):
+    capture, truth, x, data = fmnist_batch
+    model = build("cnn", 10, activation="relu", in_shape=(1, 28, 28), seed=0, channels=[4], hidden=8)
+    one, t1 = capture_gradients(model, data.images[:1], data.labels[:1], Protocol())
+    seen: dict[str, torch.Tensor] = {}
+    hook = model.body[1].register_forward_pre_hook(lambda m, a: seen.__setitem__("x", a[0].detach()))
+    model(data.images[:1])
+    hook.remove()
+    got = feature_targets(one, oracle(t1), labels_for_slots(oracle(t1), 1, 10), "body.1")
+    assert _rel(got, seen["x"].double()) < 1e-4
+    bare = build("cnn", 10, activation="relu", in_shape=(1, 28, 28), seed=0, channels=[4], hidden=8, bias_last=False)
+    nb, tb = capture_gradients(bare, data.images[:2], data.labels[:2], Protocol(batch_size=2))
+    assert feature_targets(nb, oracle(tb), labels_for_slots(oracle(tb), 2, 10), "fc") is None  # last layer: no bias
+    with pytest.raises(ConfigError, match=r"attack.feature_layer='body.9' is no module .*first-linear.*body.1"):
+        resolve_feature_layer(capture, "body.9")
+
+
+def test_aux_span_is_the_distance_from_the_aux_images_affine_span():
+    g = torch.Generator().manual_seed(0)
+    aux = torch.rand(6, 1, 4, 4, generator=g)
+    mu, basis = aux_span(aux, 3)
+    assert basis.shape == (3, 16) and torch.allclose(basis @ basis.T, torch.eye(3), atol=1e-5)
+    assert torch.allclose(mu, aux.flatten(1).mean(0))
+    inside = (mu + torch.tensor([0.3, -0.2, 0.1]) @ basis).view(1, 1, 1, 4, 4)
+    ev = Evaluation(device_aux_span=(mu, basis))
+    assert float(aux_span_distance(inside, ev)) < 1e-10
+    e = torch.randn(16, generator=g)
+    e = e - (e @ basis.T) @ basis  # orthogonal to the span
+    assert float(aux_span_distance(inside + e.view(1, 1, 1, 4, 4), ev)) == pytest.approx(float(e @ e), rel=1e-4)
+    assert aux_span(aux, 50)[1].shape == (6, 16)  # never more directions than images
+    with pytest.raises(ConfigError, match="aux images"):
+        aux_span_distance(inside, Evaluation())
+
+
+def test_aux_mean_start_and_the_prior_need_aux_images(fmnist_batch):
+    capture, truth, _, data = fmnist_batch
+    aux = data.images[100:110]
+    cfg = ReconConfig(init="aux-mean", regularizers={"aux-span": 1.0}, **FAST)
+    problem = build_problem([capture], [oracle(truth)], cfg, aux_images=aux)
+    module = GradientInversion(problem, cfg)
+    assert torch.allclose(module.images[0], aux.mean(0).expand(4, 1, 28, 28), atol=1e-6)
+    with pytest.raises(ConfigError, match="aux.per_class > 0"):
+        build_problem([capture], [oracle(truth)], cfg)
+    with pytest.raises(ConfigError, match="aux images are"):
+        build_problem([capture], [oracle(truth)], cfg, aux_images=torch.rand(5, 3, 8, 8))
+
+
+def test_match_weight_zero_fits_the_features_alone_and_falls_back_without_them(fmnist_batch):
+    capture, truth, x, data = fmnist_batch
+    cfg = ReconConfig(match_weight=0.0, feature_weight=1.0, feature_layer="first-linear", feature_relative=True,
+                      objective="l2", **FAST)
+    problem = build_problem([capture], [oracle(truth)], cfg)
+    assert problem.matched == [] and "match" not in problem.terms and problem.feature_layer == "body.1"
+    module = GradientInversion(problem, cfg)
+    images = torch.rand(1, 4, 1, 28, 28, generator=torch.Generator().manual_seed(1))
+    _, parts = module.objective(images)
+    seen: dict[str, torch.Tensor] = {}
+    net = problem.model
+    hook = net.get_submodule("body.1").register_forward_pre_hook(lambda m, a: seen.__setitem__("f", a[0]))
+    net(images[0])
+    hook.remove()
+    target = problem.features[0].float()
+    want = ((seen["f"] - target) ** 2).sum() / (target ** 2).sum()  # relative: ‖f − f*‖² / ‖f*‖²
+    assert float(parts["features"]) == pytest.approx(float(want), rel=1e-4)
+    rec = reconstruct(capture, oracle(truth), config=cfg)  # forward passes only, no gradient simulated
+    assert rec.images.shape == (4, 1, 28, 28)
+    bare = ReconConfig(match_weight=0.0, feature_weight=1.0, feature_layer="fc", **FAST)  # fc's input: no slots
+    upd, tu = capture_gradients(build("cnn", 10, activation="relu", in_shape=(1, 28, 28), seed=0, channels=[4],
+                                      hidden=8, bias_last=False), data.images[:2], data.labels[:2],
+                                Protocol(batch_size=2))
+    fallback = build_problem([upd], [oracle(tu)], bare)
+    assert "match" in fallback.terms and "features" not in fallback.terms
+    assert "match_weight 0 → 1" in fallback.notes[0]
+    with pytest.raises(ConfigError, match="nothing of the capture to match"):
+        ReconConfig(match_weight=0.0, feature_weight=0.0)
+    with pytest.raises(ConfigError, match="aux_rank"):
+        ReconConfig(aux_rank=0)
