@@ -411,6 +411,9 @@ def recover_rlu(capture: Capture, aux=None, samples: int = 10000, seed: int = 0,
         stats_l = aux_forward(_local_capture(capture), aux, dtype=dtype, method="rlu", cache=False)  # keep θᵗ cached
         lm_l = logit_model(stats_l.logits, stats_l.labels, c, samples, gen)
         a_bar = (a_g + coefficient_matrix(lm_l.confidence())) / 2
+        if not bool(torch.isfinite(a_bar).all()):  # RLU eq. 10 at θᵗ + Δθ: a model past float range says nothing
+            return LabelResult.failure("rlu", c, "the local model θᵗ + Δθ gives non-finite logits on the aux set (the "
+                                       "update is too large or too noisy for RLU's local-model term, eq. 10)")
         z = simplex_least_squares(rho_sum * a_bar, view.bias, solver)
         e_bar = average_embedding(view)
         gain = float(e_bar @ e_bar) + 1.0

@@ -212,3 +212,14 @@ def test_baseline_view_naive_or_scheme_aware():
     rho = update_view(mom).rho
     a, b = as_gradient_capture(mom), as_gradient_capture(mom, scheme_aware=True)
     assert torch.allclose(a.gradients["fc.bias"] * 3 / float(rho.sum()), b.gradients["fc.bias"])
+
+
+def test_an_update_whose_local_model_overflows_is_a_failure_not_a_crash():
+    """DP noise of σ 0.5 on −Δθ/η of 10 steps gave a local model θᵗ + Δθ with non-finite logits on the aux set;
+    RLU's eq. 10 then has nothing to read: ok=False with the reason, never a raw NaN error from the solver."""
+    images, labels_ = _data(64, 0)
+    cap, _ = simulate_client(_cnn(), (images, labels_), Protocol(scheme="fedavg", batch_size=16, lr=0.01,
+                                                                 local_steps=2), torch.Generator().manual_seed(0))
+    huge = {k: (v if k.endswith("fc.bias") else v * 1e36) for k, v in cap.shared.items()}
+    result = labels.recover(dataclasses.replace(cap, update=huge), "rlu", aux=_aux(), samples=200)
+    assert not result.ok and "non-finite logits" in result.info["reason"]
