@@ -16,6 +16,14 @@ sign (a mixture of nonnegative inputs with coefficients of both signs has entrie
 found twice are kept once. With C = [c_1 … c_B], Δ = ∇W V C⁻ᵀ up to one scale per sample, and ∇b = Δ s gives
 those scales (least squares), so x_j = V c_j / s_j and the output errors come with them.
 
+Vertices. The same directions are the extreme rays of the cone {x = V c : x ≥ 0} when, as for ReLU maps, no
+sample's support contains another's (then x_j − ε x_k leaves the cone for every k ≠ j): they are the vertices of
+its cross-section {c : V c ≥ 0, 1ᵀ V c = 1}, a polytope in B dimensions, and a linear program with a random
+objective ends on one of them. Random objectives find every vertex in a few dozen programs of n constraints and B
+variables (the S4 layers: all 8 inputs of each batch in 20–23 programs, 0.3–0.5 CPU s, including a batch whose
+sparsest input has 12.9 % zeros and which 4 million draws of the sampling below did not finish). A vertex is kept
+under the same sparsity and sign test as a sampled candidate.
+
 The draws are batched (one batched SVD of ``chunk`` (B − 1) × B matrices per round; a draw that repeats a
 coordinate is dropped and counted). The number needed grows like
 ρ^−(B−1) for a zero fraction ρ per input (SPEAR's exponential cost): at B = 8 and ρ ≈ 0.2, 0.13–0.36 million draws,
@@ -43,15 +51,54 @@ class LinearInputs:
     residual: float
 
 
+METHODS = ("auto", "lp", "sample")
+
+
+def _valid(x: torch.Tensor, need: int, zero_tol: float, sign_tol: float) -> torch.Tensor:
+    """Which candidate inputs (rows of ``x``, each scaled to a largest entry of 1) are sparse and one-signed."""
+    x = x / x.abs().amax(1, keepdim=True)
+    sparse = (x.abs() < zero_tol).sum(1) >= need
+    return sparse & (((x > sign_tol).sum(1) == 0) | ((x < -sign_tol).sum(1) == 0))
+
+
+def _vertices(vn: torch.Tensor, batch: int, programs: int, gen: torch.Generator, need: int, zero_tol: float,
+              sign_tol: float) -> torch.Tensor:
+    """Unit coefficient vectors c (k × B) of the vertices of {c : V c ≥ 0, 1ᵀ V c = 1} that ``programs`` random
+    linear objectives reach (HiGHS), kept when V c is sparse and one-signed, each direction once."""
+    import numpy as np
+    from scipy.optimize import linprog
+
+    a = vn.numpy()
+    found = torch.zeros(0, batch, dtype=vn.dtype)
+    objectives = torch.randn(programs, batch, generator=gen, dtype=torch.float64).numpy()
+    for r in objectives:
+        res = linprog(r, A_ub=-a, b_ub=np.zeros(a.shape[0]), A_eq=a.sum(0, keepdims=True), b_eq=[1.0],
+                      bounds=[(None, None)] * batch, method="highs")
+        if res.status != 0:
+            continue
+        c = torch.from_numpy(res.x).to(vn.dtype)
+        c = c / c.norm()
+        if not bool(_valid((c @ vn.T)[None], need, zero_tol, sign_tol)[0]):
+            continue
+        if len(found) and bool(((found @ c) > 1 - 1e-4).any()):
+            continue
+        found = torch.cat([found, c[None]])
+    return found
+
+
 def linear_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, batch: int, *, samples: int = 1_000_000,
                   chunk: int = 10_000, zero_tol: float = 1e-4, sign_tol: float = 1e-3, min_zeros: int | None = None,
-                  seed: int = 0) -> LinearInputs:
+                  seed: int = 0, method: str = "auto", programs: int | None = None) -> LinearInputs:
     """The ``batch`` per-sample inputs of a Linear layer with weight gradient ``grad_w`` (m × n) and bias gradient
     ``grad_b`` (m) of a loss summed or averaged over the batch (module docstring). Entries below ``zero_tol`` (a
     fraction of a candidate's largest entry) count as zeros and entries beyond ``sign_tol`` as signed;
     ``min_zeros`` (default B − 1 + 20) is the sparsity a candidate needs. Raises :class:`GIError` for shapes that do
     not fit, a gradient whose rank is below ``batch``, or when fewer than ``batch`` inputs were found in ``samples``
-    draws (the inputs are not sparse enough, or the layer's input is not nonnegative)."""
+    draws (the inputs are not sparse enough, or the layer's input is not nonnegative).
+
+    ``method``: ``lp`` finds the directions as vertices (module docstring, "Vertices"), ``programs`` random linear
+    programs (default 8·B); ``sample`` by SPEAR's sampling, ``samples`` draws in rounds of ``chunk``; ``auto`` (the
+    default) the vertices first, then the sampling for what they missed. ``draws`` counts both."""
     if grad_w.dim() != 2 or grad_b.shape != (grad_w.shape[0],):
         raise GIError(f"linear_inputs needs a weight gradient (m, n) and a bias gradient (m,); got "
                       f"{tuple(grad_w.shape)} and {tuple(grad_b.shape)}")
@@ -59,6 +106,11 @@ def linear_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, batch: int, *, sam
         raise GIError(f"linear_inputs: batch={batch} must be >= 2 and <= min(m, n) = {min(grad_w.shape)}")
     if samples < 1 or chunk < 1:
         raise GIError(f"linear_inputs: samples={samples} and chunk={chunk} must be >= 1")
+    if method not in METHODS:
+        raise GIError(f"linear_inputs: method={method!r}; valid: {list(METHODS)}")
+    programs = 8 * batch if programs is None else programs
+    if programs < 1:
+        raise GIError(f"linear_inputs: programs={programs} must be >= 1")
     grad_w, grad_b = grad_w.double(), grad_b.double()
     gen = torch.Generator().manual_seed(seed)
     _, sv, vh = torch.linalg.svd(grad_w, full_matrices=False)
@@ -72,18 +124,17 @@ def linear_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, batch: int, *, sam
     need = batch - 1 + 20 if min_zeros is None else min_zeros
     found = torch.zeros(0, batch, dtype=v.dtype)
     draws = 0
-    while draws < samples and len(found) < batch:
-        n = min(chunk, samples - draws)
+    if method in ("lp", "auto"):
+        found = _vertices(vn, batch, programs, gen, need, zero_tol, sign_tol)
+        draws = programs
+    while method != "lp" and draws < samples + (programs if method == "auto" else 0) and len(found) < batch:
+        n = min(chunk, samples + (programs if method == "auto" else 0) - draws)
         rows = torch.randint(vn.shape[0], (n, batch - 1), generator=gen)  # O(n B) memory, not O(n × live)
         ordered = rows.sort(1).values
         rows = rows[(ordered[:, 1:] != ordered[:, :-1]).all(1)]  # B − 1 distinct coordinates (the rest redrawn)
         _, rank, vhs = torch.linalg.svd(vn[rows])
         c = vhs[:, -1]
-        x = c @ vn.T
-        x = x / x.abs().amax(1, keepdim=True)
-        sparse = (x.abs() < zero_tol).sum(1) >= need
-        one_sign = ((x > sign_tol).sum(1) == 0) | ((x < -sign_tol).sum(1) == 0)
-        keep = c[sparse & one_sign & (rank[:, -1] > 1e-3)]
+        keep = c[_valid(c @ vn.T, need, zero_tol, sign_tol) & (rank[:, -1] > 1e-3)]
         keep = keep * torch.where((keep @ vn.T).sum(1) < 0, -1.0, 1.0).to(keep.dtype)[:, None]
         found = torch.cat([found, keep / keep.norm(dim=1, keepdim=True)])
         same = (found @ found.T) > 1 - 1e-4

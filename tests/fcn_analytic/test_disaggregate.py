@@ -66,6 +66,19 @@ def test_a_real_relu_cnn_batch_gives_its_fully_connected_inputs():
     assert got.residual < 1e-3
 
 
+def test_vertices_find_inputs_too_dense_for_the_sampling():
+    """Inputs with 10 % zeros at B = 8: a draw of 7 coordinates hits one input's zeros with odds 1e-7, so the
+    sampling finds none in 20 000 draws; the vertices of {c : V c ≥ 0, 1ᵀ V c = 1} are exactly the inputs."""
+    grad_w, grad_b, x, delta = _layer_gradient(batch=8, n=400, m=40, seed=3, zeros=0.1)
+    with pytest.raises(GIError, match="of 8 inputs found"):
+        linear_inputs(grad_w, grad_b, 8, samples=20_000, method="sample")
+    got = linear_inputs(grad_w, grad_b, 8, method="lp")
+    assert _matched_error(got.inputs, x) < 1e-8 and _matched_error(got.output_errors, delta) < 1e-8
+    assert got.draws == 64 and got.residual < 1e-10  # 8·B programs, no sampling
+    auto = linear_inputs(grad_w, grad_b, 8)
+    assert torch.allclose(auto.inputs, got.inputs)
+
+
 def test_bad_inputs_are_clear_errors():
     grad_w, grad_b, x, delta = _layer_gradient(batch=3)
     with pytest.raises(GIError, match="bias gradient"):
@@ -74,6 +87,10 @@ def test_bad_inputs_are_clear_errors():
         linear_inputs(grad_w, grad_b, 1)
     with pytest.raises(GIError, match="samples"):
         linear_inputs(grad_w, grad_b, 3, samples=0)
+    with pytest.raises(GIError, match="method='simplex'; valid"):
+        linear_inputs(grad_w, grad_b, 3, method="simplex")
+    with pytest.raises(GIError, match="programs=0"):
+        linear_inputs(grad_w, grad_b, 3, programs=0)
     twice = torch.cat([x[:2], x[:1]])  # two samples with the same input: rank 2 for a batch of 3
     with pytest.raises(GIError, match="rank < batch=3"):
         linear_inputs(delta.T @ twice, delta.sum(0), 3)

@@ -102,8 +102,9 @@ class ReconConfig:
     sample ``∇Wᵀ∇b/‖∇b‖²``; a FedSGD batch by SPEAR's sparsity sampling on the layer's input side), matched
     against the dummy images' input of that layer. ``aux_rank``: the principal directions of the attacker's aux
     images the ``aux-span`` prior keeps (:func:`gi.attack.recon.problem.aux_span`). ``feature_draws``: the budget
-    of the named layer's input search (draws; it stops as soon as every input is found; about 7000 draws per CPU
-    second at B = 8, and an input with a fraction ρ of zeros needs about ρ^−(B−1)). ``match_weight`` scales the
+    of the sampling that looks for the inputs the named layer's vertex search missed
+    (:func:`fcn_analytic.disaggregate.linear_inputs`; it stops as soon as every input is found; about 7000 draws per
+    CPU second at B = 8, and an input with a fraction ρ of zeros needs about ρ^−(B−1)). ``match_weight`` scales the
     whole match term (0: none; the feature term and priors alone). ``feature_relative``: the feature term compares
     f/‖f*‖ with f*/‖f*‖ per capture (for ``l2``: ‖f − f*‖²/‖f*‖², free of the features' scale).
     """

@@ -123,13 +123,14 @@ register_preset("resnet", {"optimizer": "adam", "lr": 0.025, "signed": True, "sc
 # in the wrong basin); the prior's weight 0.1 / 1 / 10 (relative to the feature term) 16.1 / 17.3 / 15.1 dB;
 # the gradient match added at match_weight 1e-4 17.45 dB (a gain within the images' spread, and tied to the
 # gradients' scale, so off); the absolute feature distance with the gradient match at weight 1 (the default
-# preset's objective) 12.1-14.5 dB. feature_draws 4e6 (the default 1e6 found 6 of 8 inputs of seed 1's batch 1,
-# whose sparsest image has 12.9 % zeros: about 0.129^-7 = 1.6e6 draws per hit; the search stops when all are found).
+# preset's objective) 12.1-14.5 dB. The inputs are found as vertices by linear programs (fcn_analytic.disaggregate;
+# every S4 batch in < 1 CPU s), with SPEAR's sampling only for what they miss: 1e6 draws found 6 of 8 inputs of
+# seed 1's batch 1 (its sparsest image has 12.9 % zeros: about 0.129^-7 = 1.6e6 draws per hit), 4e6 did not finish it.
 register_preset("fc-inputs", {"optimizer": "adam", "lr": 0.05, "signed": False, "schedule": "multistep",
                               "objective": "l2", "iterations": 500, "restarts": 1, "cull_after": 0, "retries": 0,
                               "regularizers": {"aux-span": 1.0}, "aux_rank": 200, "init": "aux-mean",
                               "feature_weight": 1.0, "feature_relative": True, "match_weight": 0.0,
-                              "feature_layer": "first-linear", "feature_draws": 4_000_000, "labels": "fixed"})
+                              "feature_layer": "first-linear", "labels": "fixed"})
 for _model in ("resnet18", "resnet32", "resnet50"):
     register_model_preset(_model, "resnet")
 

@@ -202,8 +202,9 @@ def layer_inputs(capture: Capture, layer: str, soft: Tensor | None, seed: int = 
     with both gradients shared, inputs not sparse and nonnegative enough).
 
     One sample: ``∇Wᵀ∇b/‖∇b‖²`` (every row of ∇W is ``∇b_r·x``). A FedSGD batch:
-    :func:`fcn_analytic.disaggregate.linear_inputs` (SPEAR's sparsity sampling, Dimitrov et al. 2024, on the
-    layer's input side: a ReLU / max-pool feature map), which finds the inputs in no particular order. They are
+    :func:`fcn_analytic.disaggregate.linear_inputs` (the vertices of the nonnegative cone in ∇W's row space, then
+    SPEAR's sparsity sampling, Dimitrov et al. 2024, on the layer's input side: a ReLU / max-pool feature map),
+    which finds the inputs in no particular order. They are
     put in slot order by their own labels: the inputs are forwarded through the rest of the net together (the
     client's forward, BatchNorm in the protocol's mode), the last layer's input h_i read, each sample's output
     error δ_i solved from the last layer's gradient ``∇W_L ∝ Σ_i δ_i h_iᵀ`` (least squares), and inputs paired with
