@@ -256,7 +256,10 @@ def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_result
     available = bool(features) and all(f is not None for f in features)
     source = None
     if available and layer is not None:
-        source = f"inputs of {layer} per slot (fcn_analytic.disaggregate.linear_inputs, ordered by their labels)"
+        from gi.attack.recon.problem import resolve_feature_layer
+
+        source = (f"inputs of {resolve_feature_layer(captures[0], layer)} per slot "
+                  "(fcn_analytic.disaggregate.linear_inputs, ordered by their labels)")
     elif available:
         source = "last_layer_features" if captures[0].num_samples == 1 else "grad_W_c / grad_b_c per slot"
     inversions: list[Any] | None = [] if attack.analytic else None
