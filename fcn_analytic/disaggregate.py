@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gi.capture import Capture
 from gi.core.errors import GIError
 
 
@@ -154,3 +155,36 @@ def linear_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, batch: int, *, sam
     res_w = (grad_w - output_errors.T @ inputs).norm() / grad_w.norm()
     res_b = (grad_b - output_errors.sum(0)).norm() / grad_b.norm().clamp_min(1e-30)
     return LinearInputs(inputs, output_errors, draws, float(max(res_w, res_b)))
+
+
+def first_linear(model: torch.nn.Module) -> str | None:
+    """The name of the model's first ``nn.Linear`` in module order (after a conv body: the layer that sees its
+    flattened map), None when it has none."""
+    return next((n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)), None)
+
+
+def sample_errors(capture: Capture, layer: str, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each sample's logits z_i and output error δ_i = ∂ℓ_i/∂z_i (B × C each, float64, the rows of ``inputs``' order)
+    from the B inputs of the Linear layer ``layer`` (:func:`linear_inputs`).
+
+    The inputs are fed to ``layer`` together (a forward pre-hook; the layers before it see zeros and are
+    overridden), so the rest of the net runs as the client's forward did (BatchNorm in the protocol's mode), and
+    the last layer's input h_i of every sample is read. The last layer's gradient of the batch's mean loss is
+    ``∇W_L = (1/B) Σ_i δ_i h_iᵀ``, which least squares solves for the δ_i when the h_i are independent (B ≤ their
+    dimension)."""
+    model = capture.model().double().train(capture.protocol.model_mode == "train")
+    x = inputs.double()
+    b = x.shape[0]
+    seen: dict[str, torch.Tensor] = {}
+    feed = model.get_submodule(layer).register_forward_pre_hook(lambda m, a: (x,))
+    read = model.get_submodule(capture.last_layer_name).register_forward_pre_hook(
+        lambda m, a: seen.__setitem__("h", a[0].flatten(1)))
+    try:
+        with torch.no_grad():
+            logits = model(torch.zeros(b, *capture.model_spec["in_shape"], dtype=torch.float64))
+    finally:
+        feed.remove()
+        read.remove()
+    last_w = capture.last_layer(torch.float64)[0]
+    errors = b * torch.linalg.lstsq(seen["h"].T, last_w.T).solution  # (B, C): ∇W_Lᵀ = (1/B) Hᵀ Δ
+    return logits.flatten(1), errors

@@ -18,7 +18,7 @@ LAYERS = [
     ("gi.world.data", 3), ("gi.world.train", 3), ("gi.world.fl.victim", 3), ("gi.world.fl.partition", 3),
     ("gi.world.setup", 3), ("gi.world.build", 3), ("gi.world.fl.flower", 3),
     ("gi.analysis", 3),
-    ("labels", 4),
+    ("labels", 4), ("fcn_analytic.disaggregate", 4),  # captures only: the fc-inputs label method builds on it
     ("fcn_analytic", 5),
     ("gi.attack", 7), ("gi.attack.recon", 6),
     ("gi.world.scenarios", 7),

@@ -37,7 +37,7 @@ ZOO_MODELS = ("cnn", "cnn6", "fcn3", "fcn4", "lenet", "lenet5", "linear", "mlp",
 
 # labels.METHODS (every module of labels/ registers its own)
 LABEL_METHODS = ("auto", "decaf", "decaf-paper", "dist-aux-bias-grad", "dist-aux-weight-grad", "dist-exact",
-                 "dist-init-bias", "dist-soft-label", "dist-soft-label-path", "idlg", "idlg-batch", "ilrg",
+                 "dist-init-bias", "dist-soft-label", "dist-soft-label-path", "fc-inputs", "idlg", "idlg-batch", "ilrg",
                  "ilrg-robust", "ilrg-update", "llg", "llg*", "llg+", "llg+-update", "posterior", "rlg", "rlu",
                  "soft-lambda", "uniform-guess", "yin", "zlg", "zlg+", "zlg+-update")
 
@@ -49,7 +49,7 @@ LABEL_OPTIONS: dict[str, tuple[str, ...] | None] = {
     "decaf-paper": ("epochs", "step", "threshold"), "dist-aux-bias-grad": ("aux_steps", "normalize", "solver"),
     "dist-aux-weight-grad": ("aux_steps", "include_bias", "normalize"), "dist-exact": ("strict",),
     "dist-init-bias": ("normalize",), "dist-soft-label": ("aux_steps", "normalize", "solver"),
-    "dist-soft-label-path": ("normalize", "points", "solver"), "idlg": (), "idlg-batch": (),
+    "dist-soft-label-path": ("normalize", "points", "solver"), "fc-inputs": ("layer",), "idlg": (), "idlg-batch": (),
     "ilrg": ("iterations", "probs", "robust"), "ilrg-robust": ("iterations", "probs"), "ilrg-update": None,
     "llg": (), "llg*": ("dtype", "dummy", "seed"), "llg+": ("dtype",), "llg+-update": None,
     "posterior": ("dtype", "missing", "weighting"), "rlg": ("rtol",),

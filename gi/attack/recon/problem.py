@@ -185,9 +185,12 @@ def resolve_feature_layer(capture: Capture, layer: str | None) -> str | None:
     ``nn.Linear`` in module order (None when there is none); a name is itself, checked to exist."""
     if layer is None:
         return None
-    modules = dict(capture.model().named_modules())
+    from fcn_analytic.disaggregate import first_linear
+
+    model = capture.model()
+    modules = dict(model.named_modules())
     if layer == FIRST_LINEAR:
-        return next((n for n, m in modules.items() if isinstance(m, torch.nn.Linear)), None)
+        return first_linear(model)
     if layer not in modules:
         linear = [n for n, m in modules.items() if isinstance(m, torch.nn.Linear)]
         raise ConfigError(f"attack.feature_layer={layer!r} is no module of the capture's model; valid: last, "
@@ -214,7 +217,7 @@ def layer_inputs(capture: Capture, layer: str, soft: Tensor | None, seed: int = 
     """
     from scipy.optimize import linear_sum_assignment
 
-    from fcn_analytic.disaggregate import linear_inputs
+    from fcn_analytic.disaggregate import linear_inputs, sample_errors
 
     names = (f"{layer}.weight", f"{layer}.bias")
     if capture.is_update or not all(n in capture.shared for n in names):
@@ -238,19 +241,7 @@ def layer_inputs(capture: Capture, layer: str, soft: Tensor | None, seed: int = 
         return None
     if soft is None:
         return x
-    model = capture.model().double().train(capture.protocol.model_mode == "train")
-    seen: dict[str, Tensor] = {}
-    feed = model.get_submodule(layer).register_forward_pre_hook(lambda m, a: (x,))
-    read = model.get_submodule(capture.last_layer_name).register_forward_pre_hook(
-        lambda m, a: seen.__setitem__("h", a[0].flatten(1)))
-    try:
-        with torch.no_grad():
-            model(torch.zeros(b, *capture.model_spec["in_shape"], dtype=torch.float64))
-    finally:
-        feed.remove()
-        read.remove()
-    last_w = capture.last_layer(torch.float64)[0]
-    delta = torch.linalg.lstsq(seen["h"].T, last_w.T).solution  # (B, C), up to the loss's 1/B
+    delta = sample_errors(capture, layer, x)[1]
     delta = delta / delta.abs().amax(1, keepdim=True).clamp_min(1e-30)
     rows, cols = linear_sum_assignment((delta @ soft.double().T).numpy())
     order = torch.empty(b, dtype=torch.long)

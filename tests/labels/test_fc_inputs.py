@@ -1,0 +1,51 @@
+"""labels ``fc-inputs``: every sample's label of a FedSGD batch from the disaggregated first Linear layer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import labels
+from gi.world.data import load
+from gi.world.fl.protocol import Protocol
+from gi.world.fl.victim import capture_gradients, simulate_client
+from gi.world.models import build
+
+
+def _batch(n: int = 6):
+    data = load("fashion-mnist")
+    g = torch.Generator().manual_seed(4)
+    idx = torch.randperm(len(data), generator=g)[:n]
+    return data.images[idx], data.labels[idx]
+
+
+def _cnn(**kw):
+    return build("cnn", 10, activation="relu", in_shape=(1, 28, 28), seed=0, batch_norm=True, channels=[16, 32],
+                 hidden=64, **kw)
+
+
+@pytest.mark.parametrize("aug", [dict(), dict(label_aug="smoothing", label_eps=0.2)], ids=["one-hot", "smoothed"])
+def test_every_sample_label_is_recovered_exactly(aug):
+    images, y = _batch()
+    capture, truth = capture_gradients(_cnn(), images, y, Protocol(batch_size=6, model_mode="train", **aug))
+    result = labels.recover(capture, "fc-inputs")
+    assert result.ok and result.info["layer"] == "body.1"
+    assert torch.equal(result.counts, truth.counts)
+    # the rows come in the order the inputs were found: each is some sample's soft target, to 1e-3
+    assert float(torch.cdist(result.soft.double(), truth.targets.double()).min(1).values.max()) < 1e-3
+
+
+def test_where_it_does_not_apply_it_says_why():
+    images, y = _batch(4)
+    model = _cnn()
+    one, _ = capture_gradients(model, images[:1], y[:1], Protocol())
+    assert "one sample" in labels.recover(one, "fc-inputs").info["reason"]
+    bce, _ = capture_gradients(model, images, y, Protocol(batch_size=4, loss="bce"))
+    assert "cross-entropy" in labels.recover(bce, "fc-inputs").info["reason"]
+    update, _ = simulate_client(model, (images, y), Protocol(scheme="fedavg", batch_size=2, local_steps=2),
+                                torch.Generator().manual_seed(0))
+    assert "FedSGD" in labels.recover(update, "fc-inputs").info["reason"]
+    fcn = build("fcn3", 10, in_shape=(1, 28, 28), seed=0)  # its first Linear sees the raw pixels: too dense
+    dense, _ = capture_gradients(fcn, images, y, Protocol(batch_size=4))
+    result = labels.recover(dense, "fc-inputs")
+    assert not result.ok and result.info["reason"]
