@@ -136,3 +136,13 @@ def test_match_weight_zero_fits_the_features_alone_and_falls_back_without_them(f
         ReconConfig(match_weight=0.0, feature_weight=0.0)
     with pytest.raises(ConfigError, match="aux_rank"):
         ReconConfig(aux_rank=0)
+
+
+def test_a_run_config_asking_for_the_aux_prior_without_aux_data_fails_at_load():
+    from gi.core.config import load
+    from gi.experiments.config.run import RunConfig
+
+    with pytest.raises(ConfigError, match=r"aux-span and attack.init=aux-mean .*set aux.per_class > 0"):
+        load(RunConfig, "configs/demo.yaml", ["attack.preset=fc-inputs"])
+    cfg = load(RunConfig, "configs/demo.yaml", ["attack.preset=fc-inputs", "aux.per_class=5"])
+    assert cfg.attack.init == "aux-mean" and cfg.attack.regularizers == {"aux-span": 1.0}

@@ -96,6 +96,9 @@ class RunConfig(VictimSetup):
                               "trials out, or leave them out to draw trials random batches")
         self.attack = derived_attack(self.labels, self.attack)  # the loaders refuse an explicit other value
         check_capture_count(self.data, self.trials, self.protocol.batch_size)  # a folder's images=all: once read
+        if (self.attack.regularizers.get("aux-span") or self.attack.init == "aux-mean") and self.aux.per_class <= 0:
+            raise ConfigError("attack.regularizers aux-span and attack.init=aux-mean use the attacker's aux images: "
+                              "set aux.per_class > 0 (the fc-inputs preset needs it)")
         if self.protocol.is_update and self.protocol.label_aug == "mixup":
             raise ConfigError("protocol.label_aug=mixup is FedSGD-only here (gi.world.fl.victim trains with one-hot or "
                               "smoothed labels); use protocol.scheme=fedsgd or another label_aug")
