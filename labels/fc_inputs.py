@@ -22,9 +22,10 @@ from labels.base import register
 
 @register("fc-inputs", "per-sample labels of a FedSGD batch: the first Linear layer's inputs from its gradient, "
                        "each sample's output error from the last layer's, y = softmax(z) − δ (cross-entropy)")
-def recover_fc_inputs(capture: Capture, aux=None, layer: str | None = None) -> LabelResult:
+def recover_fc_inputs(capture: Capture, aux=None, layer: str | None = None, draws: int = 1_000_000) -> LabelResult:
     """The labels of every sample of a FedSGD batch (module docstring); ``layer`` the Linear layer to disaggregate
-    (default: the model's first). ``ok=False`` with the reason where it does not apply: an update, one sample, a
+    (default: the model's first); ``draws`` the budget of the sampling that looks for inputs the vertex search
+    missed. ``ok=False`` with the reason where it does not apply: an update, one sample, a
     loss other than cross-entropy, a layer without shared weight and bias gradients, inputs not found."""
     from fcn_analytic.disaggregate import first_linear, linear_inputs, sample_errors
 
@@ -42,7 +43,8 @@ def recover_fc_inputs(capture: Capture, aux=None, layer: str | None = None) -> L
         return LabelResult.failure("fc-inputs", c, f"no fully-connected layer before the last with shared weight "
                                                    f"and bias gradients (layer {name!r})")
     try:
-        found = linear_inputs(capture.shared[names[0]], capture.shared[names[1]], capture.num_samples)
+        found = linear_inputs(capture.shared[names[0]], capture.shared[names[1]], capture.num_samples,
+                              samples=draws)
     except GIError as exc:
         return LabelResult.failure("fc-inputs", c, str(exc))
     logits, errors = sample_errors(capture, name, found.inputs)
