@@ -31,3 +31,15 @@ def lenet_captures() -> Callable[[int], list[tuple]]:
         return out
 
     return make
+
+
+@pytest.fixture
+def fashion_mnist() -> None:
+    """Skip where the Fashion-MNIST files are not installed (``make install`` puts them under .assets)."""
+    from gi.core.errors import AssetError
+    from gi.world import assets
+
+    try:
+        assets.fashion_mnist_dir()
+    except AssetError:
+        pytest.skip("Fashion-MNIST is not installed (make install)")

@@ -224,21 +224,6 @@ def label_stage(lcfg: LabelConfig, captures: Sequence[Capture], truths: Sequence
     return results, kind, record
 
 
-def capture_features(attack: ReconConfig, captures: Sequence[Capture], label_results: Sequence[LabelResult | None]
-                     ) -> list[torch.Tensor | None]:
-    """f* per capture (:func:`gi.attack.recon.problem.feature_targets`) at ``attack.feature_layer`` when the feature
-    term is on (a named layer's inputs cost a search), else at the last layer; joint labels (None): only a
-    label-free f*. The one rule of ``gi run`` / ``gi attack`` (:func:`feature_stage`) and ``gi ablate``."""
-    from gi.attack.recon.problem import feature_targets, labels_for_slots
-
-    layer = attack.feature_layer_name if attack.feature_weight > 0 else None
-    out: list[torch.Tensor | None] = []
-    for c, lr in zip(captures, label_results):
-        soft = None if lr is None else labels_for_slots(lr, c.num_samples, c.num_classes)
-        out.append(feature_targets(c, lr, soft, layer, attack.seed, attack.feature_draws))
-    return out
-
-
 def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_results: Sequence[LabelResult | None]
                   ) -> tuple[list[torch.Tensor | None], list[Any] | None, dict[str, Any]]:
     """The feature stage: f* of eq. 8 per capture when the labels give it (one sample; a batch with a last-layer
@@ -248,6 +233,7 @@ def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_result
     capture inverts) and the stage record."""
 
     from fcn_analytic import invert
+    from gi.attack.recon.problem import capture_features
     from gi.core.errors import GIError
 
     start, cpu = time.perf_counter(), time.process_time()

@@ -32,7 +32,7 @@ from typing import Any
 
 from gi.analysis.report import save_grid, write_yaml
 from gi.attack.recon.config import ReconConfig
-from gi.attack.stages import LABEL_MODES, capture_features, used_labels
+from gi.attack.stages import LABEL_MODES, used_labels
 from gi.core.config import to_dict
 from gi.core.errors import GIError
 from gi.experiments.ablate_output import write_ablation
@@ -112,6 +112,7 @@ def run_setting(cfg: AblateConfig, setting: str, out: Path, cache: Path | None =
     import torch
 
     from gi.analysis.metrics import label_metrics, score
+    from gi.attack.recon.problem import capture_features  # torch: loaded with the first setting, not at import
 
     scfg = setting_config(cfg, setting)
     captures, truths, aux = _captures(scfg)

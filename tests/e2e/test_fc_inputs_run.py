@@ -6,25 +6,12 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from gi.core.config import load
 from gi.experiments import run as gi_run
 from gi.experiments.config.run import RunConfig
 
 
-@pytest.fixture
-def fashion():
-    from gi.core.errors import AssetError
-    from gi.world import assets
-
-    try:
-        assets.fashion_mnist_dir()
-    except AssetError:
-        pytest.skip("Fashion-MNIST is not installed (make install)")
-
-
-def test_fc_inputs_run_recovers_more_than_a_trivial_guess(tmp_path, fashion):
+def test_fc_inputs_run_recovers_more_than_a_trivial_guess(tmp_path, fashion_mnist):
     cfg = load(RunConfig, "configs/demo.yaml", [
         "data.indices=null", "data.name=fashion-mnist", "trials=1", "model.name=cnn", "model.init=null",
         "model.activation=relu", "model.options={batch_norm: true, channels: [16, 32], hidden: 64}",

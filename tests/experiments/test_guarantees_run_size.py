@@ -49,17 +49,6 @@ def test_a_long_data_images_list_is_refused_at_load_by_its_batches():
                                           "protocol.batch_size=2"])  # 1000 captures: allowed
 
 
-@pytest.fixture
-def fashion_train():
-    from gi.core.errors import AssetError
-    from gi.world import assets
-
-    try:
-        assets.fashion_mnist_dir()
-    except AssetError:
-        pytest.skip("Fashion-MNIST is not installed (make install)")
-
-
 def test_data_images_all_on_fashion_mnist_is_refused_at_load_before_any_data_is_read(tmp_path, monkeypatch):
     monkeypatch.setattr(victim, "load_data", lambda *a, **k: pytest.fail("the dataset was read"))
     with pytest.raises(ConfigError, match=r"data.images=all \(60000 images of fashion-mnist/train\) asks for 60000 "
@@ -73,7 +62,7 @@ def test_data_images_all_on_fashion_mnist_is_refused_at_load_before_any_data_is_
                                               "protocol.batch_size=2"])
 
 
-def test_the_fixed_dataset_sizes_are_those_of_the_datasets_read(fashion_train):
+def test_the_fixed_dataset_sizes_are_those_of_the_datasets_read(fashion_mnist):
     from gi.core.names import DATASET_SIZES
     from gi.world.data import DATASETS
     from gi.world.data import load as load_dataset
@@ -114,7 +103,7 @@ def test_gi_labels_refuses_more_trials_than_the_cap():
     assert load(LabelBenchConfig, "configs/labels/rlu-table2.yaml", ["trials=1000"]).trials == 1000
 
 
-def test_raising_the_cap_lets_data_images_all_through(fashion_train):
+def test_raising_the_cap_lets_data_images_all_through(fashion_mnist):
     raised = load(RunConfig, "configs/demo.yaml", [*ONE_BATCH, "data.name=fashion-mnist", "data.split=train",
                                                    "data.images=all", "data.max_captures=60000"])
     dataset = victim.load_data(raised.data)

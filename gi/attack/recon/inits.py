@@ -49,11 +49,7 @@ def analytic_init(shape: tuple[int, ...], generator: torch.Generator, prior: Ten
         raise ConfigError("attack.init=analytic needs an analytic image estimate: it exists for one sample of a "
                           "net fcn_analytic.invert covers (fully connected, or convs with invertible activations); "
                           "use init=uniform otherwise")
-    n, r = shape[:2]
-    out = prior.float().reshape(n, 1, *shape[2:]).expand(shape).clone()
-    if r > 1 and noise > 0:
-        out[:, 1:] += noise * torch.randn(out[:, 1:].shape, generator=generator)
-    return out.clamp(0, 1)
+    return _from_prior(shape, generator, prior, noise)
 
 
 @register_init("aux-mean")
@@ -62,8 +58,14 @@ def aux_mean_init(shape: tuple[int, ...], generator: torch.Generator, prior: Ten
     :func:`gi.attack.recon.problem.aux_span`); restarts r ≥ 1 add N(0, noise²)."""
     if prior is None:
         raise ConfigError("attack.init=aux-mean needs the attacker's aux images: set aux.per_class > 0")
-    n, r, b = shape[:3]
-    out = prior.float().reshape(n, 1, 1, *shape[3:]).expand(shape).clone()
+    return _from_prior(shape, generator, prior, noise)
+
+
+def _from_prior(shape: tuple[int, ...], generator: torch.Generator, prior: Tensor, noise: float) -> Tensor:
+    """``prior`` (per problem: one image per slot, or one for every slot) as the start of every restart of shape
+    (N, R, B, C, H, W); restarts r ≥ 1 add N(0, noise²); clamped to the box."""
+    n, r = shape[:2]
+    out = prior.float().reshape(n, 1, -1, *shape[3:]).expand(shape).clone()
     if r > 1 and noise > 0:
         out[:, 1:] += noise * torch.randn(out[:, 1:].shape, generator=generator)
     return out.clamp(0, 1)

@@ -167,11 +167,11 @@ class GradientInversion(L.LightningModule):
             self.register_buffer(f"target_{i}", self._per_problem(self.problem.targets[k].detach().float()))
         if self.use_features:
             target = self.problem.features.detach().float()
-            norm = target.flatten(1).norm(dim=1).clamp_min(1e-30) if self.cfg.feature_relative \
-                else torch.ones(target.shape[0])
-            shape = (-1,) + (1,) * (target.dim() - 1)
-            self.register_buffer("feature_norm", self._per_problem(norm).view(shape))
-            self.register_buffer("feature_target", self._per_problem(target / norm.view(shape)))
+            if self.cfg.feature_relative:  # ‖f*‖ per problem divides both sides of the feature term
+                norm = target.flatten(1).norm(dim=1).clamp_min(1e-30).view(-1, *(1,) * (target.dim() - 1))
+                self.register_buffer("feature_norm", self._per_problem(norm))
+                target = target / norm
+            self.register_buffer("feature_target", self._per_problem(target))
         if self.problem.aux_span is not None:
             self.register_buffer("aux_mu", self.problem.aux_span[0].detach())
             self.register_buffer("aux_basis", self.problem.aux_span[1].detach())

@@ -183,8 +183,8 @@ FIRST_LINEAR = "first-linear"  # attack.feature_layer: the model's first nn.Line
 def resolve_feature_layer(capture: Capture, layer: str | None) -> str | None:
     """The module name ``attack.feature_layer`` stands for on the capture's model: ``first-linear`` is the first
     ``nn.Linear`` in module order (None when there is none); a name is itself, checked to exist."""
-    if layer is None:
-        return None
+    if layer is None or (layer != FIRST_LINEAR and f"{layer}.weight" in capture.shared):
+        return layer  # a shared layer's name needs no model built to check it
     from fcn_analytic.disaggregate import first_linear
 
     model = capture.model()
@@ -358,22 +358,23 @@ def same_model(a: Capture, b: Capture) -> bool:
         all(torch.equal(a.history.get(k, torch.zeros(0)), b.history.get(k, torch.zeros(0))) for k in a.history)
 
 
-def _feature_rows(captures: list[Capture], label_results: list[LabelResult | None], features: list[Tensor | None],
-                  soft: Tensor | None, layer: str | None = None, seed: int = 0, draws: int = 1_000_000
-                  ) -> list[Tensor | None]:
-    """f* (B, D) per capture: the given features, else :func:`feature_targets`; None where a capture has none (an
-    update, a bias-free batch, joint labels without a last-layer bias).
-
-    With joint labels from a random start (``soft`` None) only a label-free target is used: one sample's
-    ``∇Wᵀ∇b/‖∇b‖²`` (eq. 8's f* needs no label when the last layer has a bias)."""
-    b = image_slots(captures[0])
-    if soft is None:
-        rows = [f if f is not None else feature_targets(c, None, None, layer, seed, draws)
-                for c, f in zip(captures, features)]
-    else:
-        rows = [f if f is not None else feature_targets(c, lr, s, layer, seed, draws)
-                for c, lr, f, s in zip(captures, label_results, features, soft)]
-    return [None if f is None else f.reshape(b, -1) for f in rows]
+def capture_features(cfg: ReconConfig, captures: Sequence[Capture], label_results: Sequence[LabelResult | None],
+                     given: Sequence[Tensor | None] | None = None) -> list[Tensor | None]:
+    """f* (B, D) per capture, the one rule of :func:`build_problem`, the ``gi run`` features stage and ``gi
+    ablate``: the ``given`` features, else :func:`feature_targets` at ``cfg.feature_layer`` when the feature term
+    is on (a named layer's inputs cost a search), else at the last layer; None where a capture has none (an
+    update, a bias-free batch, joint labels without a last-layer bias). Joint labels from a random start (None)
+    use only a label-free target: one sample's ``∇Wᵀ∇b/‖∇b‖²`` (eq. 8's f* needs no label when the last layer
+    has a bias)."""
+    layer = cfg.feature_layer_name if cfg.feature_weight > 0 else None
+    out: list[Tensor | None] = []
+    for c, lr, f in zip(captures, label_results, given if given is not None else [None] * len(captures)):
+        b = image_slots(c)
+        if f is None:
+            soft = None if lr is None else labels_for_slots(lr, b, c.num_classes)
+            f = feature_targets(c, lr, soft, layer, cfg.seed, cfg.feature_draws)
+        out.append(None if f is None else f.reshape(b, -1))
+    return out
 
 
 NO_FEATURES = ("attack.feature_weight (β) set to 0: no feature target f* (eq. 8) at {layer} for {n} of {total} "
@@ -422,8 +423,7 @@ def build_problem(captures: Sequence[Capture], label_results: Sequence[LabelResu
     targets = {k: torch.stack([c.shared[k] for c in captures]) for k in first.shared}
     rows, notes = None, ()
     if cfg.feature_weight > 0:  # one rule for every command: no target, no feature term, and the run says so
-        found = _feature_rows(captures, label_results, features, soft, cfg.feature_layer_name, cfg.seed,
-                              cfg.feature_draws)
+        found = capture_features(cfg, captures, label_results, features)
         missing = sum(f is None for f in found)
         if missing:  # without f* a feature-only recipe (match_weight 0) falls back to the plain match term
             cfg = dataclasses.replace(cfg, feature_weight=0.0, match_weight=cfg.match_weight or 1.0)
