@@ -1,4 +1,4 @@
-"""A batch's per-sample inputs of one Linear layer from that layer's summed gradient, by sparsity.
+"""A batch's per-sample inputs of one Linear layer from that layer's summed gradient, by sparsity or by labels.
 
 For a Linear layer ``z = W x + b`` and a batch of B samples, the shared gradient is ``∇W = Δ Xᵀ`` and ``∇b = Δ 1``
 (Δ: the per-sample output errors ∂L/∂z, m × B; X: the per-sample inputs, n × B), so ∇W has rank ≤ B and
@@ -23,6 +23,11 @@ objective ends on one of them. Random objectives find every vertex in a few doze
 variables (the S4 layers: all 8 inputs of each batch in 20–23 programs, 0.3–0.5 CPU s, including a batch whose
 sparsest input has 12.9 % zeros and which 4 million draws of the sampling below did not finish). A vertex is kept
 under the same sparsity and sign test as a sampled candidate.
+
+The last layer, by its labels. The logits' layer has no such sparsity (its input is, e.g., a ResNet's pooled
+map), but its output errors are known up to the inputs: ``δ_i = softmax(W h_i + b) − y_i`` for the cross-entropy
+loss. With the labels y_i (recovered first), ``∇W = (1/B) Δᵀ H`` is a square or overdetermined system in the B²
+coefficients of the h_i in ∇W's row space, once B ≤ C − 1 (:func:`last_layer_inputs`).
 
 The draws are batched (one batched SVD of ``chunk`` (B − 1) × B matrices per round; a draw that repeats a
 coordinate is dropped and counted). The number needed grows like
@@ -188,3 +193,146 @@ def sample_errors(capture: Capture, layer: str, inputs: torch.Tensor) -> tuple[t
     last_w = capture.last_layer(torch.float64)[0]
     errors = b * torch.linalg.lstsq(seen["h"].T, last_w.T).solution  # (B, C): ∇W_Lᵀ = (1/B) Hᵀ Δ
     return logits.flatten(1), errors
+
+
+
+ROUND = 12  # last_layer_inputs: starts solved together per round
+
+
+def _system(c: torch.Tensor, a: torch.Tensor, bias: torch.Tensor, targets: torch.Tensor, m: torch.Tensor,
+            mb: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual r (K × R) and Jacobian J (K × R × B²) of the label-keyed system (:func:`last_layer_inputs`)
+    at K stacked coefficient matrices ``c`` (K × B × B, row i = c_i): the entries of ``Δᵀ C − M`` and, with a bias,
+    of ``Δᵀ 1 − B∇b``, each block scaled by its target's norm. With ``δ_k = softmax(A c_k + b) − y_k`` and
+    ``S_k = diag(p_k) − p_k p_kᵀ``: ∂(Δᵀ C)_{qj}/∂c_{kl} = (S_k A)_{ql} c_{kj} + δ_{kq} [j = l]."""
+    k, batch, _ = c.shape
+    p = torch.softmax(c @ a.T + bias, 2)  # K × B × C
+    delta = p - targets
+    sa = p[..., :, None] * a - p[..., :, None] * (p @ a)[..., None, :]  # K × B × C × B: S_k A
+    eye = torch.eye(batch, dtype=c.dtype)
+    jac = (sa.permute(0, 2, 1, 3)[:, :, None] * c.transpose(1, 2)[:, None, :, :, None]
+           + delta.transpose(1, 2)[:, :, None, :, None] * eye[None, None, :, None, :])  # K × C × B(j) × B(i) × B(l)
+    scale = m.norm()
+    r = ((delta.transpose(1, 2) @ c - m) / scale).reshape(k, -1)
+    jac = (jac / scale).reshape(k, r.shape[1], batch * batch)
+    if mb is not None:
+        sb = mb.norm().clamp_min(1e-300)
+        r = torch.cat([r, (delta.sum(1) - mb) / sb], 1)
+        jac = torch.cat([jac, sa.permute(0, 2, 1, 3).reshape(k, -1, batch * batch) / sb], 1)
+    return r, jac
+
+
+def _levenberg_marquardt(c: torch.Tensor, a: torch.Tensor, bias: torch.Tensor, targets: torch.Tensor,
+                         m: torch.Tensor, mb: torch.Tensor | None, iterations: int, tol: float) -> torch.Tensor:
+    """Levenberg–Marquardt on :func:`_system` from K stacked starts ``c`` (K × B × B) at once, each with its own
+    damping (×10 on a rejected step, ÷3 on an accepted one); returns the K end points."""
+    k, batch, _ = c.shape
+    x = c.clone()
+    r, jac = _system(x, a, bias, targets, m, mb)
+    cost = (r * r).sum(1)
+    damping = torch.full((k,), 1e-3, dtype=c.dtype)
+    for _ in range(iterations):
+        if bool((cost < tol * tol).any()):
+            break
+        jtj = jac.transpose(1, 2) @ jac
+        diag = torch.diag_embed(jtj.diagonal(dim1=1, dim2=2).clamp_min(1e-12))
+        step = torch.linalg.solve(jtj + damping[:, None, None] * diag, -(jac.transpose(1, 2) @ r[..., None]))
+        trial = x + step.reshape(k, batch, batch)
+        r_new, jac_new = _system(trial, a, bias, targets, m, mb)
+        new = (r_new * r_new).sum(1)
+        better = new < cost
+        x = torch.where(better[:, None, None], trial, x)
+        r = torch.where(better[:, None], r_new, r)
+        jac = torch.where(better[:, None, None], jac_new, jac)
+        cost = torch.where(better, new, cost)
+        damping = torch.where(better, (damping / 3).clamp_min(1e-12), (damping * 10).clamp_max(1e12))
+    return x
+
+
+def _starts(starts: int, targets: torch.Tensor, v: torch.Tensor, m: torch.Tensor, bias: torch.Tensor,
+            grad_b: torch.Tensor | None, grad_w: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """``starts`` start matrices (K × B × B), taking turns: the softmax at the bias alone (slightly perturbed, so
+    that samples of one class start apart) solved into ``M = Δ₀ᵀ C``; with a bias, the class means
+    ``∇W_{y_i} / ∇b_{y_i}`` (exact for a confident net) perturbed by 1 %; a Gaussian of the means' scale."""
+    batch, classes = targets.shape
+    f64 = torch.float64
+    out = []
+    means = None
+    if grad_b is not None:
+        denom = targets @ grad_b
+        if bool((denom.abs() > 0).all()):
+            means = (targets @ grad_w / denom[:, None]) @ v.T
+    size = m.norm() / (targets - torch.softmax(bias, 0)).norm()
+    for s in range(starts):
+        kind = s % 3
+        if kind == 1 and means is not None:
+            c = means + 1e-2 * means.norm(dim=1, keepdim=True) * torch.randn(batch, batch, generator=gen, dtype=f64)
+        elif kind == 2 or kind == 1:
+            c = size * torch.randn(batch, batch, generator=gen, dtype=f64) / batch ** 0.5
+        else:
+            noise = 1e-2 * (1 + s) * torch.randn(batch, classes, generator=gen, dtype=f64)
+            c = torch.linalg.lstsq((torch.softmax(bias + noise, 1) - targets).T, m).solution
+        out.append(c)
+    return torch.stack(out)
+
+
+def last_layer_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor | None, weight: torch.Tensor,
+                      bias: torch.Tensor | None, targets: torch.Tensor, *, starts: int = 48, iterations: int = 100,
+                      tol: float = 1e-9, seed: int = 0) -> LinearInputs:
+    """Each sample's input h_i of the last layer ``z = W h + b`` of a FedSGD batch, from that layer's gradient and
+    the batch's labels (one row of ``targets`` per sample, B × C, hard or soft), for the mean cross-entropy loss.
+
+    Soft-label paper eq. 2 for a batch: ``∇W = (1/B) Σ_i δ_i h_iᵀ``, ``∇b = (1/B) Σ_i δ_i`` with
+    ``δ_i = softmax(W h_i + b) − y_i``. With rank(∇W) = B the h_i lie in the span of its top-B right singular
+    vectors V: ``h_i = Vᵀ c_i``. Then ``B ∇W Vᵀ = Δᵀ C`` and ``B ∇b = Δᵀ 1`` with ``Δ = softmax(C (W Vᵀ)ᵀ + b) − Y``:
+    C·B + C equations (C classes) in the B² unknowns of C, a square or overdetermined system once B ≤ C − 1, solved
+    by Levenberg–Marquardt from batched starts (:func:`_starts`), in rounds of :data:`ROUND` until one solves it or
+    ``starts`` are spent; the one with the smallest residual wins. The labels are what makes it determined: the
+    class means ``∇W_c / ∇b_c`` mix every sample's feature unless the net is confident, and do not separate the
+    samples of a repeated class at all.
+    ``residual`` is the relative gradient mismatch of the answer (as for :func:`linear_inputs`); a large one means
+    the labels or the loss do not fit the gradient, or no start reached the solution. ``draws`` counts the starts.
+
+    Raises :class:`GIError` for shapes that do not fit, B ≥ C (then rank(∇W) ≤ C − 1 < B: not determined), or a
+    gradient whose rank is below B (repeated inputs)."""
+    if grad_w.dim() != 2 or weight.shape != grad_w.shape or targets.dim() != 2:
+        raise GIError(f"last_layer_inputs needs ∇W and W of one shape (C, D) and targets (B, C); got "
+                      f"{tuple(grad_w.shape)}, {tuple(weight.shape)}, {tuple(targets.shape)}")
+    (classes, dim), batch = grad_w.shape, targets.shape[0]
+    if targets.shape[1] != classes or (grad_b is None) != (bias is None) or (
+            grad_b is not None and (grad_b.shape != (classes,) or bias.shape != (classes,))):
+        raise GIError(f"last_layer_inputs: targets {tuple(targets.shape)}, ∇b and b must fit C={classes} classes, "
+                      f"and ∇b and b are given together")
+    if not 2 <= batch <= min(classes - 1, dim):
+        raise GIError(f"last_layer_inputs: B={batch} samples are determined only for 2 <= B <= min(C - 1, D) = "
+                      f"{min(classes - 1, dim)} (the output errors of a batch span at most C - 1 directions)")
+    if starts < 1 or iterations < 1:
+        raise GIError(f"last_layer_inputs: starts={starts} and iterations={iterations} must be >= 1")
+    f64 = torch.float64
+    grad_w, weight, targets = grad_w.to(f64), weight.to(f64), targets.to(f64)
+    grad_b = None if grad_b is None else grad_b.to(f64)
+    _, sv, vh = torch.linalg.svd(grad_w, full_matrices=False)
+    if sv[batch - 1] <= 1e-9 * sv[0]:
+        raise GIError(f"last_layer_inputs: ∇W has rank < B={batch} (singular values "
+                      f"{[f'{v:.1e}' for v in sv[: batch + 1].tolist()]}): fewer distinct samples than the batch")
+    v = vh[:batch]
+    m, a = batch * grad_w @ v.T, weight @ v.T
+    b0 = torch.zeros(classes, dtype=f64) if bias is None else bias.to(f64)
+    mb = None if grad_b is None else batch * grad_b
+    gen = torch.Generator().manual_seed(seed)
+    best, cost, used = None, float("inf"), 0
+    while used < starts and cost >= tol * tol:  # rounds of ROUND starts, until one solves the system
+        k = min(ROUND, starts - used)
+        ends = _levenberg_marquardt(_starts(k, targets, v, m, b0, grad_b, grad_w, gen), a, b0, targets, m, mb,
+                                    iterations, tol)
+        r, _ = _system(ends, a, b0, targets, m, mb)
+        costs = (r * r).sum(1)
+        if float(costs.min()) < cost:
+            best, cost = ends[int(costs.argmin())], float(costs.min())
+        used += k
+    inputs = best @ v
+    errors = torch.softmax(inputs @ weight.T + b0, 1) - targets
+    res = float((grad_w - errors.T @ inputs / batch).norm() / grad_w.norm())
+    if grad_b is not None:
+        res = max(res, float((grad_b - errors.mean(0)).norm() / grad_b.norm().clamp_min(1e-300)))
+    return LinearInputs(inputs, errors, used, res)

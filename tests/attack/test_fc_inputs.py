@@ -70,8 +70,8 @@ def test_one_sample_layer_input_is_the_bias_ratio_and_misfits_are_none(fmnist_ba
     got = feature_targets(one, oracle(t1), labels_for_slots(oracle(t1), 1, 10), "body.1")
     assert _rel(got, seen["x"].double()) < 1e-4
     bare = build("cnn", 10, activation="relu", in_shape=(1, 28, 28), seed=0, channels=[4], hidden=8, bias_last=False)
-    nb, tb = capture_gradients(bare, data.images[:2], data.labels[:2], Protocol(batch_size=2))
-    assert feature_targets(nb, oracle(tb), labels_for_slots(oracle(tb), 2, 10), "fc") is None  # last layer: no bias
+    nb, tb = capture_gradients(bare, data.images[:10], data.labels[:10], Protocol(batch_size=10))
+    assert feature_targets(nb, oracle(tb), labels_for_slots(oracle(tb), 10, 10), "fc") is None  # no bias, B = C
     with pytest.raises(ConfigError, match=r"attack.feature_layer='body.9' is no module .*first-linear.*body.1"):
         resolve_feature_layer(capture, "body.9")
 
@@ -125,10 +125,10 @@ def test_match_weight_zero_fits_the_features_alone_and_falls_back_without_them(f
     assert float(parts["features"]) == pytest.approx(float(want), rel=1e-4)
     rec = reconstruct(capture, oracle(truth), config=cfg)  # forward passes only, no gradient simulated
     assert rec.images.shape == (4, 1, 28, 28)
-    bare = ReconConfig(match_weight=0.0, feature_weight=1.0, feature_layer="fc", **FAST)  # fc's input: no slots
+    bare = ReconConfig(match_weight=0.0, feature_weight=1.0, feature_layer="fc", **FAST)  # B = C, no bias: no f*
     upd, tu = capture_gradients(build("cnn", 10, activation="relu", in_shape=(1, 28, 28), seed=0, channels=[4],
-                                      hidden=8, bias_last=False), data.images[:2], data.labels[:2],
-                                Protocol(batch_size=2))
+                                      hidden=8, bias_last=False), data.images[:10], data.labels[:10],
+                                Protocol(batch_size=10))
     fallback = build_problem([upd], [oracle(tu)], bare)
     assert "match" in fallback.terms and "features" not in fallback.terms
     assert "match_weight 0 → 1" in fallback.notes[0]

@@ -374,10 +374,11 @@ def test_feature_term_alone_is_zero_at_the_true_image_and_targets_are_exact_for_
 
 
 def test_feature_weight_without_a_feature_target_drops_the_term_and_says_so():
-    """One rule for gi run, gi ablate and gi defend: a capture without f* (a bias-free batch here) loses the feature
-    term, and the fit's warnings name why."""
+    """One rule for gi run, gi ablate and gi defend: a capture without f* (a bias-free batch of B ≥ C samples
+    here: no class means, and the per-slot solve needs B ≤ C − 1) loses the feature term, and the fit's warnings
+    name why."""
     model = build("cnn", C, in_shape=(3, 8, 8), seed=0, channels=(4,), hidden=8, bias_last=False)
-    capture, truth = capture_gradients(model, _images(2), _labels(2), Protocol(batch_size=2))
+    capture, truth = capture_gradients(model, _images(C), _labels(C), Protocol(batch_size=C))
     problem = build_problem([capture], [_oracle(truth)], ReconConfig(feature_weight=1.0, **FAST))
     assert "features" not in problem.terms and problem.features is None
     note, = problem.notes

@@ -141,9 +141,10 @@ def feature_targets(capture: Capture, label_result: LabelResult | None, soft: Te
     ``layer`` (``attack.feature_layer``) other than the last layer: :func:`layer_inputs` of that layer instead.
 
     One sample: :func:`fcn_analytic.last_layer_features` (``λ·g_r`` of the soft-label method, ``∇Wᵀ∇b/‖∇b‖²``
-    with a bias, or λ fitted to the slot label). A batch with a last-layer bias: slot with label c gets
-    ``∇W_c/∇b_c``, the ∇b-weighted mean of the features in the batch, which is the feature of a class that
-    occurs once (breaching's ``features`` regulariser); a bias-free batch has no analytic per-slot feature.
+    with a bias, or λ fitted to the slot label). A FedSGD batch of B ≤ C − 1 samples under the cross-entropy loss:
+    each slot's own feature from the slot labels (:func:`slot_features`). Otherwise, a batch with a last-layer
+    bias: slot with label c gets ``∇W_c/∇b_c``, the ∇b-weighted mean of the features in the batch (breaching's
+    ``features`` regulariser), that class's feature only where the net is confident; a bias-free batch has none.
     ``soft`` None (no labels: joint labels from a random start): only the label-free bias source of one sample.
     """
     layer = resolve_feature_layer(capture, layer)
@@ -165,6 +166,9 @@ def feature_targets(capture: Capture, label_result: LabelResult | None, soft: Te
             return last_layer_features(capture, label_result).reshape(1, -1)
         except GIError:
             return None
+    exact = slot_features(capture, soft, seed)
+    if exact is not None:
+        return exact
     gw, gb = capture.last_layer(torch.float64)
     if gb is None:
         return None
@@ -173,6 +177,39 @@ def feature_targets(capture: Capture, label_result: LabelResult | None, soft: Te
     if bool((denom == 0).any()):
         return None
     return gw[cls] / denom.unsqueeze(1)
+
+
+SLOT_FIT = 1e-4  # slot_features: the largest relative gradient mismatch of features that are kept
+_SLOTS: OrderedDict[tuple[str, str, int], Tensor | None] = OrderedDict()  # slot_features per gradient and labels
+
+
+def slot_features(capture: Capture, soft: Tensor, seed: int = 0) -> Tensor | None:
+    """Each slot's own last-layer input (B, D), float64, from the last layer's gradient and the slot labels
+    ``soft`` (B, C): :func:`fcn_analytic.disaggregate.last_layer_inputs` (soft-label paper eq. 2 for a batch,
+    solved for every sample). None where it does not apply (an update, one sample, a loss other than
+    cross-entropy, B ≥ C, a rank-deficient gradient) or where the answer leaves a relative gradient mismatch
+    above :data:`SLOT_FIT` (labels that do not fit the gradient). One solve per gradient and labels."""
+    from fcn_analytic.disaggregate import last_layer_inputs
+
+    b, classes = soft.shape
+    if capture.is_update or capture.protocol.loss != "ce" or not 2 <= b <= classes - 1:
+        return None
+    gw, gb = capture.last_layer(torch.float64)
+    wkey, bkey = capture.last_layer_keys
+    weight, bias = capture.model_state.get(wkey), capture.model_state.get(bkey)
+    if weight is None or (gb is None) != (bias is None):
+        return None
+    key = (hashlib.sha1(gw.numpy().tobytes() + (b"" if gb is None else gb.numpy().tobytes())).hexdigest(),
+           hashlib.sha1(soft.double().numpy().tobytes()).hexdigest(), seed)
+    if key not in _SLOTS:
+        try:
+            found = last_layer_inputs(gw, gb, weight, bias, soft, seed=seed)
+            _SLOTS[key] = found.inputs if found.residual <= SLOT_FIT else None
+        except GIError:
+            _SLOTS[key] = None
+        while len(_SLOTS) > _FOUND_KEEP:
+            _SLOTS.popitem(last=False)
+    return _SLOTS[key]
 
 
 _FOUND: OrderedDict[tuple[str, int, int, int], Tensor | None] = OrderedDict()  # linear_inputs per gradient (sha1)
