@@ -64,16 +64,16 @@ def main(argv: list[str]) -> None:
     aux = make_aux(cfg, dataset, gen, truths)
     attack = dataclasses.replace(cfg.attack, progress=False, threads=1, restarts=1, cull_after=0)
     for rep in range(2):  # the first pass pays the imports
-        labels, kind, lrec = label_stage(cfg.labels, captures, [None], aux)
+        label_results, kind, lrec = label_stage(cfg.labels, captures, [None], aux)
         attack = dataclasses.replace(attack, labels=kind)
-        features, _, frec = feature_stage(attack, captures, labels)
+        features, _, frec = feature_stage(attack, captures, label_results)
         print(f"pass {rep}: labels {lrec['cpu_seconds']:.3f} CPU s ({lrec['method']}), "
               f"features {frec['cpu_seconds']:.3f} CPU s")
-    problem = build_problem(captures, labels, attack, features)
+    problem = build_problem(captures, label_results, attack, features)
     modules = {}
     for v in variants:
         vmap = "+vmap" in v
-        mod = GradientInversion(build_problem(captures, labels, dataclasses.replace(attack, batching="vmap"),
+        mod = GradientInversion(build_problem(captures, label_results, dataclasses.replace(attack, batching="vmap"),
                                               features) if vmap else problem, attack)
         if vmap:
             mod.vectorised = lambda: True  # this instance only: the vmap path although one row is left

@@ -126,7 +126,7 @@ def truth_table(outcome: AttackResult, truths: Sequence[Truth], lcfg: LabelConfi
     from gi.analysis.verdict import image_verdict, mismatch_verdict, trivial_baselines
 
     table = Table()
-    for k, (rec, truth, lr) in enumerate(zip(outcome.reconstructions, truths, outcome.label_results)):
+    for k, (rec, truth, label_result) in enumerate(zip(outcome.reconstructions, truths, outcome.label_results)):
         s = score(rec.images, truth.images, labels_rec=rec.labels.argmax(1), labels_true=truth.labels,
                   match=metric_options["match"], vgg=metric_options["lpips_vgg"])
         table.scores.append(s)
@@ -135,8 +135,8 @@ def truth_table(outcome: AttackResult, truths: Sequence[Truth], lcfg: LabelConfi
             table.baselines.setdefault(key, []).extend(values)
         rnd = torch.rand(truth.images.shape, generator=torch.Generator().manual_seed(seed + 7 + k))
         table.random_psnr.extend(score(rnd, truth.images, match=metric_options["match"], vgg=False)["psnr"])
-        if lr is not None:
-            table.label_scores.append(label_metrics(lr, truth))
+        if label_result is not None:
+            table.label_scores.append(label_metrics(label_result, truth))
         table.final_label_scores.append(label_metrics(used_labels(rec, lcfg.mode), truth))
         slots = rec.labels.argmax(1).tolist()
         mismatch = mismatch_of(rec)
@@ -201,12 +201,12 @@ def label_summary(outcome: AttackResult, lcfg: LabelConfig, table: Table, truths
                   ) -> dict[str, Any]:
     """metrics.json's ``labels`` (the label stage: mode, method, why, counts; scored with truth) and, with truth,
     ``final_labels`` (the labels the reconstructions ended with); one capture's counts as a plain list."""
-    recs, lrs = outcome.reconstructions, outcome.label_results
+    recs, label_results = outcome.reconstructions, outcome.label_results
     one = len(recs) == 1
     info: dict[str, Any] = {"mode": lcfg.mode, "method": outcome.stages[0]["method"], "why": outcome.stages[0]["why"],
-                            "ok": all(lr.ok for lr in lrs if lr is not None),
-                            "counts": [(lr.counts if lr is not None else final_counts(r)).tolist()
-                                       for lr, r in zip(lrs, recs)]}
+                            "ok": all(result.ok for result in label_results if result is not None),
+                            "counts": [(result.counts if result is not None else final_counts(r)).tolist()
+                                       for result, r in zip(label_results, recs)]}
     info["counts"] = info["counts"][0] if one else info["counts"]
     out: dict[str, Any] = {"labels": info}
     if truths is None:

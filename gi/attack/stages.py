@@ -249,12 +249,12 @@ def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_result
     elif available:
         source = "last_layer_features" if captures[0].num_samples == 1 else "grad_W_c / grad_b_c per slot"
     inversions: list[Any] | None = [] if attack.analytic else None
-    for c, lr in zip(captures, label_results):  # joint labels (lr None): the DLG baseline, no analytic stage
-        if lr is None or c.num_samples != 1 or c.is_update or inversions is None:
+    for c, label_result in zip(captures, label_results):  # joint labels (None): the DLG baseline, no analytic stage
+        if label_result is None or c.num_samples != 1 or c.is_update or inversions is None:
             inversions = None
             break
         try:  # an inversion that breaks the bound is neither answer nor start: the layers below are not solved
-            inversions.append(invert(c, lr, stop_above=unusable_above(attack)))
+            inversions.append(invert(c, label_result, stop_above=unusable_above(attack)))
         except GIError:
             inversions = None
     residual = None
@@ -431,12 +431,12 @@ class PreparedAttack:
         """The label results, matched features and reconstructions of every capture in the job's order: the
         stages' (``recs`` for :attr:`captures`) with :func:`silent_labels` / :func:`silent_reconstruction` at the
         :attr:`silent` positions."""
-        labels, matched, out = list(self.label_results), list(self.matched), list(recs)
+        label_results, matched, out = list(self.label_results), list(self.matched), list(recs)
         for i in sorted(self.silent):
-            labels.insert(i, silent_labels(self.silent[i]))
+            label_results.insert(i, silent_labels(self.silent[i]))
             matched.insert(i, None)
             out.insert(i, silent_reconstruction(self.silent[i]))
-        return labels, matched, out
+        return label_results, matched, out
 
     @property
     def optimises(self) -> bool:
@@ -561,10 +561,10 @@ def reconstruct_prepared(prepared: Sequence[PreparedAttack], callbacks: Sequence
         raise ConfigError("reconstruct_prepared: these attacks cannot share one problem (different attack configs, "
                           "models or analytic answers); reconstruct them one by one")
     captures = [c for p in prepared for c in p.captures]
-    labels = [lr for p in prepared for lr in p.label_results]
+    label_results = [result for p in prepared for result in p.label_results]
     matched = [f for p in prepared for f in p.matched]
     if captures:
-        recs, rrec = reconstruct_stage(first.attack, captures, labels, matched, first.inversions, callbacks,
+        recs, rrec = reconstruct_stage(first.attack, captures, label_results, matched, first.inversions, callbacks,
                                        first.aux_images)
     else:  # every capture is silent
         recs, rrec = [], {"name": "reconstruct", "captures": 0, "skipped": True, "iterations": 0,

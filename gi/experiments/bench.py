@@ -180,15 +180,15 @@ def _victim(entry: dict[str, Any], count: int, batch: int) -> tuple[list, list, 
                           f"{len(ds)}")
     model = build(entry["model"], ds.num_classes, init="uniform" if entry["model"] == "lenet" else None,
                   seed=entry["seed"])
-    captures, labels, truths = [], [], []
+    captures, label_results, truths = [], [], []
     for i in range(count):
         sl = slice(i * batch, (i + 1) * batch)
         capture, truth = capture_gradients(model, ds.images[sl], ds.labels[sl], Protocol(batch_size=batch))
         captures.append(capture)
         truths.append(truth)
-        labels.append(LabelResult.from_counts("truth", truth.counts, soft=truth.targets))
+        label_results.append(LabelResult.from_counts("truth", truth.counts, soft=truth.targets))
     torch.manual_seed(entry["seed"])
-    return captures, labels, truths
+    return captures, label_results, truths
 
 
 def measure_packed(entry: dict[str, Any]) -> list[dict[str, Any]]:
@@ -200,7 +200,7 @@ def measure_packed(entry: dict[str, Any]) -> list[dict[str, Any]]:
 
     torch.set_num_threads(entry["threads"])
     n = entry["captures"]
-    captures, labels, truths = _victim(entry, n, 1)
+    captures, label_results, truths = _victim(entry, n, 1)
     attack = from_dict(ReconConfig, {**entry["attack"], "iterations": entry["iterations"], "restarts": 1,
                                      "threads": entry["threads"], "device": entry["device"], "progress": False})
     cuda = entry["device"] == "gpu"
@@ -214,11 +214,11 @@ def measure_packed(entry: dict[str, Any]) -> list[dict[str, Any]]:
             torch.cuda.synchronize()
         return time.perf_counter() - start, recs
 
-    ways = {"packed": lambda: reconstruct_many(captures, labels, config=attack),
-            "single": lambda: [reconstruct(c, lr, config=attack) for c, lr in zip(captures, labels)]}
+    ways = {"packed": lambda: reconstruct_many(captures, label_results, config=attack),
+            "single": lambda: [reconstruct(c, result, config=attack) for c, result in zip(captures, label_results)]}
     if entry.get("compile"):
         compiled = dataclasses.replace(attack, compile=entry["compile"])
-        ways["packed_compiled"] = lambda: reconstruct_many(captures, labels, config=compiled)
+        ways["packed_compiled"] = lambda: reconstruct_many(captures, label_results, config=compiled)
     seconds: dict[str, list[float]] = {k: [] for k in ways}
     scores: dict[str, list[float]] = {}
     for _ in range(entry["rounds"]):

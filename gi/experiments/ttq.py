@@ -267,7 +267,7 @@ def _gi_default_job(cfg: TTQConfig, victim: Victim, k: int, clock: AttackClock,
     rec = outcome.reconstructions[0]
     curve.add(steps[0], clock.read(), score(rec.images))
     curve.info = {"stages": outcome.stages,  # the reconstruct stage's own seconds include the scoring pauses
-                  "labels_ok": all(lr is None or lr.ok for lr in outcome.label_results),
+                  "labels_ok": all(result is None or result.ok for result in outcome.label_results),
                   "labels_given": False, "stopped_by_budget": stopped[0]}
     return curve
 

@@ -63,20 +63,20 @@ def test_budget_is_the_configured_gib_or_half_the_free_memory():
 
 
 def test_auto_pack_splits_the_captures_to_fit_the_budget_and_keeps_the_results(lenet_captures):
-    caps = [(c, lr) for c, lr, _ in lenet_captures(3)]
+    caps = [(c, result) for c, result, _ in lenet_captures(3)]
     cfg = ReconConfig(iterations=4, lr=0.01, progress=False, threads=1, restarts=2)
     per = bytes_per_capture(caps[0][0], cfg)
     auto = ReconConfig(**{**cfg.__dict__, "pack": "auto", "memory_budget": 2.5 * per / GIB})
-    recs = reconstruct_many([c for c, _ in caps], [lr for _, lr in caps], config=auto)
+    recs = reconstruct_many([c for c, _ in caps], [result for _, result in caps], config=auto)
     assert [r.history["pack"] for r in recs] == [2, 2, 1]  # two captures fit, then the one left
-    fixed = reconstruct_many([c for c, _ in caps], [lr for _, lr in caps],
+    fixed = reconstruct_many([c for c, _ in caps], [result for _, result in caps],
                              config=ReconConfig(**{**cfg.__dict__, "pack": 2}))
     for a, f in zip(recs, fixed):
         assert torch.equal(a.images, f.images)
 
 
 def test_an_auto_pack_out_of_cuda_memory_is_halved_and_the_failed_problem_rerun(monkeypatch, lenet_captures):
-    caps = [(c, lr) for c, lr, _ in lenet_captures(3)]
+    caps = [(c, result) for c, result, _ in lenet_captures(3)]
     real = recon_api.optimise
     sizes = []
 
@@ -88,10 +88,10 @@ def test_an_auto_pack_out_of_cuda_memory_is_halved_and_the_failed_problem_rerun(
 
     monkeypatch.setattr(recon_api, "optimise", tight)
     cfg = ReconConfig(iterations=2, progress=False, threads=1, pack="auto", memory_budget=64.0)
-    recs = reconstruct_many([c for c, _ in caps], [lr for _, lr in caps], config=cfg)
+    recs = reconstruct_many([c for c, _ in caps], [result for _, result in caps], config=cfg)
     assert sizes == [3, 1, 1, 1] and [r.history["pack"] for r in recs] == [1, 1, 1]
     with pytest.raises(torch.OutOfMemoryError):  # an explicit pack is the user's choice: the error stands
-        reconstruct_many([c for c, _ in caps], [lr for _, lr in caps],
+        reconstruct_many([c for c, _ in caps], [result for _, result in caps],
                          config=ReconConfig(iterations=2, progress=False, threads=1, pack=3))
 
 

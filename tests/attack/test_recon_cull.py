@@ -46,7 +46,7 @@ def test_cull_keeps_the_best_restart_by_objective_and_its_trajectory(optimizer, 
     iterate from before the cull and log NaN after it."""
     k = 8
     keys = dict(optimizer=optimizer, lr=1.0 if optimizer == "lbfgs" else 0.05, batching=batching, labels=labels)
-    captures, results = zip(*[(c, lr) for c, _, lr in (_capture(s) for s in (0, 1))])
+    captures, results = zip(*[(c, result) for c, _, result in (_capture(s) for s in (0, 1))])
     full = reconstruct_many(captures, results, None, _config(**keys))
     culled = reconstruct_many(captures, results, None, _config(cull_after=k, **keys))
     for f, c in zip(full, culled):
@@ -111,7 +111,7 @@ def test_regulariser_dominance_is_warned_only_while_the_gradients_are_not_matche
 def test_pack_splits_the_captures_into_problems_with_the_same_results():
     """attack.pack=N: problems of at most N captures one after another; every capture starts from its own seed's
     image, so the reconstructions equal those of one packed problem (float rounding of vmap aside)."""
-    captures, results = zip(*[(c, lr) for c, _, lr in (_capture(s) for s in (0, 1, 2))])
+    captures, results = zip(*[(c, result) for c, _, result in (_capture(s) for s in (0, 1, 2))])
     whole = reconstruct_many(captures, results, None, _config())
     import lightning as L
 
@@ -155,7 +155,7 @@ def test_retries_refit_stalled_captures_from_new_starts_and_keep_the_lower_objec
         def on_train_start(self, trainer, module):
             Fits.count += 1
 
-    captures, results = zip(*[(c, lr) for c, _, lr in (_capture(s) for s in (0, 1))])
+    captures, results = zip(*[(c, result) for c, _, result in (_capture(s) for s in (0, 1))])
     seed0 = reconstruct_many(captures, results, None, _config(restarts=1))
     seed1 = reconstruct_many(captures, results, None, _config(restarts=4, seed=1))
     got = reconstruct_many(captures, results, None, _config(restarts=1, retries=1, retry_ratio=1e-30),
@@ -191,10 +191,10 @@ def test_a_retry_culls_no_earlier_than_retry_min_cull_with_the_retry_memory(monk
         return real(captures, label_results, features, cfg, callbacks, **kw)
 
     monkeypatch.setattr(api, "fit_many", spy)
-    capture, _, lr = _capture(0)
+    capture, _, result = _capture(0)
     for cull, want in ((5, api.RETRY_MIN_CULL), (0, 0)):
         seen.clear()
-        reconstruct_many([capture], [lr], None, _config(restarts=2, cull_after=cull, retries=1, retry_ratio=1e-30))
+        reconstruct_many([capture], [result], None, _config(restarts=2, cull_after=cull, retries=1, retry_ratio=1e-30))
         first, retry = seen
         assert (first.cull_after, first.lbfgs_history) == (cull, None)
         assert (retry.restarts, retry.cull_after, retry.lbfgs_history) == (8, want, api.RETRY_LBFGS_HISTORY)

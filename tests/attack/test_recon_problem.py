@@ -39,15 +39,15 @@ def _capture(model, b: int, seed: int, protocol: Protocol | None = None):
 def _captures(n: int = 3, b: int = 2):
     model = _cnn()
     pairs = [_capture(model, b, s) for s in range(n)]
-    return [c for c, _ in pairs], [lr for _, lr in pairs]
+    return [c for c, _ in pairs], [result for _, result in pairs]
 
 
 # ------------------------------------------------------------------------------------------ build_problem
 def test_build_problem_stacks_targets_labels_features_and_plans_terms_and_batching():
-    caps, labels = _captures(3, 2)
+    caps, label_results = _captures(3, 2)
     cfg = ReconConfig(restarts=2, feature_weight=0.5, last_layer_weight=0.0, regularizers={"tv": 1e-3, "l2": 0.0},
                       **FAST)
-    problem = build_problem(caps, labels, cfg)
+    problem = build_problem(caps, label_results, cfg)
     names = list(caps[0].gradients)
     assert list(problem.targets) == names and problem.num_problems == 3 and problem.num_samples == 2
     for k in names:
@@ -91,23 +91,23 @@ print(json.dumps({"lightning": [m for m in sys.modules if "lightning" in m], "ki
 
 
 def test_build_problem_refuses_mixed_models_and_a_feature_term_without_targets():
-    caps, labels = _captures(1, 2)
-    other, lr = _capture(_cnn(seed=1), 2, 0)
+    caps, label_results = _captures(1, 2)
+    other, other_result = _capture(_cnn(seed=1), 2, 0)
     assert same_model(caps[0], caps[0]) and not same_model(caps[0], other)
     with pytest.raises(ConfigError, match="one global model"):
-        build_problem([caps[0], other], [labels[0], lr], ReconConfig(**FAST))
-    problem = build_problem(caps, labels, ReconConfig(**FAST))
+        build_problem([caps[0], other], [label_results[0], other_result], ReconConfig(**FAST))
+    problem = build_problem(caps, label_results, ReconConfig(**FAST))
     with pytest.raises(ConfigError, match="feature targets"):
         dataclasses.replace(problem, terms={"match": 1.0, "features": 1.0})
 
 
 def test_check_inputs_fills_and_checks_the_lists():
-    caps, labels = _captures(2, 2)
+    caps, label_results = _captures(2, 2)
     assert check_inputs(caps, None, None)[1:] == ([None, None], [None, None])
     with pytest.raises(ConfigError, match="at least one"):
         check_inputs([], None, None)
     with pytest.raises(ConfigError, match="2 captures but 1 label"):
-        check_inputs(caps, labels[:1], None)
+        check_inputs(caps, label_results[:1], None)
     with pytest.raises(CaptureError, match="gi.Capture"):
         check_inputs([{"gradients": {}}], None, None)
 
@@ -146,7 +146,7 @@ def test_match_and_feature_terms_are_the_distance_of_the_evaluation():
 
 def test_a_new_term_is_one_decorated_function():
     """Registered, it is a valid ``attack.regularizers`` key and one weighted part of the objective."""
-    caps, labels = _captures(1, 2)
+    caps, label_results = _captures(1, 2)
 
     @register_term("test-mean-pixel")
     def mean_pixel(images, ev):
@@ -156,7 +156,7 @@ def test_a_new_term_is_one_decorated_function():
         cfg = ReconConfig(objective="l2", regularizers={"test-mean-pixel": 3.0}, **FAST)
         from gi.attack.recon.module import GradientInversion
 
-        module = GradientInversion(build_problem(caps, labels, cfg), cfg)
+        module = GradientInversion(build_problem(caps, label_results, cfg), cfg)
         x = torch.full((1, 2, 3, 8, 8), 0.25)
         total, parts = module.objective(x)
         assert list(parts) == ["match", "test-mean-pixel"]
@@ -172,10 +172,10 @@ def test_a_new_term_is_one_decorated_function():
 def test_reconstruct_many_is_build_problem_optimise_results():
     from gi.attack.recon.api import optimise, results
 
-    caps, labels = _captures(2, 2)
+    caps, label_results = _captures(2, 2)
     cfg = ReconConfig(restarts=2, objective="l2", **FAST)
-    recs = reconstruct_many(caps, labels, config=cfg)
-    module, seconds, threads = optimise(build_problem(caps, labels, cfg), cfg)
+    recs = reconstruct_many(caps, label_results, config=cfg)
+    module, seconds, threads = optimise(build_problem(caps, label_results, cfg), cfg)
     again = results(module, cfg, seconds, threads)
     assert threads == 1 and len(again) == 2
     for a, b in zip(recs, again):

@@ -65,8 +65,8 @@ def test_pack_batches_group_jobs_that_differ_only_in_label_stage_or_images():
     small = SweepConfig(**{**cfg.__dict__, "pack": 3})
     assert sorted(len(b) for b in pack_batches(small, jobs)) == [1, 1, 3, 3]
     assert [len(b) for b in pack_batches(SweepConfig(**{**cfg.__dict__, "pack": 0}), jobs)] == [1] * 8
-    lr = SweepConfig(base="configs/demo.yaml", grid={"attack.lr": [0.1, 0.2]}, pack=8)
-    assert [len(b) for b in pack_batches(lr, expand_jobs(lr))] == [1, 1]  # another attack: not packed
+    lr_grid = SweepConfig(base="configs/demo.yaml", grid={"attack.lr": [0.1, 0.2]}, pack=8)
+    assert [len(b) for b in pack_batches(lr_grid, expand_jobs(lr_grid))] == [1, 1]  # another attack: not packed
 
 
 def test_a_packed_sweep_runs_its_batches_and_a_failing_batch_job_by_job(tmp_path, capsys):

@@ -24,10 +24,10 @@ def test_every_packed_problem_starts_from_the_image_it_starts_from_alone(lenet_c
     caps = lenet_captures(3)
     for cfg in (ReconConfig(iterations=2, progress=False), ReconConfig(iterations=2, restarts=2, init="gaussian",
                                                                        labels="joint", progress=False)):
-        labels = [lr if cfg.labels == "fixed" else None for _, lr, _ in caps]
-        packed = GradientInversion(build_problem([c for c, _, _ in caps], labels, cfg), cfg)
+        label_results = [result if cfg.labels == "fixed" else None for _, result, _ in caps]
+        packed = GradientInversion(build_problem([c for c, _, _ in caps], label_results, cfg), cfg)
         for i, (c, _, _) in enumerate(caps):
-            alone = GradientInversion(build_problem([c], [labels[i]], cfg), cfg)
+            alone = GradientInversion(build_problem([c], [label_results[i]], cfg), cfg)
             r = cfg.restarts
             assert torch.equal(packed.images[i * r:(i + 1) * r], alone.images)
             if cfg.labels == "joint":
@@ -37,9 +37,9 @@ def test_every_packed_problem_starts_from_the_image_it_starts_from_alone(lenet_c
 def test_reconstruct_many_gives_each_capture_the_images_it_gets_alone(lenet_captures):
     caps = lenet_captures(2)
     cfg = ReconConfig(iterations=12, lr=0.01, regularizers={"tv": 2e-3}, progress=False, threads=1)
-    packed = reconstruct_many([c for c, _, _ in caps], [lr for _, lr, _ in caps], config=cfg)
-    for (c, lr, truth), rec in zip(caps, packed):
-        alone = reconstruct(c, lr, config=cfg)
+    packed = reconstruct_many([c for c, _, _ in caps], [result for _, result, _ in caps], config=cfg)
+    for (c, label_result, truth), rec in zip(caps, packed):
+        alone = reconstruct(c, label_result, config=cfg)
         # vmap vs plain autograd differ by float rounding only; signed Adam turns a rounding-level gradient into a
         # full step of a few pixels, so the images agree on average, not bit for bit
         assert (alone.images - rec.images).abs().mean() < 2e-3
@@ -47,10 +47,10 @@ def test_reconstruct_many_gives_each_capture_the_images_it_gets_alone(lenet_capt
 
 
 def test_the_step_uses_raw_torch_optimisers_and_compiles_only_the_vmap_path(lenet_captures):
-    (c, lr, _), = lenet_captures(1)
-    module = GradientInversion(build_problem([c], [lr], ReconConfig(compile=True)), ReconConfig(compile=True))
+    (c, label_result, _), = lenet_captures(1)
+    module = GradientInversion(build_problem([c], [label_result], ReconConfig(compile=True)), ReconConfig(compile=True))
     assert module.step_objective == module.objective  # one problem: the loop path (autograd.grad), never compiled
-    rec = reconstruct(c, lr, config=ReconConfig(iterations=3, progress=False))
+    rec = reconstruct(c, label_result, config=ReconConfig(iterations=3, progress=False))
     assert rec.iterations == 3 and len(rec.history["step"]) == 2  # step 0 and the last step
 
 
@@ -66,7 +66,7 @@ def test_attack_compile_names_the_torch_compile_mode_of_the_vmap_objective(lenet
     monkeypatch.setattr(torch, "compile", record)
     caps = lenet_captures(2)
     cfg = ReconConfig(compile=value, batching="vmap")
-    GradientInversion(build_problem([c for c, _, _ in caps], [lr for _, lr, _ in caps], cfg), cfg)
+    GradientInversion(build_problem([c for c, _, _ in caps], [result for _, result, _ in caps], cfg), cfg)
     assert modes == [mode]
 
 

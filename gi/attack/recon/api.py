@@ -161,8 +161,8 @@ def fit_many(captures: Sequence[Capture], label_results: Sequence[LabelResult | 
                 out[i] = rec
         return out  # type: ignore[return-value]
     if not all(same_model(captures[0], c) for c in captures[1:]):
-        return [fit_many([c], [lr], [f], cfg, callbacks, stage, [i], [pr], aux_images)[0]
-                for c, lr, f, i, pr in zip(captures, label_results, features, ids, priors)]
+        return [fit_many([c], [label_result], [f], cfg, callbacks, stage, [i], [pr], aux_images)[0]
+                for c, label_result, f, i, pr in zip(captures, label_results, features, ids, priors)]
     auto = cfg.pack == "auto"
     pack = min(pack_size(captures[0], cfg, len(captures)) if auto else int(cfg.pack) or len(captures), len(captures))
     out: list[Reconstruction] = []

@@ -405,11 +405,11 @@ def capture_features(cfg: ReconConfig, captures: Sequence[Capture], label_result
     has a bias)."""
     layer = cfg.feature_layer_name if cfg.feature_weight > 0 else None
     out: list[Tensor | None] = []
-    for c, lr, f in zip(captures, label_results, given if given is not None else [None] * len(captures)):
+    for c, label_result, f in zip(captures, label_results, given if given is not None else [None] * len(captures)):
         b = image_slots(c)
         if f is None:
-            soft = None if lr is None else labels_for_slots(lr, b, c.num_classes)
-            f = feature_targets(c, lr, soft, layer, cfg.seed, cfg.feature_draws)
+            soft = None if label_result is None else labels_for_slots(label_result, b, c.num_classes)
+            f = feature_targets(c, label_result, soft, layer, cfg.seed, cfg.feature_draws)
         out.append(None if f is None else f.reshape(b, -1))
     return out
 
@@ -424,7 +424,8 @@ def _prior(captures: list[Capture], label_results: list[LabelResult | None],
            given: Sequence[Tensor | None] | None = None) -> Tensor:
     """The analytic images (N, 1, C, H, W) of ``init=analytic`` (``given`` ones as they are)."""
     given = list(given) if given is not None else [None] * len(captures)
-    priors = [g if g is not None else analytic_prior(c, lr) for c, lr, g in zip(captures, label_results, given)]
+    priors = [g if g is not None else analytic_prior(c, label_result)
+              for c, label_result, g in zip(captures, label_results, given)]
     if any(p is None for p in priors) or captures[0].num_samples != 1:
         from fcn_analytic.invert import PATTERN
 
@@ -455,8 +456,8 @@ def build_problem(captures: Sequence[Capture], label_results: Sequence[LabelResu
         c.validate(model)
     classes = first.num_classes
     b = image_slots(first)
-    joint_random = cfg.labels == "joint" and all(lr is None for lr in label_results)
-    soft = None if joint_random else torch.stack([labels_for_slots(lr, b, classes) for lr in label_results])
+    joint_random = cfg.labels == "joint" and all(result is None for result in label_results)
+    soft = None if joint_random else torch.stack([labels_for_slots(result, b, classes) for result in label_results])
     targets = {k: torch.stack([c.shared[k] for c in captures]) for k in first.shared}
     rows, notes = None, ()
     if cfg.feature_weight > 0:  # one rule for every command: no target, no feature term, and the run says so
