@@ -247,7 +247,9 @@ def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_result
         source = (f"inputs of {resolve_feature_layer(captures[0], layer)} per slot "
                   "(fcn_analytic.disaggregate.linear_inputs, ordered by their labels)")
     elif available:
-        source = "last_layer_features" if captures[0].num_samples == 1 else "grad_W_c / grad_b_c per slot"
+        from gi.attack.recon.problem import last_layer_source
+
+        source = last_layer_source(attack, captures, label_results)
     inversions: list[Any] | None = [] if attack.analytic else None
     for c, label_result in zip(captures, label_results):  # joint labels (None): the DLG baseline, no analytic stage
         if label_result is None or c.num_samples != 1 or c.is_update or inversions is None:

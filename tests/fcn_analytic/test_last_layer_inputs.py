@@ -9,8 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fcn_analytic.disaggregate import last_layer_inputs
-from gi.attack.recon.problem import feature_targets, slot_features
+from gi.attack.recon.config import ReconConfig
+from gi.attack.recon.problem import feature_targets, last_layer_source, slot_features
 from gi.core.errors import GIError
+from gi.label_result import LabelResult
 from gi.world.data import load
 from gi.world.fl.protocol import Protocol
 from gi.world.fl.victim import capture_gradients
@@ -86,6 +88,11 @@ def test_a_resnet_batch_gives_every_slot_its_own_feature():
     wrong = soft.roll(1, 1)
     assert slot_features(capture, wrong) is None
     assert torch.allclose(feature_targets(capture, None, wrong), gw[wrong.argmax(1)] / gb[wrong.argmax(1), None])
+    # the features stage's record says which source served
+    right = LabelResult.from_counts("truth", soft.sum(0).long(), soft=soft.float())
+    bad = LabelResult.from_counts("truth", wrong.sum(0).long(), soft=wrong.float())
+    assert "keyed by its label" in last_layer_source(ReconConfig(), [capture], [right])
+    assert last_layer_source(ReconConfig(), [capture], [bad]) == "grad_W_c / grad_b_c per slot"
 
 
 def test_slot_features_apply_only_to_a_fedsgd_cross_entropy_batch_below_the_class_count():

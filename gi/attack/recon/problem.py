@@ -414,6 +414,20 @@ def capture_features(cfg: ReconConfig, captures: Sequence[Capture], label_result
     return out
 
 
+def last_layer_source(cfg: ReconConfig, captures: Sequence[Capture],
+                      label_results: Sequence[LabelResult | None]) -> str:
+    """Where :func:`capture_features`' last-layer f* came from, in words (the features stage's record): one
+    sample's ``last_layer_features``, each slot's own feature keyed by its label (:func:`slot_features`, for
+    every capture), or the class means."""
+    if captures[0].num_samples == 1:
+        return "last_layer_features"
+    solved = all(label_result is not None and slot_features(
+        c, labels_for_slots(label_result, image_slots(c), c.num_classes), cfg.seed) is not None
+        for c, label_result in zip(captures, label_results))
+    return ("each slot's own, keyed by its label (fcn_analytic.disaggregate.last_layer_inputs)" if solved
+            else "grad_W_c / grad_b_c per slot")
+
+
 NO_FEATURES = ("attack.feature_weight (β) set to 0: no feature target f* (eq. 8) at {layer} for {n} of {total} "
                "capture(s) (the last layer's needs one sample with a last-layer bias or known labels, or a FedSGD "
                "batch with a last-layer bias and labels; a named Linear layer's, inputs sparse enough to be found "
