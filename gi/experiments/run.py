@@ -86,6 +86,8 @@ shared reconstruction (:func:`gi.experiments.outdir.log_scope`), not the other j
     job fails, no job's directory is written."""
     import torch
 
+    from gi.attack.recon.problem import check_feature_layer
+
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     with contextlib.ExitStack() as stack:
         jobs: list[_Job] = []
@@ -97,6 +99,7 @@ shared reconstruction (:func:`gi.experiments.outdir.log_scope`), not the other j
                 torch.manual_seed(cfg.seed)
                 gen = torch.Generator().manual_seed(cfg.seed)
                 dataset, model = build_victim(cfg)
+                check_feature_layer(model, cfg.attack.feature_layer)  # a bad name answers before any capture
                 captures, truths = capture_all(cfg, dataset, model, gen)
                 log.info("captured %s %s of %d capture(s) x %d samples", cfg.model.label,
                          "update" if captures[0].is_update else "gradients", len(captures), captures[0].num_samples)

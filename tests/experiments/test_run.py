@@ -64,3 +64,17 @@ def test_existing_output_directory_is_not_clobbered(tmp_path):
     (tmp_path / "taken").mkdir()
     with pytest.raises(ConfigError, match="exists"):
         run(load(RunConfig, "configs/demo.yaml", FAST + [f"out={tmp_path / 'taken'}"]))
+
+
+def test_a_feature_layer_the_model_lacks_is_refused_before_any_capture(tmp_path, monkeypatch):
+    import gi.experiments.run as run_module
+
+    def no_capture(*args, **kwargs):
+        raise AssertionError("a capture was made before the bad attack.feature_layer was refused")
+
+    monkeypatch.setattr(run_module, "capture_all", no_capture)
+    cfg = load(RunConfig, "configs/demo.yaml", FAST + [f"out={tmp_path / 'bad'}", "attack.feature_layer=body.9",
+                                                       "attack.feature_weight=1.0"])
+    with pytest.raises(ConfigError, match=r"attack.feature_layer='body.9' is no module .*valid: last, first-linear"):
+        run(cfg)
+    assert not (tmp_path / "bad").exists()  # nothing half-written

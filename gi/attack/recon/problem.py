@@ -225,14 +225,23 @@ def resolve_feature_layer(capture: Capture, layer: str | None) -> str | None:
     from fcn_analytic.disaggregate import first_linear
 
     model = capture.model()
-    modules = dict(model.named_modules())
     if layer == FIRST_LINEAR:
         return first_linear(model)
+    check_feature_layer(model, layer)
+    return layer
+
+
+def check_feature_layer(model: torch.nn.Module, layer: str | None) -> None:
+    """Refuse an ``attack.feature_layer`` module name that ``model`` does not have (``last``, None and
+    ``first-linear`` always pass): a :class:`ConfigError` listing the valid names. ``gi run`` calls it on the
+    victim's model before any capture is made."""
+    if layer is None or layer in ("last", FIRST_LINEAR):
+        return
+    modules = dict(model.named_modules())
     if layer not in modules:
         linear = [n for n, m in modules.items() if isinstance(m, torch.nn.Linear)]
         raise ConfigError(f"attack.feature_layer={layer!r} is no module of the capture's model; valid: last, "
                           f"{FIRST_LINEAR} or one of {linear}")
-    return layer
 
 
 def layer_inputs(capture: Capture, layer: str, soft: Tensor | None, seed: int = 0, draws: int = 1_000_000
