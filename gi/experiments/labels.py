@@ -17,7 +17,10 @@ proportion of class c, one point per captured client (Ramakrishna & Dán Figs. 5
 ``trials.csv``. ``pool: [key, ...]`` pools grid keys into one summary row (e.g. ``pool: [round]`` averages rounds
 1–10 as Decaf Figs. 7–8 do); ``trials.csv`` keeps every point in its ``grid`` column. Trials that carry earlier
 rounds (``Trial.history``, fedavg-client ``average_from``) are attacked over all their rounds and the distributions
-averaged (:func:`labels.recover_rounds`, Decaf Fig. 6 d).
+averaged (:func:`labels.recover_rounds`, Decaf Fig. 6 d). ``posterior_plot: true`` adds ``posteriors.png`` and
+``posteriors.csv``: per grid point, the attacker's aux set through the first trial's global model, and for every
+class j the box of p_j over the aux samples of class j (positive) and over the other classes' (negative), the
+posterior paper's Fig. 2 and the premise of its eq. 3 (:func:`posterior_samples`).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ def run_label_bench(cfg: LabelBenchConfig) -> Path:
     points = grid_points(cfg)
     summary_labels = [p for p, _ in grid_points(cfg, pooled=True)]
     rows: list[dict[str, Any]] = []
+    posteriors: dict[str, list[tuple[Any, Any]]] = {}
     with staged_output(out, overwrite=cfg.overwrite) as tmp:
         t0 = time.perf_counter()
         bar = tqdm(total=len(points) * cfg.trials, desc=f"{cfg.name}: captures", disable=not cfg.progress)
@@ -70,6 +74,8 @@ def run_label_bench(cfg: LabelBenchConfig) -> Path:
                 for k, trial in enumerate(scenario(copy.deepcopy(setup), gen, t)):
                     trials.append((t, k, trial))
                 bar.update(1)
+            if cfg.posterior_plot:
+                posteriors[point] = posterior_samples(trials[0][2], point)
             groups: dict[tuple[int, int], list[tuple[int, int, Any]]] = defaultdict(list)
             for entry in trials:
                 groups[(id(entry[2].aux), len(entry[2].history))].append(entry)
@@ -95,8 +101,22 @@ def run_label_bench(cfg: LabelBenchConfig) -> Path:
                         rows.append(row)
             log.info("%s: %d captures, %d methods", point, len(trials), len(cfg.labels.methods))
         bar.close()
-        print(write_label_bench(tmp, cfg, rows, summarize_rows(cfg, rows), list(dict.fromkeys(summary_labels)), t0))
+        print(write_label_bench(tmp, cfg, rows, summarize_rows(cfg, rows), list(dict.fromkeys(summary_labels)), t0,
+                                posteriors))
     return out
+
+
+def posterior_samples(trial: Any, point: str) -> list[tuple[Any, Any]]:
+    """``[(positive, negative)]`` per class j: p_j of the aux samples of class j and of every other class, the aux
+    set run through the trial's global model in the protocol's posterior (posterior paper §3.2, Fig. 2; their
+    means are eq. 3's p̂⁺_j and p̂⁻_j, :func:`labels.aux_stats.class_posteriors`)."""
+    from labels.aux_stats import aux_forward
+
+    if trial.aux is None:
+        raise ConfigError(f"posterior_plot needs the attacker's aux data; grid point {point!r} has none "
+                          "(set setup.aux.per_class >= 1)")
+    stats = aux_forward(trial.capture, trial.aux, cache=False)
+    return [(stats.probs[stats.labels == j, j], stats.probs[stats.labels != j, j]) for j in range(stats.num_classes)]
 
 
 def summarize_rows(cfg: LabelBenchConfig, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """The files of ``gi labels`` (docs/usage.md): the per-trial and summary tables (CSV / Markdown / JSON), the plot of
-the first metric and the proportion scatter; the generic writers are :mod:`gi.analysis.report`, the command
-:mod:`gi.experiments.labels`."""
+the first metric, the proportion scatter and the per-class posterior box plots; the generic writers are
+:mod:`gi.analysis.report`, the command :mod:`gi.experiments.labels`."""
 
 from __future__ import annotations
 
@@ -77,11 +77,58 @@ def proportion_plot(path: Path, cfg: LabelBenchConfig, rows: list[dict[str, Any]
     plt.close(fig)
 
 
+def posterior_rows(posteriors: dict[str, list[tuple[Any, Any]]]) -> list[dict[str, Any]]:
+    """One row per (grid point, class, side): n, mean and quartiles of p_j over that side's aux samples."""
+    import torch
+
+    rows = []
+    for point, classes in posteriors.items():
+        for j, sides in enumerate(classes):
+            for side, values in zip(("positive", "negative"), sides):
+                v = values.double()
+                q = torch.quantile(v, torch.tensor([0.25, 0.5, 0.75], dtype=v.dtype)).tolist() if v.numel() \
+                    else [float("nan")] * 3
+                rows.append({"point": point, "class": j, "side": side, "n": int(v.numel()),
+                             "mean": float(v.mean()) if v.numel() else float("nan"),
+                             "q1": q[0], "median": q[1], "q3": q[2]})
+    return rows
+
+
+def posterior_plot(path: Path, cfg: LabelBenchConfig, posteriors: dict[str, list[tuple[Any, Any]]]) -> None:
+    """Posterior paper Fig. 2: one panel per grid point, per class j a box of p_j over the positive aux samples
+    (class j) next to one over the negative samples (every other class)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(posteriors), 1, figsize=(10.0, 3.2 * len(posteriors)), squeeze=False)
+    for ax, (point, classes) in zip(axes[:, 0], posteriors.items()):
+        for side, (shift, colour) in enumerate(((-0.18, "tab:red"), (0.18, "tab:blue"))):
+            data = [sides[side].double().numpy() for sides in classes]
+            box = ax.boxplot(data, positions=[j + shift for j in range(len(classes))], widths=0.3, sym=".",
+                             patch_artist=True, manage_ticks=False)
+            for patch in box["boxes"]:
+                patch.set_facecolor(colour)
+                patch.set_alpha(0.5)
+        ax.set_xticks(range(len(classes)))
+        ax.set_xlabel("class j")
+        ax.set_ylabel("posterior p_j")
+        ax.set_title(f"{point}: positive (red) / negative (blue) aux samples", fontsize=9)
+    fig.suptitle(cfg.name)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def write_label_bench(out: Path, cfg: LabelBenchConfig, rows: list[dict[str, Any]], summary: list[dict[str, Any]],
-                      points: list[str], t0: float) -> str:
+                      points: list[str], t0: float,
+                      posteriors: dict[str, list[tuple[Any, Any]]] | None = None) -> str:
     """Write the benchmark into ``out``: ``config.yaml``, ``trials.csv`` (``rows``), ``summary.csv`` / ``.md`` /
     ``.json`` (with the seconds since ``t0``, a :func:`time.perf_counter` reading), ``plot.png`` over the summary
-    rows ``points`` (in order) and, with ``proportion_class``, ``proportions.png``; returns the Markdown table."""
+    rows ``points`` (in order), with ``proportion_class`` ``proportions.png``, and with ``posteriors`` (per grid
+    point, per class the positive and negative posteriors) ``posteriors.png`` / ``posteriors.csv``; returns the
+    Markdown table."""
     import torch
 
     write_yaml(out / "config.yaml", to_dict(cfg))
@@ -93,4 +140,7 @@ def write_label_bench(out: Path, cfg: LabelBenchConfig, rows: list[dict[str, Any
     summary_plot(out / "plot.png", cfg, summary, points)
     if cfg.proportion_class is not None:
         proportion_plot(out / "proportions.png", cfg, rows, points)
+    if posteriors:
+        write_csv(out / "posteriors.csv", posterior_rows(posteriors))
+        posterior_plot(out / "posteriors.png", cfg, posteriors)
     return text

@@ -18,7 +18,9 @@ from gi.world.setup import MAX_CAPTURES, deprecated, upgrade
 @dataclass
 class LabelBenchConfig:
     """A label-recovery benchmark. ``grid`` maps dotted setup keys to lists of values; ``paper`` maps a grid
-    point label (or ``"*"``) to ``{method: value}`` of the paper's reported ``metrics[0]``."""
+    point label (or ``"*"``) to ``{method: value}`` of the paper's reported ``metrics[0]``. ``posterior_plot``:
+    also write the per-class posterior box plots of the aux set (posterior paper Fig. 2,
+    :mod:`gi.experiments.labels`)."""
 
     name: str = "labels"
     scenario: str = ""
@@ -32,6 +34,7 @@ class LabelBenchConfig:
     metrics: list[str] = field(default_factory=lambda: ["ins_acc", "cls_acc"])
     paper: dict[str, dict[str, float]] = field(default_factory=dict)
     proportion_class: int | None = None
+    posterior_plot: bool = False
     pool: list[str] = field(default_factory=list)
     progress: bool = True
 
