@@ -345,10 +345,34 @@ def breaching_setup(capture: Any, labels: Any, tv: float, max_iterations: int, d
     payload = [dict(parameters=[p.detach().to(device) for p in model.parameters()],
                     buffers=[b.to(device) for b in model.buffers()], metadata=meta)]
     names = [n for n, _ in model.named_parameters()]
-    shared = [dict(gradients=[capture.gradients[n].to(device) for n in names], buffers=None,
+    shared = [dict(gradients=[capture.shared[n].to(device) for n in names], buffers=None,
                    metadata=dict(num_data_points=capture.num_samples, labels=labels.to(device),
-                                 local_hyperparams=None))]
+                                 local_hyperparams=breaching_local_steps(capture, labels.to(device))))]
     return attacker, payload, shared, mean, std
+
+
+def breaching_local_steps(capture: Any, labels: Any) -> dict[str, Any] | None:
+    """breaching's ``local_hyperparams`` for a FedAvg update (None for a FedSGD gradient): its multi-step user
+    (``UserMultiStep``) takes ``steps`` plain SGD steps at ``lr`` on consecutive slices of ``data_per_step``
+    samples, wrapping around, which is this project's slot schedule (:func:`gi.world.fl.local.slot_schedule`)
+    when every step has one size that divides the sample count. Other updates are a :class:`ConfigError`:
+    another scheme, optimiser, momentum or weight decay, unequal steps, or a client defence."""
+    if not capture.is_update:
+        return None
+    from gi.world.fl.local import local_schedule
+
+    protocol = capture.protocol
+    sizes = local_schedule(protocol, capture.num_samples)
+    if (protocol.scheme != "fedavg" or protocol.optimizer != "sgd" or protocol.momentum or protocol.weight_decay
+            or protocol.defences or protocol.dp_sigma or len(set(sizes)) != 1 or capture.num_samples % sizes[0]):
+        raise ConfigError("contender 'breaching' takes a FedAvg update of plain SGD steps of one size that divides "
+                          f"the sample count (its UserMultiStep); this one: scheme {protocol.scheme}, optimiser "
+                          f"{protocol.optimizer}, momentum {protocol.momentum}, weight decay "
+                          f"{protocol.weight_decay}, step sizes {sorted(set(sizes))} over {capture.num_samples} "
+                          f"samples, defences {[d.get('name') for d in protocol.defences] or protocol.dp_sigma}")
+    steps, size = len(sizes), sizes[0]
+    per_step = [labels[(k * size) % capture.num_samples:][:size] for k in range(steps)]
+    return dict(lr=protocol.lr, steps=steps, data_per_step=size, labels=per_step)
 
 
 def _breaching_attack(cfg: TTQConfig, victim: Victim, k: int, clock: AttackClock,

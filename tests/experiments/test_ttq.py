@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+import gi
 import gi.experiments.ttq as ttq
 from gi.core.config import load
 from gi.core.errors import ConfigError
@@ -26,6 +27,8 @@ from gi.experiments.ttq import (
     time_to,
     without_normalize,
 )
+from gi.world.fl.protocol import Protocol
+from gi.world.models import build
 
 LENET = "configs/bench/ttq-lenet.yaml"
 
@@ -85,8 +88,6 @@ def test_clock_leaves_out_the_paused_time(monkeypatch):
 
 
 def test_breaching_wiring_moves_the_normalisation_out_of_the_model():
-    from gi.world.models import build
-
     model = build("lenet", 10, init="uniform", seed=0).eval()
     bare, mean, std = without_normalize(model)
     x = torch.rand(2, 3, 32, 32)
@@ -254,9 +255,6 @@ def test_merge_runs_joins_disjoint_parts_and_refuses_overlaps(tmp_path):
 def test_breaching_setup_runs_on_grey_images():
     """breaching's TV filters are built for 3 channels; the adapter's shim makes them fit a 1-channel model."""
     pytest.importorskip("breaching")
-    import gi
-    from gi.world.models import build
-
     model = build("lenet", 10, in_shape=(1, 28, 28), seed=0).eval()
     capture, truth = gi.capture_gradients(model, torch.rand(2, 1, 28, 28), torch.tensor([1, 2]),
                                           gi.Protocol(batch_size=2))
@@ -391,3 +389,44 @@ def test_merge_runs_longest_keeps_the_same_attack_run_further_and_refuses_a_diff
                                                     False)])
     with pytest.raises(ConfigError, match="not the same attack"):
         ttq.merge_runs([ours, cut, other], tmp_path / "m2", longest=True)
+
+
+def _update(batch: int, samples: int, epochs: int, **protocol):
+    from gi.world.fl.victim import simulate_client
+
+    model = build("lenet", 10, in_shape=(1, 28, 28), seed=0, activation="relu")
+    g = torch.Generator().manual_seed(0)
+    images, labels = torch.rand(samples, 1, 28, 28, generator=g), torch.tensor([3, 1, 4, 1, 5, 9, 2, 6][:samples])
+    proto = Protocol(scheme="fedavg", batch_size=batch, num_samples=samples, local_epochs=epochs, lr=0.05,
+                     **protocol)
+    return simulate_client(model, (images, labels), proto, rng=g)
+
+
+def test_breaching_takes_a_fedavg_update_as_its_multi_step_user():
+    """breaching's UserMultiStep walks consecutive slices of data_per_step samples, wrapping: the slot schedule."""
+    capture, truth = _update(batch=2, samples=4, epochs=2)
+    steps = ttq.breaching_local_steps(capture, truth.labels)
+    assert (steps["lr"], steps["steps"], steps["data_per_step"]) == (0.05, 4, 2)
+    assert [s.tolist() for s in steps["labels"]] == [truth.labels[i:i + 2].tolist() for i in (0, 2, 0, 2)]
+    fedsgd, t1 = gi.capture_gradients(build("lenet", 10, in_shape=(1, 28, 28), seed=0), torch.rand(2, 1, 28, 28),
+                                      torch.tensor([1, 2]), gi.Protocol(batch_size=2))
+    assert ttq.breaching_local_steps(fedsgd, t1.labels) is None
+    for bad in (_update(batch=2, samples=4, epochs=1, momentum=0.9), _update(batch=2, samples=5, epochs=1,
+                                                                            drop_last=False)):
+        with pytest.raises(ConfigError, match="plain SGD steps of one size"):
+            ttq.breaching_local_steps(bad[0], bad[1].labels)
+
+
+def test_breaching_simulates_our_fedavg_update_at_the_truth():
+    """Wired as above, breaching's own multi-step objective reproduces the captured update from the true images
+    (normalised) and labels."""
+    pytest.importorskip("breaching")
+    capture, truth = _update(batch=4, samples=4, epochs=3)
+    attacker, payload, shared, mean, std = ttq.breaching_setup(capture, truth.labels, 5e-4, 3)
+    objective = attacker.objective
+    objective.initialize(attacker.loss_fn, attacker.cfg.impl, shared[0]["metadata"]["local_hyperparams"])
+    x = (truth.images - torch.tensor(mean).view(1, -1, 1, 1)) / torch.tensor(std).view(1, -1, 1, 1)
+    model = ttq.without_normalize(capture.model())[0]
+    simulated, _ = objective._grad_fn(model, x, truth.labels)
+    for got, want in zip(simulated, shared[0]["gradients"]):
+        assert torch.allclose(got, want, atol=1e-6)
