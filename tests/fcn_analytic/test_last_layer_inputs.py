@@ -106,6 +106,11 @@ def test_slot_features_apply_only_to_a_fedsgd_cross_entropy_batch_below_the_clas
     assert slot_features(four, soft) is None  # B = C: the output errors span at most C − 1 directions
     focal, _ = capture_gradients(model, x[:3], y[:3], Protocol(batch_size=3, loss="focal"))
     assert slot_features(focal, soft[:3]) is None
+    hot, _ = capture_gradients(model, x[:3], y[:3], Protocol(batch_size=3, temperature=3.0))  # softmax(z/3)
+    got = slot_features(hot, soft[:3])
+    with torch.no_grad():
+        h = features_and_logits(hot.model().double(), x[:3].double(), hot.last_layer_name)[0]
+    assert got is not None and _matched(got, h, y[:3]) < 1e-4
 
 
 def test_bad_inputs_are_clear_errors():

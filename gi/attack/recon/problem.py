@@ -186,7 +186,8 @@ _SLOTS: OrderedDict[tuple[str, str, int], Tensor | None] = OrderedDict()  # slot
 def slot_features(capture: Capture, soft: Tensor, seed: int = 0) -> Tensor | None:
     """Each slot's own last-layer input (B, D), float64, from the last layer's gradient and the slot labels
     ``soft`` (B, C): :func:`fcn_analytic.disaggregate.last_layer_inputs` (soft-label paper eq. 2 for a batch,
-    solved for every sample). None where it does not apply (an update, one sample, a loss other than
+    solved for every sample; a softmax temperature T, δ = (softmax(z/T) − y)/T, is the same system for the head
+    W/T, b/T and the gradient T·∇). None where it does not apply (an update, one sample, a loss other than
     cross-entropy, B ≥ C, a rank-deficient gradient) or where the answer leaves a relative gradient mismatch
     above :data:`SLOT_FIT` (labels that do not fit the gradient). One solve per gradient and labels."""
     from fcn_analytic.disaggregate import last_layer_inputs
@@ -199,11 +200,14 @@ def slot_features(capture: Capture, soft: Tensor, seed: int = 0) -> Tensor | Non
     weight, bias = capture.model_state.get(wkey), capture.model_state.get(bkey)
     if weight is None or (gb is None) != (bias is None):
         return None
+    gw, gb = gw.cpu(), None if gb is None else gb.cpu()
     key = (hashlib.sha1(gw.numpy().tobytes() + (b"" if gb is None else gb.numpy().tobytes())).hexdigest(),
-           hashlib.sha1(soft.double().numpy().tobytes()).hexdigest(), seed)
+           hashlib.sha1(soft.double().cpu().numpy().tobytes()).hexdigest(), seed)
     if key not in _SLOTS:
+        t = float(capture.protocol.temperature)  # softmax(z/T): the solve's head is W/T, b/T and its gradient T·∇
         try:
-            found = last_layer_inputs(gw, gb, weight, bias, soft, seed=seed)
+            found = last_layer_inputs(gw * t, None if gb is None else gb * t, weight.cpu() / t,
+                                      None if bias is None else bias.cpu() / t, soft.cpu(), seed=seed)
             _SLOTS[key] = found.inputs if found.residual <= SLOT_FIT else None
         except GIError:
             _SLOTS[key] = None
