@@ -17,7 +17,9 @@ proportion of class c, one point per captured client (Ramakrishna & Dán Figs. 5
 ``trials.csv``. ``pool: [key, ...]`` pools grid keys into one summary row (e.g. ``pool: [round]`` averages rounds
 1–10 as Decaf Figs. 7–8 do); ``trials.csv`` keeps every point in its ``grid`` column. Trials that carry earlier
 rounds (``Trial.history``, fedavg-client ``average_from``) are attacked over all their rounds and the distributions
-averaged (:func:`labels.recover_rounds`, Decaf Fig. 6 d).
+averaged (:func:`labels.recover_rounds`, Decaf Fig. 6 d). ``logit_histograms`` adds ``logits.png`` and
+``logit-means.json``: per grid point, the first trial's aux logits through its global model, histograms of the
+``[n, j]`` pairs and the class means μ (RLU App. B.3, Figs. 4–9; :func:`aux_logits`).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ def run_label_bench(cfg: LabelBenchConfig) -> Path:
     points = grid_points(cfg)
     summary_labels = [p for p, _ in grid_points(cfg, pooled=True)]
     rows: list[dict[str, Any]] = []
+    logits: list[dict[str, Any]] = []  # logit_histograms: one entry per grid point
     with staged_output(out, overwrite=cfg.overwrite) as tmp:
         t0 = time.perf_counter()
         bar = tqdm(total=len(points) * cfg.trials, desc=f"{cfg.name}: captures", disable=not cfg.progress)
@@ -93,10 +96,29 @@ def run_label_bench(cfg: LabelBenchConfig) -> Path:
                         if cfg.proportion_class is not None:
                             row.update(class_proportions(res, trial.truth, cfg.proportion_class))
                         rows.append(row)
+            if cfg.logit_histograms is not None:
+                logits.append(aux_logits(cfg, point, trials[0][2]))
             log.info("%s: %d captures, %d methods", point, len(trials), len(cfg.labels.methods))
         bar.close()
-        print(write_label_bench(tmp, cfg, rows, summarize_rows(cfg, rows), list(dict.fromkeys(summary_labels)), t0))
+        print(write_label_bench(tmp, cfg, rows, summarize_rows(cfg, rows), list(dict.fromkeys(summary_labels)), t0,
+                                logits))
     return out
+
+
+def aux_logits(cfg: LabelBenchConfig, point: str, trial: Any) -> dict[str, Any]:
+    """``logit_histograms``' data of one grid point (RLU App. B.3, Figs. 4–9): the aux set of ``trial`` through
+    its capture's global model θᵗ: ``logits`` (N, C), ``labels`` (N,), the point and the model's accuracy on them
+    (and the scenario's ``global_acc`` where it measured one)."""
+    from labels.aux_stats import aux_forward
+
+    if trial.aux is None:
+        raise ConfigError("logit_histograms needs the attacker's aux set: set setup.aux.per_class > 0")
+    assert cfg.logit_histograms is not None
+    cfg.logit_histograms.check_classes(trial.capture.num_classes)
+    stats = aux_forward(trial.capture, trial.aux)
+    acc = float((stats.logits.argmax(dim=1) == stats.labels).double().mean())
+    return {"point": point, "logits": stats.logits, "labels": stats.labels, "aux_acc": acc,
+            "global_acc": trial.capture.meta.get("global_acc")}
 
 
 def summarize_rows(cfg: LabelBenchConfig, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
