@@ -77,6 +77,7 @@ def test_a_pair_beyond_the_models_classes_and_a_missing_aux_set_are_errors(tmp_p
 def test_a_bad_histogram_config_fails_without_torch():
     code = ("import sys\nfrom gi.core.errors import ConfigError\n"
             "from gi.experiments.config.labels import LogitHistograms\n"
-            "try:\n    LogitHistograms(bins=0)\nexcept ConfigError:\n    pass\nelse:\n    raise SystemExit('no error')\n"
+            "try:\n    LogitHistograms(bins=0)\nexcept ConfigError:\n    pass\n"
+            "else:\n    raise SystemExit('no error')\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True)
