@@ -66,6 +66,9 @@ ATTACK_OPTIMIZERS = ("adam", "lbfgs", "sgd")  # gi.attack.recon.optim.OPTIMIZERS
 # gi.attack.recon.terms.REGULARIZERS
 ATTACK_REGULARIZERS = ("aux-span", "bn", "l2", "l2-norm", "tv", "tv-iso", "tv-kornia")
 
+# gi.world.aux_shift.AUX_SHIFTS: aux.shift, the aux set's distribution shifts
+AUX_SHIFTS = ("blur", "contrast", "noise")
+
 # per-trial label metrics of gi.analysis.metrics.label_metrics_from_counts
 LABEL_METRICS = ("ok", "cls_acc", "ins_acc", "count_acc", "prop_mse", "prop_kl", "l1", "l2", "linf", "absent_hit",
                  "absent_called", "absent_true", "soft_l1", "top1")
@@ -79,7 +82,8 @@ REGISTRIES = {"model": (ZOO_MODELS, "gi.world.models", "BODIES"),
               "objective": (ATTACK_OBJECTIVES, "gi.attack.recon.objectives", "OBJECTIVES"),
               "init": (ATTACK_INITS, "gi.attack.recon.inits", "INITS"),
               "optimizer": (ATTACK_OPTIMIZERS, "gi.attack.recon.optim", "OPTIMIZERS"),
-              "regularizer": (ATTACK_REGULARIZERS, "gi.attack.recon.terms", "REGULARIZERS")}
+              "regularizer": (ATTACK_REGULARIZERS, "gi.attack.recon.terms", "REGULARIZERS"),
+              "aux shift": (AUX_SHIFTS, "gi.world.aux_shift", "AUX_SHIFTS")}
 
 
 def known(kind: str) -> list[str]:

@@ -103,7 +103,8 @@ def run_attack(cfg: AttackConfig) -> AttackRun:
         t0 = time.perf_counter()
         aux = None
         if cfg.aux.per_class > 0 and cfg.aux_data is not None:
-            aux = draw_aux(load_data(cfg.aux_data, cfg.aux.split), cfg.aux.per_class, gen)[0]
+            aux = draw_aux(load_data(cfg.aux_data, cfg.aux.split), cfg.aux.per_class, gen, None,
+                           *cfg.aux.shift_args)[0]
         prepared = prepare_attack(cfg.labels, cfg.attack, captures, None if cfg.labels.mode != "truth" else truths,
                                   aux)  # labels, features; then the monitor only for a fit (Lightning loads there)
         monitor = truth_monitor(truths, cfg.attack.log_every) if truths is not None and prepared.optimises else None

@@ -93,7 +93,7 @@ def build_setup(cfg: DefendConfig) -> Setup:
     eval_data = (test.images[order[:n]], test.labels[order[:n]])
     aux = None
     if cfg.aux.per_class > 0:  # never one of the test images the utility is measured on
-        aux = draw_aux(test, cfg.aux.per_class, gen, exclude=order[:n])[0]
+        aux = draw_aux(test, cfg.aux.per_class, gen, order[:n], *cfg.aux.shift_args)[0]
     return Setup(data, parts, model, eval_data, aux)
 
 

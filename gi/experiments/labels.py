@@ -20,7 +20,9 @@ rounds (``Trial.history``, fedavg-client ``average_from``) are attacked over all
 averaged (:func:`labels.recover_rounds`, Decaf Fig. 6 d). ``posterior_plot: true`` adds ``posteriors.png`` and
 ``posteriors.csv``: per grid point, the attacker's aux set through the first trial's global model, and for every
 class j the box of p_j over the aux samples of class j (positive) and over the other classes' (negative), the
-posterior paper's Fig. 2 and the premise of its eq. 3 (:func:`posterior_samples`).
+posterior paper's Fig. 2 and the premise of its eq. 3 (:func:`posterior_samples`). ``logit_histograms`` adds
+``logits.png`` and ``logit-means.json``: per grid point, the first trial's aux logits through its global model,
+histograms of the ``[n, j]`` pairs and the class means μ (RLU App. B.3, Figs. 4–9; :func:`aux_logits`).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ def run_label_bench(cfg: LabelBenchConfig) -> Path:
     summary_labels = [p for p, _ in grid_points(cfg, pooled=True)]
     rows: list[dict[str, Any]] = []
     posteriors: dict[str, list[tuple[Any, Any]]] = {}
+    logits: list[dict[str, Any]] = []  # logit_histograms: one entry per grid point
     with staged_output(out, overwrite=cfg.overwrite) as tmp:
         t0 = time.perf_counter()
         bar = tqdm(total=len(points) * cfg.trials, desc=f"{cfg.name}: captures", disable=not cfg.progress)
@@ -99,10 +102,12 @@ def run_label_bench(cfg: LabelBenchConfig) -> Path:
                         if cfg.proportion_class is not None:
                             row.update(class_proportions(res, trial.truth, cfg.proportion_class))
                         rows.append(row)
+            if cfg.logit_histograms is not None:
+                logits.append(aux_logits(cfg, point, trials[0][2]))
             log.info("%s: %d captures, %d methods", point, len(trials), len(cfg.labels.methods))
         bar.close()
         print(write_label_bench(tmp, cfg, rows, summarize_rows(cfg, rows), list(dict.fromkeys(summary_labels)), t0,
-                                posteriors))
+                                posteriors, logits))
     return out
 
 
@@ -117,6 +122,22 @@ def posterior_samples(trial: Any, point: str) -> list[tuple[Any, Any]]:
                           "(set setup.aux.per_class >= 1)")
     stats = aux_forward(trial.capture, trial.aux, cache=False)
     return [(stats.probs[stats.labels == j, j], stats.probs[stats.labels != j, j]) for j in range(stats.num_classes)]
+
+
+def aux_logits(cfg: LabelBenchConfig, point: str, trial: Any) -> dict[str, Any]:
+    """``logit_histograms``' data of one grid point (RLU App. B.3, Figs. 4–9): the aux set of ``trial`` through
+    its capture's global model θᵗ: ``logits`` (N, C), ``labels`` (N,), the point and the model's accuracy on them
+    (and the scenario's ``global_acc`` where it measured one)."""
+    from labels.aux_stats import aux_forward
+
+    if trial.aux is None:
+        raise ConfigError("logit_histograms needs the attacker's aux set: set setup.aux.per_class > 0")
+    assert cfg.logit_histograms is not None
+    cfg.logit_histograms.check_classes(trial.capture.num_classes)
+    stats = aux_forward(trial.capture, trial.aux)
+    acc = float((stats.logits.argmax(dim=1) == stats.labels).double().mean())
+    return {"point": point, "logits": stats.logits, "labels": stats.labels, "aux_acc": acc,
+            "global_acc": trial.capture.meta.get("global_acc")}
 
 
 def summarize_rows(cfg: LabelBenchConfig, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -121,14 +121,53 @@ def posterior_plot(path: Path, cfg: LabelBenchConfig, posteriors: dict[str, list
     plt.close(fig)
 
 
+
+def logit_means(logits: Any, labels: Any, num_classes: int) -> list[list[float | None]]:
+    """μ (C, C): ``μ[n][j]``, the mean of logit component j over the samples of true class n (RLU eq. 6's moments,
+    Assumption 3.1); None for a class without samples."""
+    return [[float(logits[labels == n, j].mean()) if bool((labels == n).any()) else None
+             for j in range(num_classes)] for n in range(num_classes)]
+
+
+def logit_histogram_plot(path: Path, cfg: LabelBenchConfig, points: list[dict[str, Any]]) -> None:
+    """RLU App. B.3, Figs. 4–9: one row per grid point, one panel per ``logit_histograms.pairs`` entry [n, j]: the
+    histogram of logit j over the aux samples of true class n (``bins`` bins) with its mean μ_{n,j} dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    spec = cfg.logit_histograms
+    assert spec is not None
+    fig, axes = plt.subplots(len(points), len(spec.pairs), figsize=(2.6 * len(spec.pairs), 2.3 * len(points)),
+                             squeeze=False)
+    for row, entry in zip(axes, points):
+        for ax, (n, j) in zip(row, spec.pairs):
+            values = entry["logits"][entry["labels"] == n, j].numpy()
+            ax.hist(values, bins=spec.bins, color="tab:blue")
+            if values.size:
+                ax.axvline(float(values.mean()), color="tab:red", ls="--", lw=1)
+            ax.set_title(f"n={n}, j={j}", fontsize=8)
+            ax.tick_params(labelsize=6)
+        acc = entry["global_acc"]
+        row[0].set_ylabel(f"{entry['point']}\naux acc {entry['aux_acc']:.2f}"
+                          + ("" if acc is None else f", test {acc:.2f}"), fontsize=7)
+    fig.suptitle(f"{cfg.name}: logit j on class-n aux samples (mean dashed)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def write_label_bench(out: Path, cfg: LabelBenchConfig, rows: list[dict[str, Any]], summary: list[dict[str, Any]],
                       points: list[str], t0: float,
-                      posteriors: dict[str, list[tuple[Any, Any]]] | None = None) -> str:
+                      posteriors: dict[str, list[tuple[Any, Any]]] | None = None,
+                      logits: list[dict[str, Any]] | None = None) -> str:
     """Write the benchmark into ``out``: ``config.yaml``, ``trials.csv`` (``rows``), ``summary.csv`` / ``.md`` /
     ``.json`` (with the seconds since ``t0``, a :func:`time.perf_counter` reading), ``plot.png`` over the summary
-    rows ``points`` (in order), with ``proportion_class`` ``proportions.png``, and with ``posteriors`` (per grid
-    point, per class the positive and negative posteriors) ``posteriors.png`` / ``posteriors.csv``; returns the
-    Markdown table."""
+    rows ``points`` (in order), with ``proportion_class`` ``proportions.png``, with ``posteriors`` (per grid
+    point, per class the positive and negative posteriors) ``posteriors.png`` / ``posteriors.csv``, and with
+    ``logit_histograms`` (``logits``: one entry per grid point, :func:`gi.experiments.labels.aux_logits`)
+    ``logits.png`` and ``logit-means.json``; returns the Markdown table."""
     import torch
 
     write_yaml(out / "config.yaml", to_dict(cfg))
@@ -143,4 +182,9 @@ def write_label_bench(out: Path, cfg: LabelBenchConfig, rows: list[dict[str, Any
     if posteriors:
         write_csv(out / "posteriors.csv", posterior_rows(posteriors))
         posterior_plot(out / "posteriors.png", cfg, posteriors)
+    if logits:
+        logit_histogram_plot(out / "logits.png", cfg, logits)
+        write_json(out / "logit-means.json", [
+            {"point": e["point"], "aux_acc": e["aux_acc"], "global_acc": e["global_acc"],
+             "mu": logit_means(e["logits"], e["labels"], int(e["logits"].shape[1]))} for e in logits])
     return text

@@ -210,11 +210,18 @@ def trained_model(key: str, build: Callable[[], torch.nn.Module],
     return model, info
 
 
-def draw_aux(dataset: Any, per_class: int, generator: torch.Generator, exclude: Any = None) -> tuple[Any, Any]:
-    """``(aux set, dataset indices)``: ``per_class`` samples of every class of ``dataset``, none of ``exclude``."""
+def draw_aux(dataset: Any, per_class: int, generator: torch.Generator, exclude: Any = None,
+             shift: str | None = None, strength: float = 0.0) -> tuple[Any, Any]:
+    """``(aux set, dataset indices)``: ``per_class`` samples of every class of ``dataset``, none of ``exclude``;
+    with ``shift`` (``aux.shift``), their images under that registered shift of ``strength``
+    (:func:`gi.world.aux_shift.shift_images`, drawn with ``generator`` after the samples)."""
     from gi.world.data import ImageDataset, sample_aux
 
     images, labels, idx = sample_aux(dataset, int(per_class), generator, exclude=exclude)
+    if shift is not None:
+        from gi.world.aux_shift import shift_images
+
+        images = shift_images(images, shift, strength, generator)
     return ImageDataset(images.contiguous(), labels, dataset.num_classes, name=f"{dataset.name} aux",
                         split=dataset.split), idx
 
@@ -320,9 +327,9 @@ def make_aux(cfg: VictimSetup, dataset: Any, gen: torch.Generator, truths: list[
     if cfg.aux.per_class <= 0:
         return None
     if cfg.aux.split not in (None, cfg.data.split):
-        return draw_aux(load_data(cfg.data, cfg.aux.split), cfg.aux.per_class, gen)[0]
+        return draw_aux(load_data(cfg.data, cfg.aux.split), cfg.aux.per_class, gen, None, *cfg.aux.shift_args)[0]
     victims = [i for t in truths for i in t.meta["indices"]]
-    return draw_aux(dataset, cfg.aux.per_class, gen, exclude=victims)[0]
+    return draw_aux(dataset, cfg.aux.per_class, gen, victims, *cfg.aux.shift_args)[0]
 
 
 def victim_batches(cfg: Any, dataset: Any) -> list[list[int] | None]:

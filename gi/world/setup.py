@@ -123,13 +123,29 @@ class TrainConfig:
 @dataclass
 class AuxConfig:
     """The attacker's auxiliary set: ``per_class`` labelled samples of every class (0: none) from ``split`` (null:
-    the victim's split); drawn from the victim's split, it never holds a victim's sample."""
+    the victim's split); drawn from the victim's split, it never holds a victim's sample. ``shift`` (null: none)
+    names a registered distribution shift of its images (:data:`gi.core.names.AUX_SHIFTS`, built in
+    :mod:`gi.world.aux_shift`) of ``shift_strength``: RLU's aux set from a shifted distribution (Chen & Vikalo
+    2024, §4.7, Table 5)."""
 
     per_class: int = 0
     split: str | None = None
+    shift: str | None = None
+    shift_strength: float = 0.0
 
     def __post_init__(self) -> None:
         require(self.per_class >= 0, "aux.per_class", self.per_class, ">= 0")
+        require(self.shift_strength >= 0 and self.shift_strength != float("inf"), "aux.shift_strength",
+                self.shift_strength, "a finite number >= 0")
+        if self.shift is None:
+            require(self.shift_strength == 0, "aux.shift_strength", self.shift_strength, "0 without aux.shift")
+        else:
+            check_name("aux shift", self.shift, "aux.shift")
+
+    @property
+    def shift_args(self) -> tuple[str | None, float]:
+        """``(shift, strength)``: the last two arguments of :func:`gi.world.build.draw_aux`."""
+        return self.shift, self.shift_strength
 
 
 # old flat spellings of the shared sections in the ``gi labels`` scenarios' setups (each adds its own)

@@ -14,6 +14,34 @@ from gi.core.errors import ConfigError
 from gi.experiments.outdir import check_run_name
 from gi.world.setup import MAX_CAPTURES, deprecated, upgrade
 
+# RLU App. B.3, Figs. 4–9: the (n, j) panels the paper shows, (true class n, logit component j)
+PAPER_LOGIT_PAIRS = [[1, 1], [5, 5], [9, 9], [1, 5], [1, 9], [5, 9]]
+
+
+@dataclass
+class LogitHistograms:
+    """``logit_histograms`` of a ``gi labels`` config: the histograms of RLU's Assumption 3.1 (Chen & Vikalo 2024,
+    App. B.3, Figs. 4–9). Per grid point, the first trial's global model θᵗ runs over that trial's aux set; one
+    panel per ``pairs`` entry ``[n, j]`` shows logit component j over the aux samples of true class n in ``bins``
+    bins, its mean μ_{n,j} marked (the paper: positive and growing for n = j, negative for n ≠ j as θᵗ trains)."""
+
+    pairs: list[list[int]] = field(default_factory=lambda: copy.deepcopy(PAPER_LOGIT_PAIRS))
+    bins: int = 100
+
+    def __post_init__(self) -> None:
+        bad = [p for p in self.pairs if len(p) != 2 or min(p) < 0]
+        if bad or not self.pairs:
+            raise ConfigError(f"logit_histograms.pairs={self.pairs}: expected a non-empty list of [n, j] class "
+                              f"index pairs >= 0; bad: {bad}")
+        if self.bins < 1:
+            raise ConfigError(f"logit_histograms.bins={self.bins}: expected >= 1")
+
+    def check_classes(self, num_classes: int) -> None:
+        """A :class:`ConfigError` unless every pair names classes of a ``num_classes``-class model."""
+        bad = [p for p in self.pairs if max(p) >= num_classes]
+        if bad:
+            raise ConfigError(f"logit_histograms.pairs: {bad} name classes the model lacks (it has {num_classes})")
+
 
 @dataclass
 class LabelBenchConfig:
@@ -35,6 +63,7 @@ class LabelBenchConfig:
     paper: dict[str, dict[str, float]] = field(default_factory=dict)
     proportion_class: int | None = None
     posterior_plot: bool = False
+    logit_histograms: LogitHistograms | None = None
     pool: list[str] = field(default_factory=list)
     progress: bool = True
 

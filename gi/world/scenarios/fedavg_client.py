@@ -210,7 +210,8 @@ def _aux(s: FedAvgClientSetup, exclude: Tensor | None) -> Any:
 
     key = key_of("fedavg-client aux", s.data, s.aux, s.seed, None if exclude is None else int(exclude.sum()))
     return AUX.get(key, lambda: draw_aux(load_data(s.data, s.aux.split), s.aux.per_class,
-                                         torch.Generator().manual_seed(int(s.seed) * 7919 + 17), exclude)[0])
+                                         torch.Generator().manual_seed(int(s.seed) * 7919 + 17), exclude,
+                                         *s.aux.shift_args)[0])
 
 
 _FEDERATIONS = LRU(3)

@@ -130,7 +130,8 @@ def _aux(s: FedSGDBatchSetup) -> tuple[Any, Tensor]:
 
     key = key_of("fedsgd-batch aux", s.data, s.aux, s.seed, s.synthetic_classes)
     return AUX.get(key, lambda: draw_aux(_dataset(s, s.aux.split), s.aux.per_class,
-                                         torch.Generator().manual_seed(int(s.seed) + 7919)))
+                                         torch.Generator().manual_seed(int(s.seed) + 7919), None,
+                                         *s.aux.shift_args))
 
 
 def _trained(s: FedSGDBatchSetup) -> tuple[torch.nn.Module, dict[str, Any]]:

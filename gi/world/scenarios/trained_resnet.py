@@ -96,5 +96,6 @@ def trained_resnet18(s: TrainedResNetSetup, generator: torch.Generator, trial: i
     if s.aux.per_class:  # one object per configuration: trials sharing it are recovered in one batched call
         key = key_of("trained victim aux", s.data, s.aux, s.seed)
         aux, _ = AUX.get(key, lambda: draw_aux(load_data(s.data, s.aux.split), s.aux.per_class,
-                                               torch.Generator().manual_seed(int(s.seed) + 7919)))
+                                               torch.Generator().manual_seed(int(s.seed) + 7919), None,
+                                               *s.aux.shift_args))
     return [Trial(capture=capture, truth=truth, aux=aux, group=s.group or f"{s.model.name}/trained")]
