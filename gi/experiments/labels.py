@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 import datetime as _dt
 import logging
+import statistics
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -55,7 +56,6 @@ def run_label_bench(cfg: LabelBenchConfig) -> Path:
     import torch
     from tqdm.auto import tqdm
 
-    import labels
     from gi.analysis.metrics import label_metrics
     from gi.world.scenarios import get_scenario
 
@@ -85,20 +85,13 @@ def run_label_bench(cfg: LabelBenchConfig) -> Path:
             for method in cfg.labels.methods:
                 base, options = cfg.labels.call(method)
                 for (_, earlier), entries in groups.items():
-                    caps = [e[2].capture for e in entries]
-                    start = time.perf_counter()
-                    if earlier:  # the multi-round attack: every round recovered, the distributions averaged
-                        rounds = [[e[2].history[i] for e in entries] for i in range(earlier)] + [caps]
-                        results = labels.recover_rounds(rounds, base, aux=entries[0][2].aux, **options)
-                    else:
-                        results = labels.recover_many(caps, base, aux=entries[0][2].aux, **options)
-                    per = (time.perf_counter() - start) / len(caps)
+                    results, per, per_cpu = recover_timed(cfg.timing_repeats, base, options, entries, earlier)
                     for (t, k, trial), res in zip(entries, results):
                         row = {"point": summary_labels[p_index], "grid": point, "trial": t, "message": k,
                                "group": trial.group, "method": method,
                                **label_metrics(res, trial.truth),
-                               "seconds": float(res.info.get("seconds", per)),
-                               "reason": res.info.get("reason", "")}
+                               "seconds": float(res.info.get("seconds", per) if cfg.timing_repeats == 1 else per),
+                               "cpu_seconds": per_cpu, "reason": res.info.get("reason", "")}
                         if cfg.proportion_class is not None:
                             row.update(class_proportions(res, trial.truth, cfg.proportion_class))
                         rows.append(row)
@@ -109,6 +102,29 @@ def run_label_bench(cfg: LabelBenchConfig) -> Path:
         print(write_label_bench(tmp, cfg, rows, summarize_rows(cfg, rows), list(dict.fromkeys(summary_labels)), t0,
                                 posteriors, logits))
     return out
+
+
+def recover_timed(repeats: int, method: str, options: dict[str, Any], entries: list[tuple[int, int, Any]],
+                  earlier: int) -> tuple[list[Any], float, float]:
+    """One label method on one group of captures (``entries`` of ``(trial, message, Trial)``) ``repeats`` times:
+    the first run's results and the median wall and CPU (process) seconds per capture over the runs. ``earlier``
+    rounds of history: the multi-round attack (every round recovered, the distributions averaged)."""
+    import labels
+
+    caps = [e[2].capture for e in entries]
+    aux = entries[0][2].aux
+    results, walls, cpus = None, [], []
+    for _ in range(repeats):
+        start, cpu = time.perf_counter(), time.process_time()
+        if earlier:
+            rounds = [[e[2].history[i] for e in entries] for i in range(earlier)] + [caps]
+            out = labels.recover_rounds(rounds, method, aux=aux, **options)
+        else:
+            out = labels.recover_many(caps, method, aux=aux, **options)
+        walls.append((time.perf_counter() - start) / len(caps))
+        cpus.append((time.process_time() - cpu) / len(caps))
+        results = out if results is None else results
+    return results, statistics.median(walls), statistics.median(cpus)
 
 
 def posterior_samples(trial: Any, point: str) -> list[tuple[Any, Any]]:
@@ -165,6 +181,9 @@ def summarize_rows(cfg: LabelBenchConfig, rows: list[dict[str, Any]]) -> list[di
         row["ok_rate"] = sum(float(r.get("ok", 1.0)) for r in rs) / len(rs)
         secs = sorted(float(r["seconds"]) for r in rs)
         row["median_ms"] = 1000 * secs[len(secs) // 2]
+        cpu = sorted(float(r["cpu_seconds"]) for r in rs if r.get("cpu_seconds") is not None)
+        if cpu:
+            row["median_cpu_ms"] = 1000 * cpu[len(cpu) // 2]
         out.append(row)
     return out
 

@@ -98,6 +98,8 @@ def test_pooled_metrics_are_ratios_of_sums():
     ({"pool": ["round"]}, "not grid keys"),
     ({"proportion_class": -1}, "proportion_class"),
     ({"metrics": ["absent_f1"]}, "unknown"),
+    ({"timing_repeats": 0}, "timing_repeats=0"),
+    ({"timing_repeats": 10_000}, "at most 100"),
 ])
 def test_bad_variant_pool_and_metric_configs(kwargs, match):
     base = {"scenario": "test-single-onehot", "labels": {"methods": ["idlg"]}}
@@ -196,3 +198,24 @@ def test_posterior_plot_without_aux_data_is_a_clear_error(tmp_path):
                            labels=LabelTable(["idlg"]), posterior_plot=True, progress=False)
     with pytest.raises(ConfigError, match="posterior_plot needs the attacker's aux data"):
         run_label_bench(cfg)
+
+
+def test_timing_repeats_run_every_method_again_on_the_same_captures(tmp_path, monkeypatch):
+    """Each repeat re-runs the method on the group's captures; the rows carry the median wall and CPU seconds per
+    capture and the first run's labels; the summary adds median_cpu_ms."""
+    import labels
+
+    calls = []
+    real = labels.recover_many
+
+    def counted(caps, method, **kw):
+        calls.append((len(caps), method))
+        return real(caps, method, **kw)
+
+    monkeypatch.setattr(labels, "recover_many", counted)
+    cfg = LabelBenchConfig(name="t", scenario="test-single-onehot", trials=3, out=str(tmp_path / "r"),
+                           labels=LabelTable(["idlg"]), timing_repeats=3, progress=False)
+    out = run_label_bench(cfg)
+    assert calls == [(3, "idlg")] * 3
+    (row,) = json.loads((out / "summary.json").read_text())["rows"]
+    assert row["ins_acc"] == 1.0 and row["median_cpu_ms"] > 0 and row["median_ms"] > 0

@@ -43,12 +43,17 @@ class LogitHistograms:
             raise ConfigError(f"logit_histograms.pairs: {bad} name classes the model lacks (it has {num_classes})")
 
 
+MAX_TIMING_REPEATS = 100  # timing_repeats: every repeat re-runs every method on every capture
+
+
 @dataclass
 class LabelBenchConfig:
     """A label-recovery benchmark. ``grid`` maps dotted setup keys to lists of values; ``paper`` maps a grid
     point label (or ``"*"``) to ``{method: value}`` of the paper's reported ``metrics[0]``. ``posterior_plot``:
     also write the per-class posterior box plots of the aux set (posterior paper Fig. 2,
-    :mod:`gi.experiments.labels`)."""
+    :mod:`gi.experiments.labels`). ``timing_repeats``: run every method on the same captures that many times and
+    report the median wall and CPU seconds per capture (``median_ms`` / ``median_cpu_ms``; the labels are the first
+    run's), for timings on a shared machine."""
 
     name: str = "labels"
     scenario: str = ""
@@ -64,6 +69,7 @@ class LabelBenchConfig:
     proportion_class: int | None = None
     posterior_plot: bool = False
     logit_histograms: LogitHistograms | None = None
+    timing_repeats: int = 1
     pool: list[str] = field(default_factory=list)
     progress: bool = True
 
@@ -87,6 +93,8 @@ class LabelBenchConfig:
         if not 1 <= self.trials <= MAX_CAPTURES:
             raise ConfigError(f"trials={self.trials}: must be >= 1 and at most {MAX_CAPTURES} (every trial of a grid "
                               "point is kept in memory for the vectorised label call); run more as separate seeds")
+        if not 1 <= self.timing_repeats <= MAX_TIMING_REPEATS:
+            raise ConfigError(f"timing_repeats={self.timing_repeats}: must be >= 1 and at most {MAX_TIMING_REPEATS}")
         valid = [*LABEL_METRICS, *POOLED_METRICS]
         bad = [m for m in self.metrics if m not in valid]
         if bad or not self.metrics:
