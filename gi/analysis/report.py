@@ -125,23 +125,34 @@ def save_caption_grid(path: Path, reconstructions: torch.Tensor, truths: torch.T
 
 def save_line_plot(path: Path, x: Sequence[float], series: dict[str, Sequence[float]], xlabel: str,
                    ylabel: str, title: str = "", logy: bool = False) -> None:
+    """One panel of lines, one per ``series`` entry, over ``x`` (:func:`save_line_panels` with one panel)."""
+    save_line_panels(path, x, {title: series}, xlabel, ylabel, logy=logy)
+
+
+def save_line_panels(path: Path, x: Sequence[float], panels: dict[str, dict[str, Sequence[float]]], xlabel: str,
+                     ylabel: str, title: str = "", logy: bool = False) -> None:
+    """Panels side by side (``{panel title: {line name: ys}}``), one shared y axis, a legend per panel with more
+    than one line; ``title`` over them all when there are several."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 3.2), dpi=120)
-    for name, ys in series.items():
-        ax.plot(list(x)[: len(ys)], list(ys), label=name)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    if logy:
-        ax.set_yscale("log")
-    if title:
-        ax.set_title(title)
-    if len(series) > 1:
-        ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.2), dpi=120, sharey=True, squeeze=False)
+    for ax, (name, series) in zip(axes[0], panels.items()):
+        for line, ys in series.items():
+            ax.plot(list(x)[: len(ys)], list(ys), label=line)
+        ax.set_xlabel(xlabel)
+        if logy:
+            ax.set_yscale("log")
+        if name:
+            ax.set_title(name, fontsize=9 if len(panels) > 1 else None)
+        if len(series) > 1:
+            ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(ylabel)
+    if title and len(panels) > 1:
+        fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -9,7 +9,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gi.analysis.report import save_bar_plot, save_line_plot, write_csv, write_json, write_markdown_table, write_yaml
+from gi.analysis.report import (
+    save_bar_plot,
+    save_line_panels,
+    save_line_plot,
+    write_csv,
+    write_json,
+    write_markdown_table,
+    write_yaml,
+)
 from gi.core.config import to_dict
 from gi.experiments.config.labels import LabelBenchConfig, point_label
 
@@ -26,7 +34,8 @@ def line_axis(cfg: LabelBenchConfig) -> str | None:
 
 def summary_plot(path: Path, cfg: LabelBenchConfig, summary: list[dict[str, Any]], points: list[str]) -> None:
     """``metrics[0]`` per row: a line per method (and per value of the other unpooled grid keys) against the
-    :func:`line_axis` key when the grid has one, else bars per row and method."""
+    :func:`line_axis` key when the grid has one, with one panel per value of the first other key when there are
+    two or more other keys (so a 3-key grid is not one tangle of lines); else bars per row and method."""
     metric = cfg.metrics[0]
 
     def value(point: str, method: str) -> float:
@@ -40,13 +49,19 @@ def summary_plot(path: Path, cfg: LabelBenchConfig, summary: list[dict[str, Any]
         return
     keys = [k for k in cfg.grid if k not in cfg.pool]
     others = [k for k in keys if k != axis]
-    series = {}
+    facet = others[0] if len(others) >= 2 else None  # 2+ other keys: one panel per value of the first
+    panels: dict[str, dict[str, list[float]]] = {}
     for combo in itertools.product(*(cfg.grid[k] for k in others)):
         fixed = dict(zip(others, combo))
+        panel = "" if facet is None else f"{facet.split('.')[-1]}={fixed[facet]}"
         for method in cfg.labels.methods:
-            name = " ".join([method, *(f"{k.split('.')[-1]}={v}" for k, v in fixed.items())])
-            series[name] = [value(point_label({k: fixed.get(k, x) for k in keys}), method) for x in cfg.grid[axis]]
-    save_line_plot(path, cfg.grid[axis], series, axis.split(".")[-1], metric, title=cfg.name)
+            name = " ".join([method, *(f"{k.split('.')[-1]}={v}" for k, v in fixed.items() if k != facet)])
+            panels.setdefault(panel, {})[name] = [value(point_label({k: fixed.get(k, x) for k in keys}), method)
+                                                  for x in cfg.grid[axis]]
+    if facet is None:
+        save_line_plot(path, cfg.grid[axis], panels[""], axis.split(".")[-1], metric, title=cfg.name)
+    else:
+        save_line_panels(path, cfg.grid[axis], panels, axis.split(".")[-1], metric, title=cfg.name)
 
 
 def proportion_plot(path: Path, cfg: LabelBenchConfig, rows: list[dict[str, Any]],

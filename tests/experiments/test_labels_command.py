@@ -156,6 +156,23 @@ def test_numeric_grid_is_plotted_as_lines(tmp_path, monkeypatch):
     assert seen["series"]["idlg activation=sigmoid"] == [1.0, 1.0, 1.0]  # iDLG is exact with sigmoid, B = 1
 
 
+def test_a_three_key_grid_is_plotted_as_one_panel_per_value_of_the_first_other_key(tmp_path, monkeypatch):
+    import gi.experiments.labels_output as lb
+
+    seen = {}
+    monkeypatch.setattr(lb, "save_line_panels", lambda path, x, panels, xlabel, ylabel, title="": seen.update(
+        x=list(x), panels=panels) or path.write_bytes(b"png"))
+    cfg = LabelBenchConfig(name="l", scenario="test-single-onehot", trials=1, out=str(tmp_path / "l"),
+                           grid={"activation": ["sigmoid", "relu"], "extra": ["u", "v"], "steps": [1, 2, 3]},
+                           labels=LabelTable(["idlg"]), metrics=["ins_acc"], progress=False)
+    out = run_label_bench(cfg)
+    rows = {r["point"]: r["ins_acc"] for r in json.loads((out / "summary.json").read_text())["rows"]}
+    assert seen["x"] == [1, 2, 3]
+    assert seen["panels"] == {f"activation={a}": {f"idlg extra={e}": [rows[f"activation={a}, extra={e}, steps={k}"]
+                                                                     for k in (1, 2, 3)] for e in ("u", "v")}
+                              for a in ("sigmoid", "relu")}
+
+
 if "test-batch-aux" not in SCENARIOS:
 
     @register_scenario("test-batch-aux")
