@@ -97,10 +97,16 @@ def reconstruct_many(*args: Any, **kwargs: Any) -> Any:
     return reconstruct(*args, **kwargs)
 
 
-def _captures(cfg: AblateConfig) -> tuple[list, list, Any]:
+def _captures(cfg: AblateConfig, layers: set[str] = frozenset()) -> tuple[list, list, Any]:
+    """The setting's captures, truths and aux set; every ``attack.feature_layer`` of its rows (``layers``) is
+    checked against the victim's model first, so a bad name answers before any capture."""
     import torch
 
+    from gi.attack.recon.problem import check_feature_layer
+
     dataset, model = build_victim(cfg)
+    for layer in sorted(layers):
+        check_feature_layer(model, layer)
     gen = torch.Generator().manual_seed(cfg.seed)
     pairs = [capture_client(cfg, dataset, model, gen) for _ in range(cfg.trials)]
     aux = make_aux(cfg, dataset, gen, [p[1] for p in pairs])
@@ -115,8 +121,10 @@ def run_setting(cfg: AblateConfig, setting: str, out: Path, cache: Path | None =
     from gi.attack.recon.problem import capture_features  # torch: loaded with the first setting, not at import
 
     scfg = setting_config(cfg, setting)
-    captures, truths, aux = _captures(scfg)
     variants = cfg.variants or {"base": {}}
+    layers = {scfg.attack.feature_layer, *(over.get("feature_layer") for over in variants.values()),
+              *(over.get("feature_layer") for over in cfg.mode_attack.values())} - {None}
+    captures, truths, aux = _captures(scfg, layers)
     labels_cache: dict[Any, list[Any]] = {}  # one label stage per source (recovered serves recovered+joint too)
     features_cache: dict[Any, list[Any]] = {}  # f* per label source and feature layer
     rows = []

@@ -51,3 +51,18 @@ def test_gi_run_batch_keys_are_refused_not_ignored(override, match):
     with pytest.raises(ConfigError, match=match) as info:
         load(AblateConfig, "configs/ablate/table4.yaml", [override])
     assert "\n" not in str(info.value)
+
+
+def test_a_row_feature_layer_the_model_lacks_is_refused_before_any_capture(tmp_path, monkeypatch):
+    """A variant's attack.feature_layer names no module of the victim's model: the setting stops at once, before
+    a client batch is captured."""
+    import gi.experiments.ablate as ablate
+
+    def no_capture(*args, **kwargs):
+        raise AssertionError("a capture was made before the bad attack.feature_layer was refused")
+
+    monkeypatch.setattr(ablate, "capture_client", no_capture)
+    cfg = load(AblateConfig, "configs/ablate/table4.yaml", [f"out={tmp_path / 'a'}", "only=[mixup/L2]", "trials=1",
+                                                              "variants={v: {feature_layer: body.9}}"])
+    with pytest.raises(ConfigError, match=r"attack.feature_layer='body.9' is no module"):
+        ablate.run_setting(cfg, "mixup/L2", tmp_path / "a")
