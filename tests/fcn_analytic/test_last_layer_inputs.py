@@ -93,6 +93,8 @@ def test_a_resnet_batch_gives_every_slot_its_own_feature():
     bad = LabelResult.from_counts("truth", wrong.sum(0).long(), soft=wrong.float())
     assert "keyed by its label" in last_layer_source(ReconConfig(), [capture], [right])
     assert last_layer_source(ReconConfig(), [capture], [bad]) == "grad_W_c / grad_b_c per slot"
+    assert last_layer_source(ReconConfig(), [capture, capture], [right, bad]).endswith(
+        "for 1 of 2 captures; grad_W_c / grad_b_c per slot for the rest")
 
 
 def test_slot_features_apply_only_to_a_fedsgd_cross_entropy_batch_below_the_class_count():

@@ -430,15 +430,19 @@ def capture_features(cfg: ReconConfig, captures: Sequence[Capture], label_result
 def last_layer_source(cfg: ReconConfig, captures: Sequence[Capture],
                       label_results: Sequence[LabelResult | None]) -> str:
     """Where :func:`capture_features`' last-layer f* came from, in words (the features stage's record): one
-    sample's ``last_layer_features``, each slot's own feature keyed by its label (:func:`slot_features`, for
-    every capture), or the class means."""
+    sample's ``last_layer_features``, each slot's own feature keyed by its label (:func:`slot_features`), the
+    class means, or both with the number of captures each served."""
     if captures[0].num_samples == 1:
         return "last_layer_features"
-    solved = all(label_result is not None and slot_features(
+    solved = sum(label_result is not None and slot_features(
         c, labels_for_slots(label_result, image_slots(c), c.num_classes), cfg.seed) is not None
         for c, label_result in zip(captures, label_results))
-    return ("each slot's own, keyed by its label (fcn_analytic.disaggregate.last_layer_inputs)" if solved
-            else "grad_W_c / grad_b_c per slot")
+    own = "each slot's own, keyed by its label (fcn_analytic.disaggregate.last_layer_inputs)"
+    if solved == len(captures):
+        return own
+    if solved == 0:
+        return "grad_W_c / grad_b_c per slot"
+    return f"{own} for {solved} of {len(captures)} captures; grad_W_c / grad_b_c per slot for the rest"
 
 
 NO_FEATURES = ("attack.feature_weight (β) set to 0: no feature target f* (eq. 8) at {layer} for {n} of {total} "
