@@ -7,7 +7,8 @@ fallback; Dimitrov et al. 2024 sample the other factor). Forwarded through the r
 sample's logits z_i and last-layer input h_i, and the last layer's gradient ``∇W_L = (1/B) Σ_i δ_i h_iᵀ`` gives
 each sample's output error δ_i (:func:`fcn_analytic.disaggregate.sample_errors`). For the cross-entropy loss
 ``δ_i = softmax(z_i) − y_i``, so the label of every sample, hard or soft (label smoothing included), is
-``y_i = softmax(z_i) − δ_i``: per image, not only the batch's counts, and without aux data.
+``y_i = softmax(z_i) − δ_i`` (``softmax(z_i/T) − T·δ_i`` under a softmax temperature T): per image, not only the
+batch's counts, and without aux data.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def recover_fc_inputs(capture: Capture, aux=None, layer: str | None = None, draw
     except GIError as exc:
         return LabelResult.failure("fc-inputs", c, str(exc))
     logits, errors = sample_errors(capture, name, found.inputs)
-    soft = (torch.softmax(logits, 1) - errors).clamp(0, 1)
+    t = float(capture.protocol.temperature)  # δ = (softmax(z/T) − y)/T
+    soft = (torch.softmax(logits / t, 1) - t * errors).clamp(0, 1)
     soft = soft / soft.sum(1, keepdim=True).clamp_min(1e-12)
     counts = torch.bincount(soft.argmax(1), minlength=c)
     return LabelResult.from_counts("fc-inputs", counts, soft=soft.float(),

@@ -24,7 +24,8 @@ def _cnn(**kw):
                  hidden=64, **kw)
 
 
-@pytest.mark.parametrize("aug", [dict(), dict(label_aug="smoothing", label_eps=0.2)], ids=["one-hot", "smoothed"])
+@pytest.mark.parametrize("aug", [dict(), dict(label_aug="smoothing", label_eps=0.2), dict(temperature=3.0)],
+                         ids=["one-hot", "smoothed", "temperature"])
 def test_every_sample_label_is_recovered_exactly(aug):
     images, y = _batch()
     capture, truth = capture_gradients(_cnn(), images, y, Protocol(batch_size=6, model_mode="train", **aug))
