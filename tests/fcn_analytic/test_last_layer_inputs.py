@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from fcn_analytic.disaggregate import last_layer_inputs
 from gi.attack.recon.config import ReconConfig
-from gi.attack.recon.problem import feature_targets, last_layer_source, slot_features
+from gi.attack.recon.problem import capture_features, feature_targets, last_layer_source, slot_features
 from gi.core.errors import GIError
 from gi.label_result import LabelResult
 from gi.world.data import load
@@ -91,10 +91,17 @@ def test_a_resnet_batch_gives_every_slot_its_own_feature():
     # the features stage's record says which source served
     right = LabelResult.from_counts("truth", soft.sum(0).long(), soft=soft.float())
     bad = LabelResult.from_counts("truth", wrong.sum(0).long(), soft=wrong.float())
-    assert "keyed by its label" in last_layer_source(ReconConfig(), [capture], [right])
-    assert last_layer_source(ReconConfig(), [capture], [bad]) == "grad_W_c / grad_b_c per slot"
-    assert last_layer_source(ReconConfig(), [capture, capture], [right, bad]).endswith(
+    on, off = ReconConfig(feature_weight=1.0), ReconConfig(feature_weight=0.0)
+    assert "keyed by its label" in last_layer_source(on, [capture], [right])
+    assert last_layer_source(on, [capture], [bad]) == "grad_W_c / grad_b_c per slot"
+    assert last_layer_source(on, [capture, capture], [right, bad]).endswith(
         "for 1 of 2 captures; grad_W_c / grad_b_c per slot for the rest")
+    # with the feature term on, capture_features serves the per-slot solve; off, only the cheap class means
+    # (recorded, matched by no term), and the record says so
+    order = torch.argsort(labels, stable=True)  # the slots' canonical order (labels_for_slots): by class
+    assert _matched(capture_features(on, [capture], [right])[0], h[order], labels[order]) < 1e-3
+    assert torch.allclose(capture_features(off, [capture], [right])[0], means[order])
+    assert last_layer_source(off, [capture], [right]) == "grad_W_c / grad_b_c per slot"
 
 
 def test_slot_features_apply_only_to_a_fedsgd_cross_entropy_batch_below_the_class_count():

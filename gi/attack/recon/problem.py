@@ -136,7 +136,8 @@ def labels_for_slots(label_result: LabelResult | None, batch: int, num_classes: 
 
 
 def feature_targets(capture: Capture, label_result: LabelResult | None, soft: Tensor | None,
-                    layer: str | None = None, seed: int = 0, draws: int = 1_000_000) -> Tensor | None:
+                    layer: str | None = None, seed: int = 0, draws: int = 1_000_000,
+                    per_slot: bool = True) -> Tensor | None:
     """f*_{N−1} per slot (B, D), float64, for the feature term of eq. 8; None when the capture does not give it.
     ``layer`` (``attack.feature_layer``) other than the last layer: :func:`layer_inputs` of that layer instead.
 
@@ -146,6 +147,7 @@ def feature_targets(capture: Capture, label_result: LabelResult | None, soft: Te
     bias: slot with label c gets ``∇W_c/∇b_c``, the ∇b-weighted mean of the features in the batch (breaching's
     ``features`` regulariser), that class's feature only where the net is confident; a bias-free batch has none.
     ``soft`` None (no labels: joint labels from a random start): only the label-free bias source of one sample.
+    ``per_slot`` False skips the per-slot solve (the class means only: a record of f* that no term matches).
     """
     layer = resolve_feature_layer(capture, layer)
     if layer is not None and layer != capture.last_layer_name:
@@ -166,7 +168,7 @@ def feature_targets(capture: Capture, label_result: LabelResult | None, soft: Te
             return last_layer_features(capture, label_result).reshape(1, -1)
         except GIError:
             return None
-    exact = slot_features(capture, soft, seed)
+    exact = slot_features(capture, soft, seed) if per_slot else None
     if exact is not None:
         return exact
     gw, gb = capture.last_layer(torch.float64)
@@ -412,7 +414,8 @@ def capture_features(cfg: ReconConfig, captures: Sequence[Capture], label_result
                      given: Sequence[Tensor | None] | None = None) -> list[Tensor | None]:
     """f* (B, D) per capture, the one rule of :func:`build_problem`, the ``gi run`` features stage and ``gi
     ablate``: the ``given`` features, else :func:`feature_targets` at ``cfg.feature_layer`` when the feature term
-    is on (a named layer's inputs cost a search), else at the last layer; None where a capture has none (an
+    is on (a named layer's inputs cost a search, as does the per-slot solve of a batch's last layer), else the
+    cheap last-layer targets (the class means for a batch); None where a capture has none (an
     update, a bias-free batch, joint labels without a last-layer bias). Joint labels from a random start (None)
     use only a label-free target: one sample's ``∇Wᵀ∇b/‖∇b‖²`` (eq. 8's f* needs no label when the last layer
     has a bias)."""
@@ -422,7 +425,7 @@ def capture_features(cfg: ReconConfig, captures: Sequence[Capture], label_result
         b = image_slots(c)
         if f is None:
             soft = None if label_result is None else labels_for_slots(label_result, b, c.num_classes)
-            f = feature_targets(c, label_result, soft, layer, cfg.seed, cfg.feature_draws)
+            f = feature_targets(c, label_result, soft, layer, cfg.seed, cfg.feature_draws, cfg.feature_weight > 0)
         out.append(None if f is None else f.reshape(b, -1))
     return out
 
@@ -430,11 +433,11 @@ def capture_features(cfg: ReconConfig, captures: Sequence[Capture], label_result
 def last_layer_source(cfg: ReconConfig, captures: Sequence[Capture],
                       label_results: Sequence[LabelResult | None]) -> str:
     """Where :func:`capture_features`' last-layer f* came from, in words (the features stage's record): one
-    sample's ``last_layer_features``, each slot's own feature keyed by its label (:func:`slot_features`), the
-    class means, or both with the number of captures each served."""
+    sample's ``last_layer_features``, each slot's own feature keyed by its label (:func:`slot_features`, only
+    when the feature term is on), the class means, or both with the number of captures each served."""
     if captures[0].num_samples == 1:
         return "last_layer_features"
-    solved = sum(label_result is not None and slot_features(
+    solved = 0 if cfg.feature_weight == 0 else sum(label_result is not None and slot_features(
         c, labels_for_slots(label_result, image_slots(c), c.num_classes), cfg.seed) is not None
         for c, label_result in zip(captures, label_results))
     own = "each slot's own, keyed by its label (fcn_analytic.disaggregate.last_layer_inputs)"
