@@ -195,7 +195,6 @@ def sample_errors(capture: Capture, layer: str, inputs: torch.Tensor) -> tuple[t
     return logits.flatten(1), errors
 
 
-
 ROUND = 12  # last_layer_inputs: starts solved together per round
 
 
@@ -223,9 +222,10 @@ def _system(c: torch.Tensor, a: torch.Tensor, bias: torch.Tensor, targets: torch
 
 
 def _levenberg_marquardt(c: torch.Tensor, a: torch.Tensor, bias: torch.Tensor, targets: torch.Tensor,
-                         m: torch.Tensor, mb: torch.Tensor | None, iterations: int, tol: float) -> torch.Tensor:
+                         m: torch.Tensor, mb: torch.Tensor | None, iterations: int, tol: float
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """Levenberg–Marquardt on :func:`_system` from K stacked starts ``c`` (K × B × B) at once, each with its own
-    damping (×10 on a rejected step, ÷3 on an accepted one); returns the K end points."""
+    damping (×10 on a rejected step, ÷3 on an accepted one); returns the K end points and their costs ‖r‖²."""
     k, batch, _ = c.shape
     x = c.clone()
     r, jac = _system(x, a, bias, targets, m, mb)
@@ -246,7 +246,7 @@ def _levenberg_marquardt(c: torch.Tensor, a: torch.Tensor, bias: torch.Tensor, t
         jac = torch.where(better[:, None, None], jac_new, jac)
         cost = torch.where(better, new, cost)
         damping = torch.where(better, (damping / 3).clamp_min(1e-12), (damping * 10).clamp_max(1e12))
-    return x
+    return x, cost
 
 
 def _starts(starts: int, targets: torch.Tensor, v: torch.Tensor, m: torch.Tensor, bias: torch.Tensor,
@@ -264,14 +264,13 @@ def _starts(starts: int, targets: torch.Tensor, v: torch.Tensor, m: torch.Tensor
             means = (targets @ grad_w / denom[:, None]) @ v.T
     size = m.norm() / (targets - torch.softmax(bias, 0)).norm()
     for s in range(starts):
-        kind = s % 3
-        if kind == 1 and means is not None:
-            c = means + 1e-2 * means.norm(dim=1, keepdim=True) * torch.randn(batch, batch, generator=gen, dtype=f64)
-        elif kind == 2 or kind == 1:
-            c = size * torch.randn(batch, batch, generator=gen, dtype=f64) / batch ** 0.5
-        else:
+        if s % 3 == 0:
             noise = 1e-2 * (1 + s) * torch.randn(batch, classes, generator=gen, dtype=f64)
             c = torch.linalg.lstsq((torch.softmax(bias + noise, 1) - targets).T, m).solution
+        elif s % 3 == 1 and means is not None:
+            c = means + 1e-2 * means.norm(dim=1, keepdim=True) * torch.randn(batch, batch, generator=gen, dtype=f64)
+        else:  # the third kind, and the second without a bias
+            c = size * torch.randn(batch, batch, generator=gen, dtype=f64) / batch ** 0.5
         out.append(c)
     return torch.stack(out)
 
@@ -323,10 +322,8 @@ def last_layer_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor | None, weight:
     best, cost, used = None, float("inf"), 0
     while used < starts and cost >= tol * tol:  # rounds of ROUND starts, until one solves the system
         k = min(ROUND, starts - used)
-        ends = _levenberg_marquardt(_starts(k, targets, v, m, b0, grad_b, grad_w, gen), a, b0, targets, m, mb,
-                                    iterations, tol)
-        r, _ = _system(ends, a, b0, targets, m, mb)
-        costs = (r * r).sum(1)
+        ends, costs = _levenberg_marquardt(_starts(k, targets, v, m, b0, grad_b, grad_w, gen), a, b0, targets, m,
+                                           mb, iterations, tol)
         if float(costs.min()) < cost:
             best, cost = ends[int(costs.argmin())], float(costs.min())
         used += k
