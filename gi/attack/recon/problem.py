@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -23,6 +22,7 @@ from gi.capture import Capture
 from gi.core.devices import resolve_device
 from gi.core.errors import CaptureError, ConfigError, GIError
 from gi.label_result import LabelResult
+from gi.world.build import LRU
 from gi.world.fl.local import distinct_samples
 from gi.world.fl.protocol import Protocol
 
@@ -182,7 +182,7 @@ def feature_targets(capture: Capture, label_result: LabelResult | None, soft: Te
 
 
 SLOT_FIT = 1e-4  # slot_features: the largest relative gradient mismatch of features that are kept
-_SLOTS: OrderedDict[tuple[str, str, int], Tensor | None] = OrderedDict()  # slot_features per gradient and labels
+_SLOTS = LRU(64)  # slot_features per gradient and labels (sha1)
 
 
 def slot_features(capture: Capture, soft: Tensor, seed: int = 0) -> Tensor | None:
@@ -205,21 +205,20 @@ def slot_features(capture: Capture, soft: Tensor, seed: int = 0) -> Tensor | Non
     gw, gb = gw.cpu(), None if gb is None else gb.cpu()
     key = (hashlib.sha1(gw.numpy().tobytes() + (b"" if gb is None else gb.numpy().tobytes())).hexdigest(),
            hashlib.sha1(soft.double().cpu().numpy().tobytes()).hexdigest(), seed)
-    if key not in _SLOTS:
-        t = float(capture.protocol.temperature)  # softmax(z/T): the solve's head is W/T, b/T and its gradient T·∇
+    t = float(capture.protocol.temperature)  # softmax(z/T): the solve's head is W/T, b/T and its gradient T·∇
+
+    def solve() -> Tensor | None:
         try:
             found = last_layer_inputs(gw * t, None if gb is None else gb * t, weight.cpu() / t,
                                       None if bias is None else bias.cpu() / t, soft.cpu(), seed=seed)
-            _SLOTS[key] = found.inputs if found.residual <= SLOT_FIT else None
         except GIError:
-            _SLOTS[key] = None
-        while len(_SLOTS) > _FOUND_KEEP:
-            _SLOTS.popitem(last=False)
-    return _SLOTS[key]
+            return None
+        return found.inputs if found.residual <= SLOT_FIT else None
+
+    return _SLOTS.get(key, solve)
 
 
-_FOUND: OrderedDict[tuple[str, int, int, int], Tensor | None] = OrderedDict()  # linear_inputs per gradient (sha1)
-_FOUND_KEEP = 64
+_FOUND = LRU(64)  # linear_inputs per gradient (sha1)
 FIRST_LINEAR = "first-linear"  # attack.feature_layer: the model's first nn.Linear (after a conv body: its flat map)
 
 
@@ -281,14 +280,14 @@ def layer_inputs(capture: Capture, layer: str, soft: Tensor | None, seed: int = 
     if b == 1:
         return None if not bool(gb.any()) else (gw.T @ gb / gb.dot(gb)).view(1, -1)
     key = (hashlib.sha1(gw.numpy().tobytes() + gb.numpy().tobytes()).hexdigest(), b, seed, draws)
-    if key not in _FOUND:  # one search per gradient: label modes, variants and retries reuse it
+
+    def search() -> Tensor | None:
         try:
-            _FOUND[key] = linear_inputs(gw, gb, b, samples=draws, seed=seed).inputs
+            return linear_inputs(gw, gb, b, samples=draws, seed=seed).inputs
         except GIError:
-            _FOUND[key] = None
-        while len(_FOUND) > _FOUND_KEEP:
-            _FOUND.popitem(last=False)
-    x = _FOUND[key]
+            return None
+
+    x = _FOUND.get(key, search)  # one search per gradient: label modes, variants and retries reuse it
     if x is None:
         return None
     if soft is None:
