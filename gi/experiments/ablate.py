@@ -26,6 +26,7 @@ import json
 import logging
 import shutil
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,7 +98,7 @@ def reconstruct_many(*args: Any, **kwargs: Any) -> Any:
     return reconstruct(*args, **kwargs)
 
 
-def _captures(cfg: AblateConfig, layers: set[str] = frozenset()) -> tuple[list, list, Any]:
+def _captures(cfg: AblateConfig, layers: Collection[str] = ()) -> tuple[list, list, Any]:
     """The setting's captures, truths and aux set; every ``attack.feature_layer`` of its rows (``layers``) is
     checked against the victim's model first, so a bad name answers before any capture."""
     import torch
