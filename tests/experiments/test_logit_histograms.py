@@ -60,6 +60,8 @@ def test_default_pairs_are_the_papers():
     ({"pairs": [[-1, 2]]}, r"bad: \[\[-1, 2\]\]"),
     ({"pairs": []}, "non-empty"),
     ({"bins": 0}, r"logit_histograms.bins=0: expected >= 1"),
+    ({"bins": 10**9}, r"logit_histograms.bins=1000000000: expected >= 1 and <= 10000"),
+    ({"pairs": [[0, 1]] * 101}, r"101 pairs, at most 100"),
 ])
 def test_bad_histogram_configs_are_one_line_errors(given, match):
     with pytest.raises(ConfigError, match=match):

@@ -16,6 +16,8 @@ from gi.world.setup import MAX_CAPTURES, deprecated, upgrade
 
 # RLU App. B.3, Figs. 4–9: the (n, j) panels the paper shows, (true class n, logit component j)
 PAPER_LOGIT_PAIRS = [[1, 1], [5, 5], [9, 9], [1, 5], [1, 9], [5, 9]]
+MAX_LOGIT_PANELS = 100  # logit_histograms.pairs: a config must not ask for unboundedly many panels or bins
+MAX_LOGIT_BINS = 10_000
 
 
 @dataclass
@@ -33,8 +35,11 @@ class LogitHistograms:
         if bad or not self.pairs:
             raise ConfigError(f"logit_histograms.pairs={self.pairs}: expected a non-empty list of [n, j] class "
                               f"index pairs >= 0; bad: {bad}")
-        if self.bins < 1:
-            raise ConfigError(f"logit_histograms.bins={self.bins}: expected >= 1")
+        if len(self.pairs) > MAX_LOGIT_PANELS:
+            raise ConfigError(f"logit_histograms.pairs: {len(self.pairs)} pairs, at most {MAX_LOGIT_PANELS} (one "
+                              "panel each per grid point)")
+        if not 1 <= self.bins <= MAX_LOGIT_BINS:
+            raise ConfigError(f"logit_histograms.bins={self.bins}: expected >= 1 and <= {MAX_LOGIT_BINS}")
 
     def check_classes(self, num_classes: int) -> None:
         """A :class:`ConfigError` unless every pair names classes of a ``num_classes``-class model."""
