@@ -333,3 +333,25 @@ def last_layer_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor | None, weight:
     if grad_b is not None:
         res = max(res, float((grad_b - errors.mean(0)).norm() / grad_b.norm().clamp_min(1e-300)))
     return LinearInputs(inputs, errors, used, res)
+
+
+def slot_inputs(capture: Capture, soft: torch.Tensor, *, seed: int = 0, starts: int = 48) -> LinearInputs | None:
+    """:func:`last_layer_inputs` for a capture and its slot labels ``soft`` (B × C): each slot's last-layer input
+    (rows in the order of ``soft``), or None where the system does not apply (an update, a loss other than
+    cross-entropy, B outside 2 … C − 1, a last layer without its weight, a bias gradient without the bias or the
+    reverse, a gradient of rank below B). A softmax temperature T (``δ = (softmax(z/T) − y)/T``) is the same system
+    for the head ``W/T, b/T`` and the gradient ``T·∇``. ``starts`` bounds the Levenberg–Marquardt starts."""
+    b, classes = soft.shape
+    if capture.is_update or capture.protocol.loss != "ce" or not 2 <= b <= classes - 1:
+        return None
+    gw, gb = capture.last_layer(torch.float64)
+    wkey, bkey = capture.last_layer_keys
+    weight, bias = capture.model_state.get(wkey), capture.model_state.get(bkey)
+    if weight is None or (gb is None) != (bias is None):
+        return None
+    t = float(capture.protocol.temperature)
+    try:
+        return last_layer_inputs(gw.cpu() * t, None if gb is None else gb.cpu() * t, weight.cpu() / t,
+                                 None if bias is None else bias.cpu() / t, soft.cpu(), seed=seed, starts=starts)
+    except GIError:
+        return None

@@ -47,13 +47,16 @@ class LabelConfig:
     default) picks the method from the capture (:mod:`labels.auto`). The method and its options are checked at
     load (:func:`gi.core.names.check_label_call`). The attack's ``labels`` (fixed or joint) follows from ``mode``;
     methods that need auxiliary samples get the ``aux`` section's. ``device``: where label recovery runs
-    (``cpu``, ``auto``, ``gpu``/``cuda``, ``cuda:N``; a GPU this machine lacks is refused at load)."""
+    (``cpu``, ``auto``, ``gpu``/``cuda``, ``cuda:N``; a GPU this machine lacks is refused at load). ``check``
+    (``recovered`` and ``recovered+joint``): a FedSGD batch's counts are checked against the last layer's gradient
+    and moved by one sample where a neighbour explains it clearly better (:mod:`labels.slot_check`)."""
 
     mode: str = "recovered"
     method: str = "auto"
     hard_method: str = "idlg"
     options: dict[str, Any] = field(default_factory=dict)
     device: str = "cpu"
+    check: bool = True
 
     def __post_init__(self) -> None:
         from gi.core.devices import torch_device
@@ -125,9 +128,13 @@ def _truth_labels(lcfg: LabelConfig, capture: Capture, truth: Truth | None, aux:
 
 
 def _recovered_labels(lcfg: LabelConfig, capture: Capture, truth: Truth | None, aux: Any) -> LabelResult | None:
+    """The method's labels; with ``check``, counts checked against the last layer's gradient and moved by one
+    sample where a neighbour explains it clearly better (:func:`labels.slot_check.check_counts`)."""
     import labels
+    from labels.slot_check import check_counts
 
-    return labels.recover(capture, lcfg.method, aux=aux, device=lcfg.device, **lcfg.options)
+    result = labels.recover(capture, lcfg.method, aux=aux, device=lcfg.device, **lcfg.options)
+    return check_counts(capture, result) if lcfg.check else result
 
 
 def _hard_labels(lcfg: LabelConfig, capture: Capture, truth: Truth | None, aux: Any) -> LabelResult | None:
@@ -220,7 +227,15 @@ def label_stage(lcfg: LabelConfig, captures: Sequence[Capture], truths: Sequence
               else None, "why": whys[0] if len(whys) == 1 else (whys or None),
               "ok": all(r.ok for r in results if r is not None), "seconds": seconds,
               "cpu_seconds": time.process_time() - cpu}
+    checks = [r.info["gradient_check"] for r in results if r is not None and r.info.get("gradient_check", {}).get(
+        "applied")]
+    if checks:
+        record["gradient_check"] = {"checked": len(checks), "moved": sum(c["moved"] is not None for c in checks),
+                                    "cpu_seconds": sum(c["seconds"] for c in checks)}
     log.info("labels: %s%s (%.2f s)", record["method"], f" ({record['why']})" if record["why"] else "", seconds)
+    if checks:
+        log.info("labels: counts of %d capture(s) checked against the last layer's gradient, %d moved by one sample",
+                 len(checks), record["gradient_check"]["moved"])
     return results, kind, record
 
 

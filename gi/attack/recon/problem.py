@@ -25,6 +25,7 @@ from gi.label_result import LabelResult
 from gi.world.build import LRU
 from gi.world.fl.local import distinct_samples
 from gi.world.fl.protocol import Protocol
+from labels.slot_check import slot_targets
 
 Tensor = torch.Tensor
 
@@ -131,8 +132,7 @@ def labels_for_slots(label_result: LabelResult | None, batch: int, num_classes: 
         reason = label_result.info.get("reason") if not label_result.ok else None
         raise ConfigError(f"label counts of {label_result.method!r} sum to {int(counts.sum())} but the capture has "
                           f"{batch} samples" + (f" (the method failed: {reason})" if reason else ""))
-    slots = torch.repeat_interleave(torch.arange(num_classes), counts)
-    return torch.nn.functional.one_hot(slots, num_classes).float()
+    return slot_targets(counts).float()
 
 
 def feature_targets(capture: Capture, label_result: LabelResult | None, soft: Tensor | None,
@@ -187,33 +187,21 @@ _SLOTS = LRU(64)  # slot_features per gradient and labels (sha1)
 
 def slot_features(capture: Capture, soft: Tensor, seed: int = 0) -> Tensor | None:
     """Each slot's own last-layer input (B, D), float64, from the last layer's gradient and the slot labels
-    ``soft`` (B, C): :func:`fcn_analytic.disaggregate.last_layer_inputs` (soft-label paper eq. 2 for a batch,
-    solved for every sample; a softmax temperature T, δ = (softmax(z/T) − y)/T, is the same system for the head
-    W/T, b/T and the gradient T·∇). None where it does not apply (an update, one sample, a loss other than
-    cross-entropy, B ≥ C, a rank-deficient gradient) or where the answer leaves a relative gradient mismatch
-    above :data:`SLOT_FIT` (labels that do not fit the gradient). One solve per gradient and labels."""
-    from fcn_analytic.disaggregate import last_layer_inputs
+    ``soft`` (B, C): :func:`fcn_analytic.disaggregate.slot_inputs` (soft-label paper eq. 2 for a batch, solved for
+    every sample, a softmax temperature included). None where it does not apply (an update, one sample, a loss
+    other than cross-entropy, B ≥ C, a rank-deficient gradient) or where the answer leaves a relative gradient
+    mismatch above :data:`SLOT_FIT` (labels that do not fit the gradient). One solve per gradient and labels."""
+    from fcn_analytic.disaggregate import slot_inputs
 
-    b, classes = soft.shape
-    if capture.is_update or capture.protocol.loss != "ce" or not 2 <= b <= classes - 1:
-        return None
     gw, gb = capture.last_layer(torch.float64)
-    wkey, bkey = capture.last_layer_keys
-    weight, bias = capture.model_state.get(wkey), capture.model_state.get(bkey)
-    if weight is None or (gb is None) != (bias is None):
-        return None
     gw, gb = gw.cpu(), None if gb is None else gb.cpu()
     key = (hashlib.sha1(gw.numpy().tobytes() + (b"" if gb is None else gb.numpy().tobytes())).hexdigest(),
-           hashlib.sha1(soft.double().cpu().numpy().tobytes()).hexdigest(), seed)
-    t = float(capture.protocol.temperature)  # softmax(z/T): the solve's head is W/T, b/T and its gradient T·∇
+           hashlib.sha1(soft.double().cpu().numpy().tobytes()).hexdigest(), seed, capture.is_update,
+           capture.protocol.loss, float(capture.protocol.temperature))  # one gradient read under another loss
 
     def solve() -> Tensor | None:
-        try:
-            found = last_layer_inputs(gw * t, None if gb is None else gb * t, weight.cpu() / t,
-                                      None if bias is None else bias.cpu() / t, soft.cpu(), seed=seed)
-        except GIError:
-            return None
-        return found.inputs if found.residual <= SLOT_FIT else None
+        found = slot_inputs(capture, soft, seed=seed)
+        return found.inputs if found is not None and found.residual <= SLOT_FIT else None
 
     return _SLOTS.get(key, solve)
 
