@@ -1,4 +1,4 @@
-"""Batch label counts checked against the last layer's gradient, and corrected by one sample where it asks.
+"""Batch label counts checked against the last layer's gradient, and corrected sample by sample where it asks.
 
 Given counts, the cross-entropy gradient of the last layer ``z = W h + b`` is a determined system in the batch's
 last-layer inputs once 2 ≤ B ≤ C − 1 (soft-label paper, eq. 2 for a batch:
@@ -7,7 +7,8 @@ batch really has leave a relative gradient mismatch at the solver's precision; c
 larger one, because no set of inputs gives that gradient with those labels. :func:`check_counts` solves the system
 for the counts a method recovered and for every count vector one sample away (one sample moved from class a to
 class c) that the bias gradient allows, and keeps the count vector the gradient explains best. The method's own
-answer is preferred unless a neighbour's mismatch is below :data:`PREFER` times its own.
+answer is preferred unless a neighbour's mismatch is below :data:`PREFER` times its own; from a moved vector the
+search steps on, one sample per step, up to :data:`STEPS` samples.
 
 The bias gradient prunes the neighbours: ``B ∇b_c = Σ_i p_ic − n_c``, so ``n_c`` can drop only where the batch's
 summed probability of class c, ``B ∇b_c + n_c``, stays positive (with a softmax temperature T: ``B T ∇b_c + n_c``).
@@ -31,7 +32,8 @@ from gi.capture import Capture
 from gi.label_result import LabelResult
 
 PREFER = 0.5  # a neighbour replaces the recovered counts only with a mismatch below PREFER times theirs
-MOVES = 24  # check_counts: the most neighbours solved, the likeliest first
+MOVES = 48  # check_counts: the most neighbours solved per step, the likeliest first
+STEPS = 3  # check_counts: the most samples moved, one per step
 
 
 def slot_targets(counts: torch.Tensor) -> torch.Tensor:
@@ -53,15 +55,17 @@ def neighbours(counts: torch.Tensor, summed: torch.Tensor, estimate: torch.Tenso
 
 
 def check_counts(capture: Capture, result: LabelResult, *, seed: int = 0, starts: int = ROUND,
-                 moves: int = MOVES) -> LabelResult:
+                 moves: int = MOVES, steps: int = STEPS) -> LabelResult:
     """``result`` with its counts checked against the last layer's gradient (module docstring), the check in
     ``info["gradient_check"]``: ``residual`` of the counts kept, ``recovered_residual`` of the method's own,
-    ``moved`` [a, c] or None, ``tried`` (neighbours solved), ``seconds``. Returned unchanged, with the reason in
-    ``info["gradient_check"]``, where the check does not apply: a failed result, soft labels, an update, a loss
-    other than cross-entropy, B outside 2 … C − 1, no last-layer bias, a gradient of rank below B. ``starts``: the
-    Levenberg–Marquardt starts per count vector (one round by default); ``moves``: the most neighbours solved, in
-    the order of :func:`neighbours`, with the method's real-valued ``estimate`` where it has one, else the counts
-    the bias gradient alone suggests, ``−B T ∇b`` (iDLG's sign rule made a count)."""
+    ``moved`` (the moves [a, c] made, in order; empty when none), ``tried`` (neighbours solved), ``seconds``. A
+    step moves one sample to the best neighbour of the current counts; up to ``steps`` steps, while one helps.
+    Returned unchanged, with the reason in ``info["gradient_check"]``, where the check does not apply: a failed
+    result, soft labels, an update, a loss other than cross-entropy, B outside 2 … C − 1, no last-layer bias, a
+    gradient of rank below B. ``starts``: the Levenberg–Marquardt starts per count vector (one round by default);
+    ``moves``: the most neighbours solved per step, in the order of :func:`neighbours`, with the method's
+    real-valued ``estimate`` where it has one, else the counts the bias gradient alone suggests, ``−B T ∇b``
+    (iDLG's sign rule made a count)."""
     start = time.process_time()
 
     def skipped(reason: str) -> LabelResult:
@@ -81,25 +85,26 @@ def check_counts(capture: Capture, result: LabelResult, *, seed: int = 0, starts
     if own is None:
         return skipped("the per-slot system does not apply (an update, a loss other than cross-entropy, "
                        "B outside 2 … C − 1 or a gradient of rank below B)")
-    summed = batch * float(capture.protocol.temperature) * gb.cpu() + counts
-    best, moved, tried = own.residual, None, 0
+    scale = batch * float(capture.protocol.temperature)
     estimate = result.estimate if result.estimate is not None and result.estimate.shape == counts.shape else (
-        -batch * float(capture.protocol.temperature) * gb.cpu())
-    for a, c in neighbours(counts, summed, estimate)[:moves]:
-        moved_counts = counts.clone()
-        moved_counts[a] -= 1
-        moved_counts[c] += 1
-        found = slot_inputs(capture, slot_targets(moved_counts), seed=seed, starts=starts)
-        tried += 1
-        if found is not None and found.residual < best and found.residual < PREFER * own.residual:
-            best, moved = found.residual, (a, c)
-    check = {"applied": True, "residual": best, "recovered_residual": own.residual,
-             "moved": None if moved is None else list(moved), "tried": tried,
-             "seconds": time.process_time() - start}
-    if moved is None:
-        return dataclasses.replace(result, info={**result.info, "gradient_check": check})
-    kept = counts.clone()
-    kept[moved[0]] -= 1
-    kept[moved[1]] += 1
-    return dataclasses.replace(result, counts=kept, proportions=kept.double() / batch,
+        -scale * gb.cpu())
+    current, residual, made, tried = counts, own.residual, [], 0
+    for _ in range(steps):
+        best = None
+        for a, c in neighbours(current, scale * gb.cpu() + current, estimate)[:moves]:
+            moved = current.clone()
+            moved[a] -= 1
+            moved[c] += 1
+            found = slot_inputs(capture, slot_targets(moved), seed=seed, starts=starts)
+            tried += 1
+            if found is not None and found.residual < PREFER * residual and (best is None
+                                                                          or found.residual < best[0]):
+                best = (found.residual, moved, [a, c])
+        if best is None:
+            break
+        residual, current = best[0], best[1]
+        made.append(best[2])
+    check = {"applied": True, "residual": residual, "recovered_residual": own.residual, "moved": made,
+             "tried": tried, "seconds": time.process_time() - start}
+    return dataclasses.replace(result, counts=current, proportions=current.double() / batch,
                                info={**result.info, "gradient_check": check})

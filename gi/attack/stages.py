@@ -49,7 +49,7 @@ class LabelConfig:
     methods that need auxiliary samples get the ``aux`` section's. ``device``: where label recovery runs
     (``cpu``, ``auto``, ``gpu``/``cuda``, ``cuda:N``; a GPU this machine lacks is refused at load). ``check``
     (``recovered`` and ``recovered+joint``): a FedSGD batch's counts are checked against the last layer's gradient
-    and moved by one sample where a neighbour explains it clearly better (:mod:`labels.slot_check`)."""
+    and moved sample by sample where a neighbour explains it clearly better (:mod:`labels.slot_check`)."""
 
     mode: str = "recovered"
     method: str = "auto"
@@ -128,7 +128,7 @@ def _truth_labels(lcfg: LabelConfig, capture: Capture, truth: Truth | None, aux:
 
 
 def _recovered_labels(lcfg: LabelConfig, capture: Capture, truth: Truth | None, aux: Any) -> LabelResult | None:
-    """The method's labels; with ``check``, counts checked against the last layer's gradient and moved by one
+    """The method's labels; with ``check``, counts checked against the last layer's gradient and moved sample by
     sample where a neighbour explains it clearly better (:func:`labels.slot_check.check_counts`)."""
     import labels
     from labels.slot_check import check_counts
@@ -230,12 +230,14 @@ def label_stage(lcfg: LabelConfig, captures: Sequence[Capture], truths: Sequence
     checks = [r.info["gradient_check"] for r in results if r is not None and r.info.get("gradient_check", {}).get(
         "applied")]
     if checks:
-        record["gradient_check"] = {"checked": len(checks), "moved": sum(c["moved"] is not None for c in checks),
+        record["gradient_check"] = {"checked": len(checks), "changed": sum(bool(c["moved"]) for c in checks),
+                                    "samples_moved": sum(len(c["moved"]) for c in checks),
                                     "cpu_seconds": sum(c["seconds"] for c in checks)}
     log.info("labels: %s%s (%.2f s)", record["method"], f" ({record['why']})" if record["why"] else "", seconds)
     if checks:
-        log.info("labels: counts of %d capture(s) checked against the last layer's gradient, %d moved by one sample",
-                 len(checks), record["gradient_check"]["moved"])
+        log.info("labels: counts of %d capture(s) checked against the last layer's gradient; %d changed (%d "
+                 "sample(s) moved)", len(checks), record["gradient_check"]["changed"],
+                 record["gradient_check"]["samples_moved"])
     return results, kind, record
 
 
