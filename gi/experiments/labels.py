@@ -17,12 +17,12 @@ proportion of class c, one point per captured client (Ramakrishna & Dán Figs. 5
 ``trials.csv``. ``pool: [key, ...]`` pools grid keys into one summary row (e.g. ``pool: [round]`` averages rounds
 1–10 as Decaf Figs. 7–8 do); ``trials.csv`` keeps every point in its ``grid`` column. Trials that carry earlier
 rounds (``Trial.history``, fedavg-client ``average_from``) are attacked over all their rounds and the distributions
-averaged (:func:`labels.recover_rounds`, Decaf Fig. 6 d). ``posterior_plot: true`` adds ``posteriors.png`` and
-``posteriors.csv``: per grid point, the attacker's aux set through the first trial's global model, and for every
+averaged (:func:`labels.recover_rounds`, Decaf Fig. 6 d). ``diagnostics: {name: options}`` adds figures of the
+attacker's aux set through each grid point's first trial's global model, one registered entry each
+(:mod:`gi.experiments.labels_diagnostics`): ``posteriors: {}`` writes ``posteriors.png`` / ``posteriors.csv``, per
 class j the box of p_j over the aux samples of class j (positive) and over the other classes' (negative), the
-posterior paper's Fig. 2 and the premise of its eq. 3 (:func:`posterior_samples`). ``logit_histograms`` adds
-``logits.png`` and ``logit-means.json``: per grid point, the first trial's aux logits through its global model,
-histograms of the ``[n, j]`` pairs and the class means μ (RLU App. B.3, Figs. 4–9; :func:`aux_logits`).
+posterior paper's Fig. 2 and the premise of its eq. 3; ``logit_histograms: {pairs, bins}`` writes ``logits.png``
+and ``logit-means.json``, histograms of the ``[n, j]`` pairs and the class means μ (RLU App. B.3, Figs. 4–9).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from typing import Any
 
 from gi.core.errors import ConfigError
 from gi.experiments.config.labels import LabelBenchConfig, grid_points
+from gi.experiments.labels_diagnostics import collect_diagnostics
 from gi.experiments.labels_output import write_label_bench
 from gi.experiments.outdir import staged_output
 
@@ -65,8 +66,7 @@ def run_label_bench(cfg: LabelBenchConfig) -> Path:
     points = grid_points(cfg)
     summary_labels = [p for p, _ in grid_points(cfg, pooled=True)]
     rows: list[dict[str, Any]] = []
-    posteriors: dict[str, list[tuple[Any, Any]]] = {}
-    logits: list[dict[str, Any]] = []  # logit_histograms: one entry per grid point
+    collected: dict[str, dict[str, Any]] = {}  # diagnostics: name → grid point → its data
     with staged_output(out, overwrite=cfg.overwrite) as tmp:
         t0 = time.perf_counter()
         bar = tqdm(total=len(points) * cfg.trials, desc=f"{cfg.name}: captures", disable=not cfg.progress)
@@ -77,8 +77,7 @@ def run_label_bench(cfg: LabelBenchConfig) -> Path:
                 for k, trial in enumerate(scenario(copy.deepcopy(setup), gen, t)):
                     trials.append((t, k, trial))
                 bar.update(1)
-            if cfg.posterior_plot:
-                posteriors[point] = posterior_samples(trials[0][2], point)
+            collect_diagnostics(cfg, point, trials[0][2], collected)
             groups: dict[tuple[int, int], list[tuple[int, int, Any]]] = defaultdict(list)
             for entry in trials:
                 groups[(id(entry[2].aux), len(entry[2].history))].append(entry)
@@ -95,12 +94,10 @@ def run_label_bench(cfg: LabelBenchConfig) -> Path:
                         if cfg.proportion_class is not None:
                             row.update(class_proportions(res, trial.truth, cfg.proportion_class))
                         rows.append(row)
-            if cfg.logit_histograms is not None:
-                logits.append(aux_logits(cfg, point, trials[0][2]))
             log.info("%s: %d captures, %d methods", point, len(trials), len(cfg.labels.methods))
         bar.close()
         print(write_label_bench(tmp, cfg, rows, summarize_rows(cfg, rows), list(dict.fromkeys(summary_labels)), t0,
-                                posteriors, logits))
+                                collected))
     return out
 
 
@@ -125,35 +122,6 @@ def recover_timed(repeats: int, method: str, options: dict[str, Any], entries: l
         cpus.append((time.process_time() - cpu) / len(caps))
         results = out if results is None else results
     return results, statistics.median(walls), statistics.median(cpus)
-
-
-def posterior_samples(trial: Any, point: str) -> list[tuple[Any, Any]]:
-    """``[(positive, negative)]`` per class j: p_j of the aux samples of class j and of every other class, the aux
-    set run through the trial's global model in the protocol's posterior (posterior paper §3.2, Fig. 2; their
-    means are eq. 3's p̂⁺_j and p̂⁻_j, :func:`labels.aux_stats.class_posteriors`)."""
-    from labels.aux_stats import aux_forward
-
-    if trial.aux is None:
-        raise ConfigError(f"posterior_plot needs the attacker's aux data; grid point {point!r} has none "
-                          "(set setup.aux.per_class >= 1)")
-    stats = aux_forward(trial.capture, trial.aux, cache=False)
-    return [(stats.probs[stats.labels == j, j], stats.probs[stats.labels != j, j]) for j in range(stats.num_classes)]
-
-
-def aux_logits(cfg: LabelBenchConfig, point: str, trial: Any) -> dict[str, Any]:
-    """``logit_histograms``' data of one grid point (RLU App. B.3, Figs. 4–9): the aux set of ``trial`` through
-    its capture's global model θᵗ: ``logits`` (N, C), ``labels`` (N,), the point and the model's accuracy on them
-    (and the scenario's ``global_acc`` where it measured one)."""
-    from labels.aux_stats import aux_forward
-
-    if trial.aux is None:
-        raise ConfigError("logit_histograms needs the attacker's aux set: set setup.aux.per_class > 0")
-    assert cfg.logit_histograms is not None
-    cfg.logit_histograms.check_classes(trial.capture.num_classes)
-    stats = aux_forward(trial.capture, trial.aux)
-    acc = float((stats.logits.argmax(dim=1) == stats.labels).double().mean())
-    return {"point": point, "logits": stats.logits, "labels": stats.labels, "aux_acc": acc,
-            "global_acc": trial.capture.meta.get("global_acc")}
 
 
 def summarize_rows(cfg: LabelBenchConfig, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -1,6 +1,7 @@
 """The files of ``gi labels`` (docs/usage.md): the per-trial and summary tables (CSV / Markdown / JSON), the plot of
-the first metric, the proportion scatter and the per-class posterior box plots; the generic writers are
-:mod:`gi.analysis.report`, the command :mod:`gi.experiments.labels`."""
+the first metric and the proportion scatter; the aux diagnostics' figures are
+:mod:`gi.experiments.labels_diagnostics`, the generic writers :mod:`gi.analysis.report`, the command
+:mod:`gi.experiments.labels`."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from gi.analysis.report import (
 )
 from gi.core.config import to_dict
 from gi.experiments.config.labels import LabelBenchConfig, point_label
+from gi.experiments.labels_diagnostics import plot_diagnostics
 
 
 def line_axis(cfg: LabelBenchConfig) -> str | None:
@@ -92,97 +94,13 @@ def proportion_plot(path: Path, cfg: LabelBenchConfig, rows: list[dict[str, Any]
     plt.close(fig)
 
 
-def posterior_rows(posteriors: dict[str, list[tuple[Any, Any]]]) -> list[dict[str, Any]]:
-    """One row per (grid point, class, side): n, mean and quartiles of p_j over that side's aux samples."""
-    import torch
-
-    rows = []
-    for point, classes in posteriors.items():
-        for j, sides in enumerate(classes):
-            for side, values in zip(("positive", "negative"), sides):
-                v = values.double()
-                q = torch.quantile(v, torch.tensor([0.25, 0.5, 0.75], dtype=v.dtype)).tolist() if v.numel() \
-                    else [float("nan")] * 3
-                rows.append({"point": point, "class": j, "side": side, "n": int(v.numel()),
-                             "mean": float(v.mean()) if v.numel() else float("nan"),
-                             "q1": q[0], "median": q[1], "q3": q[2]})
-    return rows
-
-
-def posterior_plot(path: Path, cfg: LabelBenchConfig, posteriors: dict[str, list[tuple[Any, Any]]]) -> None:
-    """Posterior paper Fig. 2: one panel per grid point, per class j a box of p_j over the positive aux samples
-    (class j) next to one over the negative samples (every other class)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(len(posteriors), 1, figsize=(10.0, 3.2 * len(posteriors)), squeeze=False)
-    for ax, (point, classes) in zip(axes[:, 0], posteriors.items()):
-        for side, (shift, colour) in enumerate(((-0.18, "tab:red"), (0.18, "tab:blue"))):
-            data = [sides[side].double().numpy() for sides in classes]
-            box = ax.boxplot(data, positions=[j + shift for j in range(len(classes))], widths=0.3, sym=".",
-                             patch_artist=True, manage_ticks=False)
-            for patch in box["boxes"]:
-                patch.set_facecolor(colour)
-                patch.set_alpha(0.5)
-        ax.set_xticks(range(len(classes)))
-        ax.set_xlabel("class j")
-        ax.set_ylabel("posterior p_j")
-        ax.set_title(f"{point}: positive (red) / negative (blue) aux samples", fontsize=9)
-    fig.suptitle(cfg.name)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-
-def logit_means(logits: Any, labels: Any, num_classes: int) -> list[list[float | None]]:
-    """μ (C, C): ``μ[n][j]``, the mean of logit component j over the samples of true class n (RLU eq. 6's moments,
-    Assumption 3.1); None for a class without samples."""
-    return [[float(logits[labels == n, j].mean()) if bool((labels == n).any()) else None
-             for j in range(num_classes)] for n in range(num_classes)]
-
-
-def logit_histogram_plot(path: Path, cfg: LabelBenchConfig, points: list[dict[str, Any]]) -> None:
-    """RLU App. B.3, Figs. 4–9: one row per grid point, one panel per ``logit_histograms.pairs`` entry [n, j]: the
-    histogram of logit j over the aux samples of true class n (``bins`` bins) with its mean μ_{n,j} dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    spec = cfg.logit_histograms
-    assert spec is not None
-    fig, axes = plt.subplots(len(points), len(spec.pairs), figsize=(2.6 * len(spec.pairs), 2.3 * len(points)),
-                             squeeze=False)
-    for row, entry in zip(axes, points):
-        for ax, (n, j) in zip(row, spec.pairs):
-            values = entry["logits"][entry["labels"] == n, j].numpy()
-            ax.hist(values, bins=spec.bins, color="tab:blue")
-            if values.size:
-                ax.axvline(float(values.mean()), color="tab:red", ls="--", lw=1)
-            ax.set_title(f"n={n}, j={j}", fontsize=8)
-            ax.tick_params(labelsize=6)
-        acc = entry["global_acc"]
-        row[0].set_ylabel(f"{entry['point']}\naux acc {entry['aux_acc']:.2f}"
-                          + ("" if acc is None else f", test {acc:.2f}"), fontsize=7)
-    fig.suptitle(f"{cfg.name}: logit j on class-n aux samples (mean dashed)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def write_label_bench(out: Path, cfg: LabelBenchConfig, rows: list[dict[str, Any]], summary: list[dict[str, Any]],
-                      points: list[str], t0: float,
-                      posteriors: dict[str, list[tuple[Any, Any]]] | None = None,
-                      logits: list[dict[str, Any]] | None = None) -> str:
+                      points: list[str], t0: float, diagnostics: dict[str, dict[str, Any]] | None = None) -> str:
     """Write the benchmark into ``out``: ``config.yaml``, ``trials.csv`` (``rows``), ``summary.csv`` / ``.md`` /
     ``.json`` (with the seconds since ``t0``, a :func:`time.perf_counter` reading), ``plot.png`` over the summary
-    rows ``points`` (in order), with ``proportion_class`` ``proportions.png``, with ``posteriors`` (per grid
-    point, per class the positive and negative posteriors) ``posteriors.png`` / ``posteriors.csv``, and with
-    ``logit_histograms`` (``logits``: one entry per grid point, :func:`gi.experiments.labels.aux_logits`)
-    ``logits.png`` and ``logit-means.json``; returns the Markdown table."""
+    rows ``points`` (in order), with ``proportion_class`` ``proportions.png``, and the files of every entry of
+    ``cfg.diagnostics`` from its collected data (``diagnostics``: name → grid point → data,
+    :func:`gi.experiments.labels_diagnostics.plot_diagnostics`); returns the Markdown table."""
     import torch
 
     write_yaml(out / "config.yaml", to_dict(cfg))
@@ -194,12 +112,5 @@ def write_label_bench(out: Path, cfg: LabelBenchConfig, rows: list[dict[str, Any
     summary_plot(out / "plot.png", cfg, summary, points)
     if cfg.proportion_class is not None:
         proportion_plot(out / "proportions.png", cfg, rows, points)
-    if posteriors:
-        write_csv(out / "posteriors.csv", posterior_rows(posteriors))
-        posterior_plot(out / "posteriors.png", cfg, posteriors)
-    if logits:
-        logit_histogram_plot(out / "logits.png", cfg, logits)
-        write_json(out / "logit-means.json", [
-            {"point": e["point"], "aux_acc": e["aux_acc"], "global_acc": e["global_acc"],
-             "mu": logit_means(e["logits"], e["labels"], int(e["logits"].shape[1]))} for e in logits])
+    plot_diagnostics(out, cfg, diagnostics or {})
     return text

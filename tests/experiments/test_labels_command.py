@@ -173,50 +173,6 @@ def test_a_three_key_grid_is_plotted_as_one_panel_per_value_of_the_first_other_k
                               for a in ("sigmoid", "relu")}
 
 
-if "test-batch-aux" not in SCENARIOS:
-
-    @register_scenario("test-batch-aux")
-    def _batch_aux(setup: dict, generator: torch.Generator, trial: int) -> list[Trial]:
-        from gi.world.data import ImageDataset
-
-        model = build("lenet", 10, activation="sigmoid", init="uniform", seed=0)
-        x = torch.rand(4, 3, 32, 32, generator=generator)
-        y = torch.randint(0, 10, (4,), generator=generator)
-        cap, truth = capture_gradients(model, x, y, Protocol(batch_size=4))
-        aux_gen = torch.Generator().manual_seed(1)
-        aux = ImageDataset(torch.rand(30, 3, 32, 32, generator=aux_gen), torch.arange(30) % 10, 10, "noise")
-        return [Trial(cap, truth, aux=aux)]
-
-
-def test_posterior_plot_writes_the_positive_and_negative_posteriors_per_class(tmp_path):
-    """Posterior paper Fig. 2: per class j, p_j over the aux samples of class j and of the others; their means are
-    the method's p̂⁺ / p̂⁻ (eq. 3)."""
-    import csv
-
-    from labels.aux_stats import aux_forward, class_posteriors
-
-    cfg = LabelBenchConfig(name="p", scenario="test-batch-aux", trials=2, out=str(tmp_path / "p"),
-                           labels=LabelTable(["posterior"]), posterior_plot=True, progress=False)
-    out = run_label_bench(cfg)
-    assert (out / "posteriors.png").is_file()
-    rows = list(csv.DictReader((out / "posteriors.csv").open()))
-    assert len(rows) == 10 * 2 and {r["side"] for r in rows} == {"positive", "negative"}
-    trial = SCENARIOS["test-batch-aux"]({}, torch.Generator().manual_seed(0), 0)[0]
-    pos, neg = class_posteriors(aux_forward(trial.capture, trial.aux))
-    for r in rows:
-        assert int(r["n"]) == (3 if r["side"] == "positive" else 27)
-        expect = (pos if r["side"] == "positive" else neg)[int(r["class"])]
-        assert float(r["mean"]) == pytest.approx(float(expect), rel=1e-9)
-        assert float(r["q1"]) <= float(r["median"]) <= float(r["q3"])
-
-
-def test_posterior_plot_without_aux_data_is_a_clear_error(tmp_path):
-    cfg = LabelBenchConfig(name="q", scenario="test-single-onehot", trials=1, out=str(tmp_path / "q"),
-                           labels=LabelTable(["idlg"]), posterior_plot=True, progress=False)
-    with pytest.raises(ConfigError, match="posterior_plot needs the attacker's aux data"):
-        run_label_bench(cfg)
-
-
 def test_timing_repeats_run_every_method_again_on_the_same_captures(tmp_path, monkeypatch):
     """Each repeat re-runs the method on the group's captures; the rows carry the median wall and CPU seconds per
     capture and the first run's labels; the summary adds median_cpu_ms."""

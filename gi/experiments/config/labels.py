@@ -11,42 +11,9 @@ from typing import Any
 from gi.attack.stages import LABELS_DOC, RENAMED_LABEL_KEYS, LabelTable
 from gi.core.config import from_dict, refuse_renamed, set_dotted
 from gi.core.errors import ConfigError
+from gi.experiments.labels_diagnostics import diagnostic_options, refuse_replaced_keys
 from gi.experiments.outdir import check_run_name
 from gi.world.setup import MAX_CAPTURES, deprecated, upgrade
-
-# RLU App. B.3, Figs. 4–9: the (n, j) panels the paper shows, (true class n, logit component j)
-PAPER_LOGIT_PAIRS = [[1, 1], [5, 5], [9, 9], [1, 5], [1, 9], [5, 9]]
-MAX_LOGIT_PANELS = 100  # logit_histograms.pairs: a config must not ask for unboundedly many panels or bins
-MAX_LOGIT_BINS = 10_000
-
-
-@dataclass
-class LogitHistograms:
-    """``logit_histograms`` of a ``gi labels`` config: the histograms of RLU's Assumption 3.1 (Chen & Vikalo 2024,
-    App. B.3, Figs. 4–9). Per grid point, the first trial's global model θᵗ runs over that trial's aux set; one
-    panel per ``pairs`` entry ``[n, j]`` shows logit component j over the aux samples of true class n in ``bins``
-    bins, its mean μ_{n,j} marked (the paper: positive and growing for n = j, negative for n ≠ j as θᵗ trains)."""
-
-    pairs: list[list[int]] = field(default_factory=lambda: copy.deepcopy(PAPER_LOGIT_PAIRS))
-    bins: int = 100
-
-    def __post_init__(self) -> None:
-        bad = [p for p in self.pairs if len(p) != 2 or min(p) < 0]
-        if bad or not self.pairs:
-            raise ConfigError(f"logit_histograms.pairs={self.pairs}: expected a non-empty list of [n, j] class "
-                              f"index pairs >= 0; bad: {bad}")
-        if len(self.pairs) > MAX_LOGIT_PANELS:
-            raise ConfigError(f"logit_histograms.pairs: {len(self.pairs)} pairs, at most {MAX_LOGIT_PANELS} (one "
-                              "panel each per grid point)")
-        if not 1 <= self.bins <= MAX_LOGIT_BINS:
-            raise ConfigError(f"logit_histograms.bins={self.bins}: expected >= 1 and <= {MAX_LOGIT_BINS}")
-
-    def check_classes(self, num_classes: int) -> None:
-        """A :class:`ConfigError` unless every pair names classes of a ``num_classes``-class model."""
-        bad = [p for p in self.pairs if max(p) >= num_classes]
-        if bad:
-            raise ConfigError(f"logit_histograms.pairs: {bad} name classes the model lacks (it has {num_classes})")
-
 
 MAX_TIMING_REPEATS = 100  # timing_repeats: every repeat re-runs every method on every capture
 
@@ -54,11 +21,11 @@ MAX_TIMING_REPEATS = 100  # timing_repeats: every repeat re-runs every method on
 @dataclass
 class LabelBenchConfig:
     """A label-recovery benchmark. ``grid`` maps dotted setup keys to lists of values; ``paper`` maps a grid
-    point label (or ``"*"``) to ``{method: value}`` of the paper's reported ``metrics[0]``. ``posterior_plot``:
-    also write the per-class posterior box plots of the aux set (posterior paper Fig. 2,
-    :mod:`gi.experiments.labels`). ``timing_repeats``: run every method on the same captures that many times and
-    report the median wall and CPU seconds per capture (``median_ms`` / ``median_cpu_ms``; the labels are the first
-    run's), for timings on a shared machine."""
+    point label (or ``"*"``) to ``{method: value}`` of the paper's reported ``metrics[0]``. ``diagnostics``:
+    ``{name: options}`` of the aux figures to add per grid point (:mod:`gi.experiments.labels_diagnostics`: the
+    posterior paper's Fig. 2 box plots, RLU App. B.3's logit histograms; checked at load). ``timing_repeats``: run
+    every method on the same captures that many times and report the median wall and CPU seconds per capture
+    (``median_ms`` / ``median_cpu_ms``; the labels are the first run's), for timings on a shared machine."""
 
     name: str = "labels"
     scenario: str = ""
@@ -72,16 +39,17 @@ class LabelBenchConfig:
     metrics: list[str] = field(default_factory=lambda: ["ins_acc", "cls_acc"])
     paper: dict[str, dict[str, float]] = field(default_factory=dict)
     proportion_class: int | None = None
-    posterior_plot: bool = False
-    logit_histograms: LogitHistograms | None = None
+    diagnostics: dict[str, Any] = field(default_factory=dict)
     timing_repeats: int = 1
     pool: list[str] = field(default_factory=list)
     progress: bool = True
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any] | None) -> LabelBenchConfig:
-        """The loading step of :func:`gi.core.config.load`: the old top-level label keys refused, then typed."""
+        """The loading step of :func:`gi.core.config.load`: the old top-level label and diagnostic keys refused,
+        then typed."""
         refuse_renamed(data, RENAMED_LABEL_KEYS, LABELS_DOC)
+        refuse_replaced_keys(data)
         return from_dict(cls, data)
 
     def __post_init__(self) -> None:
@@ -100,6 +68,7 @@ class LabelBenchConfig:
                               "point is kept in memory for the vectorised label call); run more as separate seeds")
         if not 1 <= self.timing_repeats <= MAX_TIMING_REPEATS:
             raise ConfigError(f"timing_repeats={self.timing_repeats}: must be >= 1 and at most {MAX_TIMING_REPEATS}")
+        self.diagnostics = diagnostic_options(self.diagnostics)
         valid = [*LABEL_METRICS, *POOLED_METRICS]
         bad = [m for m in self.metrics if m not in valid]
         if bad or not self.metrics:
