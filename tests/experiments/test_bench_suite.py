@@ -1,6 +1,6 @@
 """gi bench kind suite: every member checked at load (files, overrides, nesting, labels, only), members run in
-order into <out>/<label>/, a failing member recorded while the others run, suite.json / summary.md, and a resumed
-suite keeping its finished members."""
+order into <out>/<label>/, a failing member recorded while the others run, suite.json / summary.md, a resumed
+suite keeping its finished members, and configs/bench/realistic.yaml loading."""
 
 from __future__ import annotations
 
@@ -75,6 +75,19 @@ def test_a_suite_cannot_be_a_member(tmp_path):
         _load(outer)
     with pytest.raises(ConfigError, match="a suite cannot be a member of a suite"):  # made one by an override
         _load(_suite(tmp_path, {"x": {"config": LENET, "overrides": ["kind=suite"]}}))
+
+
+def test_the_realistic_suite_loads_every_member_without_running(tmp_path):
+    cfg = _load(REPO / "configs/bench/realistic.yaml")
+    assert cfg.name == "realistic" and cfg.selected() == ["s1", "s2", "s3", "s4", "s5"]
+    members = cfg.member_configs()
+    assert all(isinstance(m, TTQConfig) and m.contenders == ["gi", "breaching"] for m in members.values())
+    assert [members[s].name for s in ("s1", "s2", "s3", "s4")] == [f"realistic-s{i}" for i in range(1, 5)]
+    s5 = members["s5"]  # the results page's S5 run: ResNet-18 at seed 2, breaching's start seed 2
+    assert "seed=2" in s5.job_overrides and "model.name=resnet18" in s5.job_overrides and s5.breaching.seed == 2
+    assert s5.budget == 300
+    assert _load(REPO / "configs/bench/realistic.yaml", ["only=[s3]"]).selected() == ["s3"]
+    assert bench_kind(cfg) is BENCH_KINDS["suite"]
 
 
 # ----------------------------------------------------------------------------- running
