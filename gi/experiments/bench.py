@@ -383,6 +383,12 @@ def _suite() -> Any:
     return suite
 
 
+def _suite_table(path: Path) -> str:
+    from gi.experiments.suite_output import format_suite
+
+    return format_suite(path)
+
+
 def _suite_config() -> type:
     from gi.experiments.config.suite import SuiteConfig
 
@@ -390,4 +396,4 @@ def _suite_config() -> type:
 
 
 register_bench_kind("suite")(BenchKind(_suite_config, lambda cfg: _suite().run_suite(cfg),
-                                       lambda path: _suite().format_suite(path)))
+                                       _suite_table))

@@ -15,10 +15,10 @@ of the member's resolved config; the same command with the same ``out=`` after a
 finished member whose resolved config is unchanged (files it names, such as a ``job:``, are not compared) and
 runs the rest.
 
-Files: ``suite.json`` (per member: label, config path, overrides, kind, output path, wall and CPU seconds,
-status, error, and the member's own summary numbers where its kind writes a ``summary.json``:
-:func:`member_numbers`), ``summary.md`` (:func:`summary_table`), ``config.yaml``, ``log.txt`` and the members'
-folders.
+Files (:mod:`gi.experiments.suite_output`): ``suite.json`` (per member: label, config path, overrides, kind,
+output path, wall and CPU seconds, status, error, and the member's own summary numbers where its kind writes a
+``summary.json``: :func:`member_numbers`), ``summary.md`` (one row per member), ``config.yaml``, ``log.txt`` and
+the members' folders.
 """
 
 from __future__ import annotations
@@ -33,20 +33,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gi.analysis.report import write_json, write_yaml
 from gi.core.config import to_dict
 from gi.core.errors import GIError
 from gi.experiments.bench import BENCH_KINDS, git_commit
 from gi.experiments.config.suite import SET_BY_SUITE, SuiteConfig
 from gi.experiments.outdir import cells_dir, load_cell, save_cell, staged_output
+from gi.experiments.suite_output import OURS, THEIRS, format_suite, write_suite
 
 SCHEMA = 1
-OURS, THEIRS = "gi", "breaching"  # the time-to-quality contenders the table sets side by side
-NONE = "—"
-LEGEND = ("Final PSNR: each contender's answer when it stopped (its budget or its own iterations), mean / median / "
-          "min over the member's captures; ours − breaching: per capture; grey / mean colour: the trivial guesses' "
-          "PSNR (mean), where the member's summary has them; — : not in the member's output. Each member's own "
-          "table and plot are in its folder; suite.json has the time ratios and the PSNRs at equal time.")
 
 
 class MemberFailed(GIError):
@@ -146,7 +140,6 @@ def run_suite(cfg: SuiteConfig) -> Path:
     cache = cells_dir(out)
     entries = []
     with staged_output(out, overwrite=cfg.overwrite) as tmp:
-        write_yaml(tmp / "config.yaml", to_dict(cfg))
         cache.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
         for i, label in enumerate(labels):
@@ -165,49 +158,10 @@ def run_suite(cfg: SuiteConfig) -> Path:
         failed = [e["label"] for e in entries if e["status"] == "failed"]
         data = {"schema": SCHEMA, "name": cfg.name, "created": stamp, "git": git_commit(), "only": cfg.only,
                 "seconds": time.perf_counter() - start, "failed": failed, "members": entries}
-        write_json(tmp / "suite.json", data)
-        (tmp / "summary.md").write_text(f"# {cfg.name}\n\n{summary_table(data)}\n\n{LEGEND}\n")
+        write_suite(tmp, to_dict(cfg), data)
     shutil.rmtree(cache, ignore_errors=True)
     if failed:
         print(format_suite(out))
         raise MemberFailed(f"suite {cfg.name}: {len(failed)} of {len(entries)} member(s) failed ({', '.join(failed)}; "
                            f"their errors are in {out / 'suite.json'}); the others' results are in {out}", out)
     return out
-
-
-def _cell(block: dict[str, float] | None, signed: bool = False) -> str:
-    if not block:
-        return NONE
-    sign = "+" if signed else ""
-    return " / ".join(f"{block[k]:{sign}.2f}" for k in ("mean", "median", "min"))
-
-
-def summary_table(data: dict[str, Any]) -> str:
-    """The Markdown table of a ``suite.json``: one row per member, ours and breaching's final PSNR (mean /
-    median / min over captures, dB), ours minus breaching's per capture, the trivial guesses when the member's
-    summary has them, its status and seconds; then one line per failed member with its error."""
-    head = ["setting", "kind", "captures", "ours final PSNR mean / median / min [dB]",
-            "breaching mean / median / min [dB]", "ours − breaching mean / median / min [dB]",
-            "grey / mean colour [dB]", "status", "seconds"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for e in data["members"]:
-        s = e.get("summary") or {}
-        contenders = s.get("contenders", {})
-        trivial = s.get("trivial") or {}
-        guesses = (f"{trivial['grey_psnr']:.2f} / {trivial['mean_colour_psnr']:.2f}"
-                   if {"grey_psnr", "mean_colour_psnr"} <= set(trivial) else NONE)
-        status = e["status"] + (" (kept)" if e.get("reused") else "")
-        cells = [e["label"], e["kind"], str(s["captures"]) if "captures" in s else NONE,
-                 _cell((contenders.get(OURS) or {}).get("final_psnr")),
-                 _cell((contenders.get(THEIRS) or {}).get("final_psnr")),
-                 _cell(s.get(f"gain_over_{THEIRS}_db"), signed=True), guesses, status, f"{e['seconds']:.0f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    for e in data["members"]:
-        if e["status"] == "failed":
-            lines.append(f"\n{e['label']} failed: {e['error']}")
-    return "\n".join(lines)
-
-
-def format_suite(out: Path) -> str:
-    """The table ``gi bench`` prints for a suite's output directory (:func:`summary_table` of its suite.json)."""
-    return summary_table(json.loads((Path(out) / "suite.json").read_text()))

@@ -20,6 +20,7 @@ from gi.experiments.config.bench import BenchConfig
 from gi.experiments.config.suite import SuiteConfig
 from gi.experiments.config.ttq import TTQConfig
 from gi.experiments.outdir import cells_dir, staged_output
+from gi.experiments.suite_output import format_suite
 from gi.experiments.ttq import Curve, summarize_curves
 
 REPO = Path(__file__).resolve().parents[2]
@@ -125,7 +126,7 @@ def test_a_suite_runs_its_members_into_their_folders_and_writes_one_table(tmp_pa
     row_a = next(line for line in table.splitlines() if line.startswith("| a |"))
     assert f"{data['members'][0]['summary']['contenders']['gi']['final_psnr']['mean']:.2f}" in row_a
     assert "| — | — | — | done |" in row_a  # no breaching, no trivial guesses
-    assert suite.format_suite(out) in table and (out / "config.yaml").exists() and (out / "log.txt").exists()
+    assert format_suite(out) in table and (out / "config.yaml").exists() and (out / "log.txt").exists()
     assert not cells_dir(out).exists()
     with pytest.raises(ConfigError, match="exists; pass overwrite=true"):  # nothing overwrites a result
         bench_kind(cfg).run(_load(_suite(tmp_path, members), [f"out={out}"]))
@@ -210,7 +211,7 @@ def test_summary_numbers_and_table_with_both_contenders_and_trivial_guesses(tmp_
     assert s["contenders"]["breaching"]["psnr_at_equal_time"] is None
     assert s["gain_over_breaching_db"] == {"mean": 21.0, "median": 21.0, "min": 20.0}
     assert s["trivial"] == {"grey_psnr": 12.0, "mean_colour_psnr": 14.0}
-    row = suite.format_suite(out).splitlines()[2]
+    row = format_suite(out).splitlines()[2]
     assert row.startswith("| e | echo | 3 | 31.00 / 31.00 / 30.00 | 10.00 / 10.00 / 10.00 | +21.00 / +21.00 / +20.00 "
                           "| 12.00 / 14.00 | done |")
 
@@ -244,7 +245,7 @@ def test_an_interrupted_suite_keeps_its_finished_members_and_reruns_the_rest(tmp
     a, b = json.loads((out / "suite.json").read_text())["members"]
     assert a["reused"] is True and a["status"] == "done" and "reused" not in b
     assert (out / "a" / "summary.json").exists() and not cells_dir(out).exists()
-    assert "done (kept)" in suite.format_suite(out)
+    assert "done (kept)" in format_suite(out)
 
     # a kept member whose config changed runs again
     members["b"]["overrides"] = ["value=13"]
