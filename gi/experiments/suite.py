@@ -162,6 +162,7 @@ def run_suite(cfg: SuiteConfig) -> Path:
     shutil.rmtree(cache, ignore_errors=True)
     if failed:
         print(format_suite(out))
+        rest = "the others' results are in" if len(failed) < len(entries) else "the record is in"
         raise MemberFailed(f"suite {cfg.name}: {len(failed)} of {len(entries)} member(s) failed ({', '.join(failed)}; "
-                           f"their errors are in {out / 'suite.json'}); the others' results are in {out}", out)
+                           f"their errors are in {out / 'suite.json'}); {rest} {out}", out)
     return out
