@@ -116,6 +116,8 @@ def _run_member(label: str, cfg: Any, cache: Path, index: str) -> dict[str, Any]
     print(f"{index} {label}: started ({cfg.kind}, {getattr(cfg, 'name', label)})", flush=True)
     wall, cpu = time.perf_counter(), time.process_time()
     record: dict[str, Any] = {"status": "done", "error": None}
+    if kind.out_file is not None:  # a kind that writes one file writes it in the member's folder
+        folder.mkdir(parents=True)
     try:
         path = kind.run(dataclasses.replace(cfg, out=str(_member_out(cfg, folder)), overwrite=False))
         record["path"] = str(Path(path).relative_to(folder))  # "." when the member wrote the folder itself

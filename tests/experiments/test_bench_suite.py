@@ -255,3 +255,21 @@ def test_an_interrupted_suite_keeps_its_finished_members_and_reruns_the_rest(tmp
     members["a"]["overrides"], members["b"]["overrides"] = ["value=22.0"], ["value=23.0"]
     suite.run_suite(_load(_suite(tmp_path, members), [f"out={out2}"]))
     assert echo_kind[-3:] == [13, 22.0, 23.0]
+
+
+def test_a_kind_that_writes_one_file_writes_it_in_its_member_folder(tmp_path, monkeypatch):
+    """A kind whose ``out`` is a file (``throughput``: out_file bench.json) writes <out>/<label>/<out_file>."""
+    from gi.experiments.outdir import publish_file
+
+    def run(cfg: EchoConfig) -> Path:
+        path = Path(cfg.out)
+        publish_file(path, lambda tmp: tmp.write_text("{}"))
+        return path
+
+    monkeypatch.setitem(BENCH_KINDS, "echo", BenchKind(lambda: EchoConfig, run, lambda p: "", out_file="r.json"))
+    assert BENCH_KINDS["throughput"].out_file == "bench.json"
+    out = tmp_path / "out"
+    suite.run_suite(_load(_suite(tmp_path, {"f": {"config": _echo_file(tmp_path)}}), [f"out={out}"]))
+    (m,) = json.loads((out / "suite.json").read_text())["members"]
+    assert m["output"] == str(out / "f" / "r.json") and (out / "f" / "r.json").read_text() == "{}"
+    assert m["summary"] is None and "| f | echo | — | — | — | — | — | done |" in format_suite(out)
