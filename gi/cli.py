@@ -32,6 +32,7 @@ EPILOG = """examples:
   gi sweep configs/sweep/<grid>.yaml            grid of jobs over devices/machines; re-run resumes
   gi bench [configs/bench/<name>.yaml]          speed/quality benchmark as JSON (LeNet, ResNet-18; B = 1, 8);
                                                 kind: time-to-quality (ttq-*.yaml): PSNR vs seconds, vs breaching
+                                                kind: suite (realistic.yaml): several bench configs, one table
   gi methods                                    list the registered label-recovery methods
 
 The default job is labels -> last-layer features -> the analytic inversion where the net allows it (fully

@@ -19,7 +19,8 @@ mode, :data:`gi.attack.recon.config.COMPILE_MODES`; ``reduce-overhead`` replays 
 ``compiled_speedup_over_packed`` is packed eager over packed compiled, the compilation inside the first round.
 
 A bench config's ``kind`` names an entry of :data:`BENCH_KINDS` (default ``throughput``, the entries above):
-``time-to-quality`` is :mod:`gi.experiments.ttq` (PSNR against seconds, ours vs breaching).
+``time-to-quality`` is :mod:`gi.experiments.ttq` (PSNR against seconds, ours vs breaching), ``suite`` is
+:mod:`gi.experiments.suite` (several bench configs as one command, one table).
 """
 
 from __future__ import annotations
@@ -48,11 +49,13 @@ from gi.experiments.outdir import check_output_file, publish_file
 @dataclass(frozen=True)
 class BenchKind:
     """A kind of benchmark: its config dataclass (``config()``, imported on first use), ``run(cfg)`` → the path it
-    wrote, ``format(path)`` → the text ``gi bench`` prints."""
+    wrote, ``format(path)`` → the text ``gi bench`` prints; ``out_file``: the file name its ``out`` gets inside a
+    folder (a suite member's) when the kind writes one file, None when ``out`` is a directory."""
 
     config: Callable[[], type]
     run: Callable[[Any], Path]
     format: Callable[[Path], str]
+    out_file: str | None = None
 
 
 BENCH_KINDS: dict[str, BenchKind] = {}
@@ -355,7 +358,7 @@ def format_report(path: Path) -> str:
     return "\n".join(lines)
 
 
-register_bench_kind("throughput")(BenchKind(lambda: BenchConfig, run_bench, format_report))
+register_bench_kind("throughput")(BenchKind(lambda: BenchConfig, run_bench, format_report, out_file="bench.json"))
 
 
 def _ttq() -> Any:
@@ -372,3 +375,25 @@ def _ttq_config() -> type:
 
 register_bench_kind("time-to-quality")(BenchKind(_ttq_config, lambda cfg: _ttq().run_ttq(cfg),
                                                  lambda path: _ttq().format_ttq(path)))
+
+
+def _suite() -> Any:
+    from gi.experiments import suite
+
+    return suite
+
+
+def _suite_table(path: Path) -> str:
+    from gi.experiments.suite_output import format_suite
+
+    return format_suite(path)
+
+
+def _suite_config() -> type:
+    from gi.experiments.config.suite import SuiteConfig
+
+    return SuiteConfig
+
+
+register_bench_kind("suite")(BenchKind(_suite_config, lambda cfg: _suite().run_suite(cfg),
+                                       _suite_table))

@@ -58,7 +58,9 @@ CASES = {
                ["runs/none.safetensors", "labels.method=nope"], ["runs/none.safetensors", "attack.preset=nope"]],
     "bench": [["configs/bench/quick.yaml", "bogus=1"], ["configs/bench/quick.yaml", "threads=x"],
               ["configs/bench/quick.yaml", "models=[nope]"], ["configs/bench/quick.yaml", "attack.preset=nope"],
-              ["configs/bench/ttq-lenet.yaml", "job_overrides=[model.name=nope]"]],
+              ["configs/bench/ttq-lenet.yaml", "job_overrides=[model.name=nope]"],
+              ["configs/bench/realistic.yaml", "only=[s9]"],
+              ["configs/bench/realistic.yaml", "members.s2.overrides=[x=1]"]],
 }
 
 
