@@ -497,6 +497,9 @@ def summarize_curves(cfg: TTQConfig, curves: list[Curve]) -> dict[str, Any]:
     rows = []
     for k in captures:
         row: dict[str, Any] = {"capture": k}
+        trivial = [c.info["trivial"] for c in by[(cfg.contenders[0], k)] if "trivial" in c.info]
+        if trivial:  # the best trivial guesses on this capture's images (mean PSNR of a grey / mean-colour image)
+            row["trivial"] = trivial[0]
         for name in cfg.contenders:
             row[name] = best_of(by[(name, k)], clock, cfg.levels, when)
         if "gi" in cfg.contenders:
@@ -540,6 +543,8 @@ def run_ttq(cfg: TTQConfig) -> Path:
     cfg.check_device()
     import torch
 
+    from gi.analysis.verdict import trivial_baselines
+
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(cfg.out or f"runs/bench/{cfg.name}-{stamp}")
     torch.set_num_threads(cfg.threads)
@@ -549,12 +554,15 @@ def run_ttq(cfg: TTQConfig) -> Path:
         for k in range(len(victim.captures)):
             order = cfg.contenders if k % 2 == 0 else cfg.contenders[::-1]
             score = scorer(victim.truths[k])
+            guesses = trivial_baselines(victim.truths[k].images)  # the images' grey and mean-colour guesses
+            trivial = {key: statistics.fmean(guesses[key]) for key in ("grey_psnr", "mean_colour_psnr")}
             for name in order:
                 contender = CONTENDERS[name]
                 for variant, vcfg in (contender.variants(cfg) if contender.variants else [("", cfg)]):
                     torch.set_num_threads(cfg.threads)
                     curve = contender.run(vcfg, victim, k, AttackClock(device_sync(cfg.device)), score)
                     curve.capture, curve.variant = (cfg.select[k] if cfg.select else k), variant
+                    curve.info["trivial"] = trivial
                     curves.append(curve)
                     secs = curve.seconds(cfg.clock)
                     reached = ", ".join(f"{lvl:g} dB at {t:.1f} s" if t is not None else f"{lvl:g} dB never"

@@ -125,7 +125,14 @@ def test_a_suite_runs_its_members_into_their_folders_and_writes_one_table(tmp_pa
     assert table.startswith("# t\n") and table.count("| time-to-quality | 1 |") == 2
     row_a = next(line for line in table.splitlines() if line.startswith("| a |"))
     assert f"{data['members'][0]['summary']['contenders']['gi']['final_psnr']['mean']:.2f}" in row_a
-    assert "| — | — | — | done |" in row_a  # no breaching, no trivial guesses
+    assert "| — | — |" in row_a  # no breaching
+    # the trivial guesses of each capture's images, carried from the ttq rows into the suite's table; the
+    # per-channel mean is the constant closest to an image in MSE, so it never scores below grey
+    trivial = rows[0]["trivial"]
+    assert trivial["mean_colour_psnr"] >= trivial["grey_psnr"] > 0
+    assert data["members"][1]["summary"]["trivial"] == pytest.approx(trivial)
+    first = json.loads((out / "a" / "summary.json").read_text())["rows"][0]["trivial"]
+    assert f"| {first['grey_psnr']:.2f} / {first['mean_colour_psnr']:.2f} | done |" in row_a
     assert format_suite(out) in table and (out / "config.yaml").exists() and (out / "log.txt").exists()
     assert not cells_dir(out).exists()
     with pytest.raises(ConfigError, match="exists; pass overwrite=true"):  # nothing overwrites a result
