@@ -61,11 +61,11 @@ def check_counts(capture: Capture, result: LabelResult, *, seed: int = 0, starts
     ``moved`` (the moves [a, c] made, in order; empty when none), ``tried`` (neighbours solved), ``seconds``. A
     step moves one sample to the best neighbour of the current counts; up to ``steps`` steps, while one helps.
     Returned unchanged, with the reason in ``info["gradient_check"]``, where the check does not apply: a failed
-    result, soft labels, an update, a loss other than cross-entropy, B outside 2 … C − 1, no last-layer bias, a
-    gradient of rank below B. ``starts``: the Levenberg–Marquardt starts per count vector (one round by default);
-    ``moves``: the most neighbours solved per step, in the order of :func:`neighbours`, with the method's
-    real-valued ``estimate`` where it has one, else the counts the bias gradient alone suggests, ``−B T ∇b``
-    (iDLG's sign rule made a count)."""
+    result, soft labels, counts that do not sum to the capture's samples, an update, a loss other than
+    cross-entropy, B outside 2 … C − 1, no last-layer bias, a gradient of rank below B. ``starts``: the
+    Levenberg–Marquardt starts per count vector (one round by default); ``moves``: the most neighbours solved per
+    step, in the order of :func:`neighbours`, with the method's real-valued ``estimate`` where it has one, else the
+    counts the bias gradient alone suggests, ``−B T ∇b`` (iDLG's sign rule made a count)."""
     start = time.process_time()
 
     def skipped(reason: str) -> LabelResult:
@@ -81,6 +81,8 @@ def check_counts(capture: Capture, result: LabelResult, *, seed: int = 0, starts
     if gb is None:
         return skipped("no last-layer bias gradient (the moves are pruned by it)")
     batch = int(counts.sum())
+    if batch != capture.num_samples:
+        return skipped(f"the counts sum to {batch} but the capture has {capture.num_samples} samples")
     own = slot_inputs(capture, slot_targets(counts), seed=seed, starts=starts)
     if own is None:
         return skipped("the per-slot system does not apply (an update, a loss other than cross-entropy, "

@@ -69,6 +69,10 @@ def test_where_the_check_does_not_apply_the_result_is_kept_with_the_reason(batch
                                                                    "reason": "the label method failed"}
     soft = LabelResult.from_counts("m", counts, soft=slot_targets(counts).float())
     assert "soft labels" in check_counts(capture, soft).info["gradient_check"]["reason"]
+    short = counts.clone()
+    short[int(counts.argmax())] -= 1  # five counted samples for a capture of six
+    kept = check_counts(capture, LabelResult.from_counts("m", short))
+    assert torch.equal(kept.counts, short) and "sum to 5 but the capture has 6" in kept.info["gradient_check"]["reason"]
     model = build("cnn", 10, in_shape=(3, 32, 32), seed=0, activation="relu", channels=(8,), hidden=32)
     data = load("cifar10-samples")
     one, truth = capture_gradients(model, data.images[:1], data.labels[:1], Protocol(batch_size=1))
