@@ -334,9 +334,6 @@ def reconstruct_stage(attack: ReconConfig, captures: Sequence[Capture], label_re
     if not rest:
         record.update(optimizer="analytic (fcn_analytic.invert)", iterations=0, restarts=0, skipped=True)
     else:
-        from gi.attack.recon import reconstruct_many  # Lightning loads here, when a capture is optimised
-
-        cfg = attack  # a feature term without a target is dropped by build_problem, which warns (one rule)
         warm = [i for i in rest if residuals[i] is not None and residuals[i] < INIT_MAX_RESIDUAL]
         cold = [i for i in rest if i not in warm]
         if warm:
@@ -345,19 +342,24 @@ def reconstruct_stage(attack: ReconConfig, captures: Sequence[Capture], label_re
                               f"{attack.analytic_tol:g})")
         if cold and inversions:
             record["init_not_analytic"] = (f"{len(cold)} capture(s): residual >= {INIT_MAX_RESIDUAL:g}, the "
-                                           f"inversion is no start (attack.init={cfg.init})")
-        for group, init in ((warm, "analytic"), (cold, cfg.init)):
-            if not group:
-                continue
-            out = reconstruct_many([captures[i] for i in group], [label_results[i] for i in group],
-                                   [features[i] for i in group], dataclasses.replace(cfg, init=init), callbacks,
-                                   priors=[inversions[i].image for i in group] if init == "analytic" and inversions
-                                   else None, ids=group, aux_images=aux_images)
-            for i, rec in zip(group, out):
-                recs[i] = rec
-                if residuals[i] is not None:
-                    rec.history.update(answered_by="optimised from the analytic inversion" if init == "analytic"
-                                       else "optimisation", analytic_residual=residuals[i])
+                                           f"inversion is no start (attack.init={attack.init})")
+        chosen = [0] * len(rest)
+        for k in range(len(attack.alternatives) + 1):  # the base settings, then each alternative
+            if k:
+                log.info("reconstruct: alternative %d of %d (%s)", k, len(attack.alternatives),
+                         attack.alternatives[k - 1])
+            fits = optimise(attack.alternative(k), captures, label_results, features, inversions, residuals,
+                            warm, cold, callbacks, aux_images)
+            if attack.alternatives:
+                record_mismatch([captures[i] for i in rest], [fits[i] for i in rest])
+            for j, i in enumerate(rest):  # keep the fit that explains the capture best (its own signal)
+                if recs[i] is None or lower_mismatch(fits[i], recs[i]):
+                    recs[i], chosen[j] = fits[i], k
+        if attack.alternatives:
+            for j, i in enumerate(rest):
+                recs[i].history["alternative"] = chosen[j]
+            record["alternatives"] = {"fits": len(attack.alternatives) + 1,
+                                      "chosen": [chosen.count(k) for k in range(len(attack.alternatives) + 1)]}
     record_mismatch(captures, recs)
     used = sorted({r.history["output_error"] for r in recs if "output_error" in r.history})
     if used:  # attack.output_error as resolved (auto: captured where the capture gives ∂L/∂z)
@@ -367,6 +369,41 @@ def reconstruct_stage(attack: ReconConfig, captures: Sequence[Capture], label_re
     log.info("reconstruct: %s, %d capture(s)%s in %.1f s", record["optimizer"], len(captures),
              f" ({len(direct)} answered by the analytic inversion)" if direct and rest else "", record["seconds"])
     return recs, record
+
+
+def optimise(cfg: ReconConfig, captures: Sequence[Capture], label_results: Sequence[LabelResult | None],
+             features: Sequence[torch.Tensor | None], inversions: list[Any] | None, residuals: Sequence[float | None],
+             warm: Sequence[int], cold: Sequence[int], callbacks: Sequence[Any] = (),
+             aux_images: torch.Tensor | None = None) -> dict[int, Reconstruction]:
+    """One fit (:func:`gi.attack.recon.reconstruct_many`) of the captures ``warm`` (started from their analytic
+    inversion) and ``cold`` (from ``cfg.init``), by index; each reconstruction's history says how it was answered.
+    A feature term without a target is dropped by ``build_problem``, which warns (one rule)."""
+    from gi.attack.recon import reconstruct_many  # Lightning loads here, when a capture is optimised
+
+    out: dict[int, Reconstruction] = {}
+    for group, init in ((list(warm), "analytic"), (list(cold), cfg.init)):
+        if not group:
+            continue
+        fits = reconstruct_many([captures[i] for i in group], [label_results[i] for i in group],
+                                [features[i] for i in group], dataclasses.replace(cfg, init=init), callbacks,
+                                priors=[inversions[i].image for i in group] if init == "analytic" and inversions
+                                else None, ids=group, aux_images=aux_images)
+        for i, rec in zip(group, fits):
+            out[i] = rec
+            if residuals[i] is not None:
+                rec.history.update(answered_by="optimised from the analytic inversion" if init == "analytic"
+                                   else "optimisation", analytic_residual=residuals[i])
+    return out
+
+
+def lower_mismatch(a: Reconstruction, b: Reconstruction) -> bool:
+    """Whether ``a`` explains its capture strictly better than ``b`` (``history["gradient_mismatch"]``; NaN or a
+    missing one counts as +∞, so it never wins)."""
+    def value(rec: Reconstruction) -> float:
+        m = rec.history.get("gradient_mismatch")
+        return float("inf") if m is None or m != m else float(m)
+
+    return value(a) < value(b)
 
 
 def record_mismatch(captures: Sequence[Capture], recs: Sequence[Reconstruction]) -> None:
@@ -379,6 +416,8 @@ def record_mismatch(captures: Sequence[Capture], recs: Sequence[Reconstruction])
 
     owner, model = None, None
     for capture, rec in zip(captures, recs):
+        if "gradient_mismatch" in rec.history:  # measured already (attack.alternatives chose by it)
+            continue
         if owner is None or not same_model(owner, capture):
             owner, model = capture, capture.model()
         rec.history["gradient_mismatch"] = shared_mismatch(capture, rec.images, rec.labels,

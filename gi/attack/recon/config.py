@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 from gi.core.errors import ConfigError
 
@@ -12,6 +14,12 @@ BATCHINGS = ("auto", "vmap", "loop")
 SMALL_MODEL = 2_000_000  # parameters under which one CPU thread and vmap-batched restarts are the defaults
 BN_SOURCES = ("shared", "running")
 OUTPUT_ERRORS = ("simulated", "captured", "auto")
+MAX_ALTERNATIVES = 4  # attack.alternatives: each one is a whole further fit of every optimised capture
+# keys an alternative may not set: what the stages before the fit fixed for the base config (labels, f*, the
+# analytic answers), where it runs and how it is packed, and the alternatives themselves
+FIXED_ACROSS_ALTERNATIVES = ("alternatives", "preset", "labels", "feature_layer", "feature_draws", "analytic",
+                             "analytic_tol", "device", "threads", "pack", "memory_budget", "batching", "compile",
+                             "progress", "log_every")
 # torch.compile's modes (attack.compile: true = "default"); "reduce-overhead" records CUDA graphs on a GPU
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -107,6 +115,12 @@ class ReconConfig:
     CPU second at B = 8, and an input with a fraction ρ of zeros needs about ρ^−(B−1)). ``match_weight`` scales the
     whole match term (0: none; the feature term and priors alone). ``feature_relative``: the feature term compares
     f/‖f*‖ with f*/‖f*‖ per capture (for ``l2``: ‖f − f*‖²/‖f*‖², free of the features' scale).
+    ``alternatives``: up to :data:`MAX_ALTERNATIVES` mappings of keys of this section, each a further fit of every
+    optimised capture with those keys over the base settings; per capture, the fit whose final relative gradient
+    mismatch (:func:`gi.attack.recon.mismatch.shared_mismatch`, the attack's own signal, never the truth) is
+    lowest is kept, and ``history["alternative"]`` says which (0: the base settings, k: the k-th alternative).
+    The stages before the fit are not re-run, so an alternative cannot set the keys of
+    :data:`FIXED_ACROSS_ALTERNATIVES`, nor turn on a feature term the base settings leave off.
     """
 
     iterations: int = 1000
@@ -148,6 +162,7 @@ class ReconConfig:
     match_weight: float = 1.0
     feature_relative: bool = False
     feature_draws: int = 1_000_000
+    alternatives: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def feature_layer_name(self) -> str | None:
@@ -234,7 +249,44 @@ class ReconConfig:
             raise ConfigError(f"attack.analytic_tol must be >= 0, got {self.analytic_tol}")
         if self.init_noise < 0:
             raise ConfigError(f"attack.init_noise must be >= 0, got {self.init_noise}")
+        self.check_alternatives()
         for key in ("regularizers", "layer_weights"):
             negative = {k: w for k, w in getattr(self, key).items() if w < 0}
             if negative:
                 raise ConfigError(f"attack.{key} must hold weights >= 0, got {negative}")
+
+    def check_alternatives(self) -> None:
+        """ConfigErrors, at load, for ``alternatives`` that are not a list of at most :data:`MAX_ALTERNATIVES`
+        non-empty mappings of this section's keys (other than :data:`FIXED_ACROSS_ALTERNATIVES`) whose values pass
+        this section's own checks, or that turn on a feature term the base settings leave off."""
+        if not isinstance(self.alternatives, list) or len(self.alternatives) > MAX_ALTERNATIVES:
+            raise ConfigError(f"attack.alternatives must be a list of at most {MAX_ALTERNATIVES} mappings of attack "
+                              f"keys (each a further fit of every capture), got {self.alternatives!r}")
+        names = {f.name for f in dataclasses.fields(self)}
+        for k, alt in enumerate(self.alternatives):
+            where = f"attack.alternatives[{k}]"
+            if not isinstance(alt, dict) or not alt:
+                raise ConfigError(f"{where} must be a non-empty mapping of attack keys, e.g. {{feature_relative: "
+                                  f"true}}; got {alt!r}")
+            unknown = sorted(set(alt) - names)
+            fixed = sorted(set(alt) & set(FIXED_ACROSS_ALTERNATIVES))
+            if unknown or fixed:
+                raise ConfigError(f"{where}: " + (f"unknown attack key(s) {unknown}" if unknown else
+                                                  f"{fixed} cannot vary between alternatives (the stages before "
+                                                  f"the fit are run once, for the base settings)"))
+            if self.feature_weight == 0 and alt.get("feature_weight", 0) > 0:
+                raise ConfigError(f"{where} turns the feature term on, but the base settings leave it off "
+                                  f"(feature_weight 0), so no per-slot f* is computed: set the base's feature_weight")
+            from gi.core.config import from_dict  # typed: a value of the wrong type is refused as in the base
+
+            base = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+            try:
+                from_dict(type(self), {**base, "alternatives": [], **alt}, where)
+            except ConfigError as err:
+                raise ConfigError(str(err) if str(err).startswith(where) else f"{where}: {err}") from None
+
+    def alternative(self, k: int) -> ReconConfig:
+        """The settings of fit ``k``: 0 the base settings, k ≥ 1 the k-th of ``alternatives`` over them."""
+        if k == 0:
+            return self
+        return dataclasses.replace(self, alternatives=[], **self.alternatives[k - 1])
