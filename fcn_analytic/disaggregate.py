@@ -196,6 +196,7 @@ def sample_errors(capture: Capture, layer: str, inputs: torch.Tensor) -> tuple[t
 
 
 ROUND = 12  # last_layer_inputs: starts solved together per round
+MAX_SYSTEM_BYTES = 1 << 30  # last_layer_inputs: the largest Jacobian + normal matrix of one round (float64)
 
 
 def _system(c: torch.Tensor, a: torch.Tensor, bias: torch.Tensor, targets: torch.Tensor, m: torch.Tensor,
@@ -292,8 +293,9 @@ def last_layer_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor | None, weight:
     ``residual`` is the relative gradient mismatch of the answer (as for :func:`linear_inputs`); a large one means
     the labels or the loss do not fit the gradient, or no start reached the solution. ``draws`` counts the starts.
 
-    Raises :class:`GIError` for shapes that do not fit, B ≥ C (then rank(∇W) ≤ C − 1 < B: not determined), or a
-    gradient whose rank is below B (repeated inputs)."""
+    Raises :class:`GIError` for shapes that do not fit, B ≥ C (then rank(∇W) ≤ C − 1 < B: not determined), a
+    system whose round of starts would hold more than :data:`MAX_SYSTEM_BYTES` (e.g. B = 64 of C = 1000 classes),
+    or a gradient whose rank is below B (repeated inputs)."""
     if grad_w.dim() != 2 or weight.shape != grad_w.shape or targets.dim() != 2:
         raise GIError(f"last_layer_inputs needs ∇W and W of one shape (C, D) and targets (B, C); got "
                       f"{tuple(grad_w.shape)}, {tuple(weight.shape)}, {tuple(targets.shape)}")
@@ -307,6 +309,10 @@ def last_layer_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor | None, weight:
                       f"{min(classes - 1, dim)} (the output errors of a batch span at most C - 1 directions)")
     if starts < 1 or iterations < 1:
         raise GIError(f"last_layer_inputs: starts={starts} and iterations={iterations} must be >= 1")
+    size = 8 * min(ROUND, starts) * (classes * batch + classes + batch * batch) * batch * batch
+    if size > MAX_SYSTEM_BYTES:
+        raise GIError(f"last_layer_inputs: B={batch} samples of C={classes} classes need {size / 2 ** 30:.1f} GiB "
+                      f"per round of starts (Jacobian and normal matrix), above {MAX_SYSTEM_BYTES / 2 ** 30:.0f} GiB")
     f64 = torch.float64
     grad_w, weight, targets = grad_w.to(f64), weight.to(f64), targets.to(f64)
     grad_b = None if grad_b is None else grad_b.to(f64)
@@ -340,7 +346,8 @@ def slot_inputs(capture: Capture, soft: torch.Tensor, *, seed: int = 0, starts: 
     (rows in the order of ``soft``), or None where the system does not apply (an update, a loss other than
     cross-entropy, B outside 2 … C − 1, a last layer without its weight, a bias gradient without the bias or the
     reverse, a gradient of rank below B). A softmax temperature T (``δ = (softmax(z/T) − y)/T``) is the same system
-    for the head ``W/T, b/T`` and the gradient ``T·∇``. ``starts`` bounds the Levenberg–Marquardt starts."""
+    for the head ``W/T, b/T`` and the gradient ``T·∇``. ``starts`` bounds the Levenberg–Marquardt starts. None too
+    where the system is above :data:`MAX_SYSTEM_BYTES` per round."""
     b, classes = soft.shape
     if capture.is_update or capture.protocol.loss != "ce" or not 2 <= b <= classes - 1:
         return None

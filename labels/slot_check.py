@@ -86,7 +86,8 @@ def check_counts(capture: Capture, result: LabelResult, *, seed: int = 0, starts
     own = slot_inputs(capture, slot_targets(counts), seed=seed, starts=starts)
     if own is None:
         return skipped("the per-slot system does not apply (an update, a loss other than cross-entropy, "
-                       "B outside 2 … C − 1 or a gradient of rank below B)")
+                       "B outside 2 … C − 1, a gradient of rank below B or a system above "
+                       "fcn_analytic.disaggregate.MAX_SYSTEM_BYTES)")
     scale = batch * float(capture.protocol.temperature)
     estimate = result.estimate if result.estimate is not None and result.estimate.shape == counts.shape else (
         -scale * gb.cpu())

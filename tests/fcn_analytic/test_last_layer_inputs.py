@@ -134,6 +134,9 @@ def test_bad_inputs_are_clear_errors():
         last_layer_inputs(gw, gb, w, b, y[:1])
     with pytest.raises(GIError, match="starts=0"):
         last_layer_inputs(gw, gb, w, b, y, starts=0)
+    big = torch.zeros(1000, 64, dtype=torch.float64)  # B = 64 of 1000 classes: ~25 GiB per round, refused first
+    with pytest.raises(GIError, match=r"need 25\.\d GiB per round"):
+        last_layer_inputs(big, torch.zeros(1000), big, torch.zeros(1000), torch.eye(1000)[:64])
     gw2, gb2, w2, b2, y2, h2, delta2 = _head([3, 1, 7], seed=1)
     twice = torch.cat([h2[:2], h2[:1]])  # two samples with one input: rank 2 for a batch of 3
     with pytest.raises(GIError, match="rank < B=3"):
