@@ -276,6 +276,12 @@ def _starts(starts: int, targets: torch.Tensor, v: torch.Tensor, m: torch.Tensor
     return torch.stack(out)
 
 
+def system_bytes(batch: int, classes: int, starts: int = ROUND) -> int:
+    """Bytes of one round of :func:`last_layer_inputs` (float64 Jacobians of C·B + C residuals in B² unknowns, and
+    their B² × B² normal matrices, for up to :data:`ROUND` starts at once)."""
+    return 8 * min(ROUND, starts) * (classes * batch + classes + batch * batch) * batch * batch
+
+
 def last_layer_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor | None, weight: torch.Tensor,
                       bias: torch.Tensor | None, targets: torch.Tensor, *, starts: int = 48, iterations: int = 100,
                       tol: float = 1e-9, seed: int = 0) -> LinearInputs:
@@ -309,7 +315,7 @@ def last_layer_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor | None, weight:
                       f"{min(classes - 1, dim)} (the output errors of a batch span at most C - 1 directions)")
     if starts < 1 or iterations < 1:
         raise GIError(f"last_layer_inputs: starts={starts} and iterations={iterations} must be >= 1")
-    size = 8 * min(ROUND, starts) * (classes * batch + classes + batch * batch) * batch * batch
+    size = system_bytes(batch, classes, starts)
     if size > MAX_SYSTEM_BYTES:
         raise GIError(f"last_layer_inputs: B={batch} samples of C={classes} classes need {size / 2 ** 30:.1f} GiB "
                       f"per round of starts (Jacobian and normal matrix), above {MAX_SYSTEM_BYTES / 2 ** 30:.0f} GiB")

@@ -27,13 +27,14 @@ import time
 
 import torch
 
-from fcn_analytic.disaggregate import ROUND, slot_inputs
+from fcn_analytic.disaggregate import ROUND, slot_inputs, system_bytes
 from gi.capture import Capture
 from gi.label_result import LabelResult
 
 PREFER = 0.5  # a neighbour replaces the recovered counts only with a mismatch below PREFER times theirs
 MOVES = 48  # check_counts: the most neighbours solved per step, the likeliest first
 STEPS = 3  # check_counts: the most samples moved, one per step
+CHECK_BYTES = 64 << 20  # check_counts: larger systems (e.g. B = 32 of C = 100 classes) are left unchecked
 
 
 def slot_targets(counts: torch.Tensor) -> torch.Tensor:
@@ -61,8 +62,9 @@ def check_counts(capture: Capture, result: LabelResult, *, seed: int = 0, starts
     ``moved`` (the moves [a, c] made, in order; empty when none), ``tried`` (neighbours solved), ``seconds``. A
     step moves one sample to the best neighbour of the current counts; up to ``steps`` steps, while one helps.
     Returned unchanged, with the reason in ``info["gradient_check"]``, where the check does not apply: a failed
-    result, soft labels, counts that do not sum to the capture's samples, an update, a loss other than
-    cross-entropy, B outside 2 … C − 1, no last-layer bias, a gradient of rank below B. ``starts``: the
+    result, soft labels, counts that do not sum to the capture's samples, a system above :data:`CHECK_BYTES`, an
+    update, a loss other than cross-entropy, B outside 2 … C − 1, no last-layer bias, a gradient of rank below B.
+    ``starts``: the
     Levenberg–Marquardt starts per count vector (one round by default); ``moves``: the most neighbours solved per
     step, in the order of :func:`neighbours`, with the method's real-valued ``estimate`` where it has one, else the
     counts the bias gradient alone suggests, ``−B T ∇b`` (iDLG's sign rule made a count)."""
@@ -83,6 +85,10 @@ def check_counts(capture: Capture, result: LabelResult, *, seed: int = 0, starts
     batch = int(counts.sum())
     if batch != capture.num_samples:
         return skipped(f"the counts sum to {batch} but the capture has {capture.num_samples} samples")
+    if system_bytes(batch, len(counts), starts) > CHECK_BYTES:
+        return skipped(f"B={batch} of C={len(counts)} classes: each solve would hold "
+                       f"{system_bytes(batch, len(counts), starts) / 2 ** 20:.0f} MiB, above the check's "
+                       f"{CHECK_BYTES >> 20} MiB (labels.slot_check.CHECK_BYTES)")
     own = slot_inputs(capture, slot_targets(counts), seed=seed, starts=starts)
     if own is None:
         return skipped("the per-slot system does not apply (an update, a loss other than cross-entropy, "

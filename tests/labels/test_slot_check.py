@@ -62,7 +62,7 @@ def test_slot_targets_are_one_hot_rows_class_by_class(counts):
     assert torch.equal(t.argmax(1), t.argmax(1).sort().values) if len(t) else True
 
 
-def test_where_the_check_does_not_apply_the_result_is_kept_with_the_reason(batch):
+def test_where_the_check_does_not_apply_the_result_is_kept_with_the_reason(batch, monkeypatch):
     capture, counts = batch
     failed = LabelResult.failure("m", 10, "no aux")
     assert check_counts(capture, failed).info["gradient_check"] == {"applied": False,
@@ -73,6 +73,11 @@ def test_where_the_check_does_not_apply_the_result_is_kept_with_the_reason(batch
     short[int(counts.argmax())] -= 1  # five counted samples for a capture of six
     kept = check_counts(capture, LabelResult.from_counts("m", short))
     assert torch.equal(kept.counts, short) and "sum to 5 but the capture has 6" in kept.info["gradient_check"]["reason"]
+    big = check_counts(capture, LabelResult.from_counts("m", counts), starts=12)
+    assert big.info["gradient_check"]["applied"]
+    monkeypatch.setattr("labels.slot_check.CHECK_BYTES", 1024)  # a bound below this 6-sample system
+    assert "above the check's" in check_counts(capture, LabelResult.from_counts("m", counts)).info[
+        "gradient_check"]["reason"]
     model = build("cnn", 10, in_shape=(3, 32, 32), seed=0, activation="relu", channels=(8,), hidden=32)
     data = load("cifar10-samples")
     one, truth = capture_gradients(model, data.images[:1], data.labels[:1], Protocol(batch_size=1))
