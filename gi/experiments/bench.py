@@ -50,12 +50,15 @@ from gi.experiments.outdir import check_output_file, publish_file
 class BenchKind:
     """A kind of benchmark: its config dataclass (``config()``, imported on first use), ``run(cfg)`` → the path it
     wrote, ``format(path)`` → the text ``gi bench`` prints; ``out_file``: the file name its ``out`` gets inside a
-    folder (a suite member's) when the kind writes one file, None when ``out`` is a directory."""
+    folder (a suite member's) when the kind writes one file, None when ``out`` is a directory; ``check(cfg)``: what
+    the run needs beyond its config (an optional package), a ConfigError before any work (a suite runs every
+    member's before its first member)."""
 
     config: Callable[[], type]
     run: Callable[[Any], Path]
     format: Callable[[Path], str]
     out_file: str | None = None
+    check: Callable[[Any], None] | None = None
 
 
 BENCH_KINDS: dict[str, BenchKind] = {}
@@ -374,7 +377,8 @@ def _ttq_config() -> type:
 
 
 register_bench_kind("time-to-quality")(BenchKind(_ttq_config, lambda cfg: _ttq().run_ttq(cfg),
-                                                 lambda path: _ttq().format_ttq(path)))
+                                                 lambda path: _ttq().format_ttq(path),
+                                                 check=lambda cfg: _ttq().check_contenders(cfg)))
 
 
 def _suite() -> Any:

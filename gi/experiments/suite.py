@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from gi.core.config import to_dict
-from gi.core.errors import GIError
-from gi.experiments.bench import BENCH_KINDS, git_commit
+from gi.core.errors import ConfigError, GIError
+from gi.experiments.bench import BENCH_KINDS, bench_kind, git_commit
 from gi.experiments.config.suite import SET_BY_SUITE, SuiteConfig
 from gi.experiments.outdir import cells_dir, load_cell, save_cell, staged_output
 from gi.experiments.suite_output import OURS, THEIRS, format_suite, write_suite
@@ -139,6 +139,13 @@ def run_suite(cfg: SuiteConfig) -> Path:
     out = Path(cfg.out or f"runs/bench/{cfg.name}-{stamp}")
     configs = cfg.member_configs()
     labels = cfg.selected()
+    for label in labels:  # what each member needs beyond its config (breaching, say), before any member runs
+        check = bench_kind(configs[label]).check
+        if check is not None:
+            try:
+                check(configs[label])
+            except ConfigError as err:
+                raise ConfigError(f"suite {cfg.name}, member {label}: {err}") from None
     cache = cells_dir(out)
     entries = []
     with staged_output(out, overwrite=cfg.overwrite) as tmp:

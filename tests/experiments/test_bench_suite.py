@@ -280,3 +280,18 @@ def test_a_kind_that_writes_one_file_writes_it_in_its_member_folder(tmp_path, mo
     (m,) = json.loads((out / "suite.json").read_text())["members"]
     assert m["output"] == str(out / "f" / "r.json") and (out / "f" / "r.json").read_text() == "{}"
     assert m["summary"] is None and "| f | echo | — | — | — | — | — | done |" in format_suite(out)
+
+
+def test_a_member_whose_package_is_missing_is_refused_before_any_member_runs(tmp_path, monkeypatch):
+    """breaching is not a dependency: a suite with a breaching member answers at once, naming the member, and
+    nothing is written (the first member, which needs only gi, does not run either)."""
+    monkeypatch.setitem(__import__("sys").modules, "breaching", None)  # import breaching -> ImportError
+    members = {"a": {"config": _member_file(tmp_path, "one", 3), "overrides": FAST},
+               "b": {"config": _member_file(tmp_path, "two", 4),
+                     "overrides": [o for o in FAST if not o.startswith("contenders=")]
+                     + ["contenders=[gi, breaching]"]}}
+    out = tmp_path / "out"
+    cfg = _load(_suite(tmp_path, members), [f"out={out}"])
+    with pytest.raises(ConfigError, match="member b: contender 'breaching' needs the breaching package"):
+        bench_kind(cfg).run(cfg)
+    assert not out.exists() and not cells_dir(out).exists()
