@@ -813,6 +813,21 @@ def fit_lambda(capture: Capture, soft: Tensor, bound: float = 1e6, grid_step: fl
     return float(lam[0, best]), float(loss[0, best])
 
 
+def label_landscape(capture: Capture, lambdas: Tensor, kind: str = "smoothing") -> tuple[Tensor, Tensor]:
+    """The λ landscape of one sample's capture (soft-label paper Figs. 1, 2 and 7): at every λ of ``lambdas``
+    (K,), L_label (eq. 5 × 1000 for ``kind``'s loss: one-hot, smoothing or mixup) and the pseudo-label ŷ(λ) of
+    eq. 4; returns (K,) and (K, C). A capture the method cannot read raises :class:`CaptureError` with the
+    reason."""
+    if kind not in KINDS:
+        raise ConfigError(f"label_landscape kind={kind!r} is not allowed; valid: {list(KINDS)}")
+    read = _read(capture)
+    if isinstance(read, str):
+        raise CaptureError(f"no λ landscape: {read}")
+    prob, _, _ = _problem([read], kind)
+    lam = lambdas.to(torch.float64).reshape(1, -1)
+    return loss_at(lam, prob)[0], pseudo_label(lam, prob)[0]
+
+
 def row_of(capture: Capture) -> int:
     """The row r of ∇W the features are expressed in (largest |row sum|)."""
     read = _read(capture)

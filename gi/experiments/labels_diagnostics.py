@@ -12,6 +12,9 @@ directory, from ``{point: data}``). The entries:
   other classes' (negative).
 * ``logit_histograms`` (``pairs``, ``bins``): ``logits.png`` / ``logit-means.json``, RLU (Chen & Vikalo 2024)
   App. B.3, Figs. 4–9: histograms of logit j over the aux samples of true class n, and the class means μ.
+* ``label_landscape`` (``kind``, ``lambdas``, ``points``): ``label-landscape.png`` / ``label-landscape.json``,
+  the soft-label paper's Figs. 1, 2 and 7: L_label (eq. 5) and the pseudo-label ŷ (eq. 4) along λ for the first
+  trial's capture (one sample), with the λ the true label gives and the grid's lowest loss marked; needs no aux.
 
 Add one with ``register_diagnostic("name")(Diagnostic(...))``. Neither torch nor matplotlib is imported until a
 step runs (a config is checked without them).
@@ -269,3 +272,94 @@ def logit_histogram_plot(out: Path, cfg: LabelBenchConfig, points: dict[str, dic
 
 register_diagnostic("logit_histograms")(Diagnostic(LogitHistograms, aux_logits, logit_histogram_plot,
                                                    ("logits.png", "logit-means.json")))
+
+
+# ----------------------------------------------------------------------------- λ landscape (soft-label Figs. 1, 2, 7)
+MAX_LANDSCAPE_POINTS = 100_000  # label_landscape.points: a config must not ask for unboundedly many evaluations
+LANDSCAPE_KINDS = ("onehot", "smoothing", "mixup")  # labels.soft_label.KINDS, named here without importing torch
+
+
+@dataclass
+class LabelLandscape:
+    """``diagnostics.label_landscape``: the soft-label paper's Figs. 1 and 7 (L_label of eq. 5 along λ: a
+    gradient-based search may stop in the first local minimum, not the global one) and Fig. 2 (the pseudo-label
+    ŷ(λ) of eq. 4: many λ give valid labels, so the loss must pick one). ``kind``: the loss form (``onehot``,
+    ``smoothing``, ``mixup``; ``auto``: the one the capture's label augmentation implies); ``lambdas``: the range
+    [lo, hi] of λ; ``points``: evaluations, evenly spaced (at most :data:`MAX_LANDSCAPE_POINTS`)."""
+
+    kind: str = "auto"
+    lambdas: list[float] = field(default_factory=lambda: [-10.0, 10.0])
+    points: int = 4001
+
+    def __post_init__(self) -> None:
+        if self.kind != "auto" and self.kind not in LANDSCAPE_KINDS:
+            raise ConfigError(f"diagnostics.label_landscape.kind={self.kind!r}: expected auto or one of "
+                              f"{list(LANDSCAPE_KINDS)}")
+        if len(self.lambdas) != 2 or not self.lambdas[0] < self.lambdas[1]:
+            raise ConfigError(f"diagnostics.label_landscape.lambdas={self.lambdas}: expected [lo, hi] with lo < hi")
+        if not 2 <= self.points <= MAX_LANDSCAPE_POINTS:
+            raise ConfigError(f"diagnostics.label_landscape.points={self.points}: expected >= 2 and <= "
+                              f"{MAX_LANDSCAPE_POINTS}")
+
+
+def landscape(cfg: LabelBenchConfig, point: str, trial: Any, options: LabelLandscape) -> dict[str, Any]:
+    """The data of one grid point: λ, L_label(λ) and ŷ(λ) for the trial's capture
+    (:func:`labels.soft_label.label_landscape`), and λ* the true label gives (:func:`labels.soft_label.fit_lambda`,
+    the truth only marks the plot). A ConfigError where the capture holds more than one sample."""
+    import torch
+
+    from labels.soft_label import PROTOCOL_KINDS, fit_lambda, label_landscape
+
+    capture = trial.capture
+    if capture.num_samples != 1:
+        raise ConfigError(f"diagnostics.label_landscape reads one sample per capture (soft-label eq. 4); grid point "
+                          f"{point!r} has {capture.num_samples}")
+    kind = options.kind if options.kind != "auto" else PROTOCOL_KINDS.get(capture.protocol.label_aug, "smoothing")
+    lam = torch.linspace(options.lambdas[0], options.lambdas[1], options.points, dtype=torch.float64)
+    loss, yhat = label_landscape(capture, lam, kind)
+    true_lambda, true_loss = fit_lambda(capture, trial.truth.targets.reshape(-1))
+    best = int(torch.nan_to_num(loss, nan=float("inf")).argmin())
+    return {"kind": kind, "lambda": lam, "loss": loss, "yhat": yhat, "true_lambda": true_lambda,
+            "true_fit": true_loss, "grid_lambda": float(lam[best]), "grid_loss": float(loss[best])}
+
+
+def landscape_plot(out: Path, cfg: LabelBenchConfig, points: dict[str, dict[str, Any]],
+                   options: LabelLandscape) -> None:
+    """Soft-label Figs. 1, 2 and 7: ``label-landscape.png``, per grid point L_label(λ) (log scale; λ* of the true
+    label dashed red, the grid's lowest loss dotted) above ŷ_c(λ) for every class c; ``label-landscape.json``,
+    per grid point the loss kind, the grid's lowest loss and its λ, λ* and its fit."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(points), figsize=(4.2 * len(points), 5.6), squeeze=False)
+    for col, (point, e) in enumerate(points.items()):
+        lam = e["lambda"].numpy()
+        top, bottom = axes[0, col], axes[1, col]
+        loss = e["loss"].clamp_min(1e-300)
+        top.semilogy(lam, loss.numpy(), lw=0.8)
+        finite = loss[loss.isfinite()]
+        if finite.numel():  # the pole at λ = 0 (eq. 4's ρ/λ) would flatten the rest of the curve
+            top.set_ylim(float(finite.min()) / 10, float(finite.quantile(0.95)) * 10)
+        bottom.plot(lam, e["yhat"].numpy(), lw=0.7)
+        for ax in (top, bottom):
+            ax.axvline(e["true_lambda"], color="tab:red", ls="--", lw=0.8)
+            ax.axvline(e["grid_lambda"], color="k", ls=":", lw=0.8)
+        top.set_title(f"{point} ({e['kind']}): λ* {e['true_lambda']:.4g}, grid min {e['grid_lambda']:.4g}",
+                      fontsize=8)
+        top.set_ylabel("L_label (eq. 5 × 1000)")
+        bottom.set_ylabel("ŷ_c (eq. 4)")
+        bottom.set_ylim(-0.5, 1.5)
+        bottom.set_xlabel("λ")
+    fig.suptitle(f"{cfg.name}: the λ landscape of the first capture", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out / "label-landscape.png", dpi=110)
+    plt.close(fig)
+    write_json(out / "label-landscape.json", [
+        {"point": point, "kind": e["kind"], "true_lambda": e["true_lambda"], "true_fit": e["true_fit"],
+         "grid_lambda": e["grid_lambda"], "grid_loss": e["grid_loss"]} for point, e in points.items()])
+
+
+register_diagnostic("label_landscape")(Diagnostic(LabelLandscape, landscape, landscape_plot,
+                                                  ("label-landscape.png", "label-landscape.json"), needs_aux=False))

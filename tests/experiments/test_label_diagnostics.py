@@ -17,7 +17,14 @@ from gi.core.config import load
 from gi.core.errors import ConfigError
 from gi.experiments.config.labels import LabelBenchConfig
 from gi.experiments.labels import run_label_bench
-from gi.experiments.labels_diagnostics import DIAGNOSTICS, PAPER_LOGIT_PAIRS, LogitHistograms, PosteriorBoxes
+from gi.experiments.labels_diagnostics import (
+    DIAGNOSTICS,
+    LANDSCAPE_KINDS,
+    PAPER_LOGIT_PAIRS,
+    LabelLandscape,
+    LogitHistograms,
+    PosteriorBoxes,
+)
 from gi.world.data import ImageDataset
 from gi.world.fl.protocol import Protocol
 from gi.world.fl.victim import capture_gradients
@@ -65,9 +72,11 @@ def test_every_registered_diagnostic_writes_its_files_and_round_trips_through_co
         for name in entry.files:
             assert (out / name).stat().st_size > 0, name
     written = yaml.safe_load((out / "config.yaml").read_text())
-    assert written["diagnostics"] == {"posteriors": {}, "logit_histograms": {"pairs": PAPER_LOGIT_PAIRS, "bins": 100}}
+    assert written["diagnostics"] == {"posteriors": {}, "logit_histograms": {"pairs": PAPER_LOGIT_PAIRS, "bins": 100},
+                                      "label_landscape": {"kind": "auto", "lambdas": [-10.0, 10.0], "points": 4001}}
     again = LabelBenchConfig.from_mapping(written)
-    assert again.diagnostics == {"posteriors": PosteriorBoxes(), "logit_histograms": LogitHistograms()}
+    assert again.diagnostics == {"posteriors": PosteriorBoxes(), "logit_histograms": LogitHistograms(),
+                                 "label_landscape": LabelLandscape()}
 
 
 def test_posteriors_are_the_positive_and_negative_posteriors_per_class(tmp_path):
@@ -124,7 +133,8 @@ def test_bad_histogram_options_are_one_line_errors_at_load(given, match):
 @pytest.mark.parametrize(("diagnostics", "match"), [
     ({"posteriors": {"x": 1}}, r"diagnostics.posteriors=\{x: 1\}: takes no options; write `posteriors: \{\}`"),
     ({"posteriors": True}, r"diagnostics.posteriors=true: takes no options"),
-    ({"histograms": {}}, r"diagnostics.histograms: unknown diagnostic; valid: \['logit_histograms', 'posteriors'\]"),
+    ({"histograms": {}},
+     r"diagnostics.histograms: unknown diagnostic; valid: \['label_landscape', 'logit_histograms', 'posteriors'\]"),
     ([{"posteriors": {}}], r"diagnostics=\[\{posteriors: \{\}\}\]: expected dict"),
 ])
 def test_unknown_names_and_options_of_an_optionless_diagnostic_are_errors(diagnostics, match):
@@ -159,7 +169,7 @@ def test_a_replaced_key_given_as_an_override_is_refused_too():
     assert cfg.diagnostics == {"logit_histograms": LogitHistograms(bins=7)}
 
 
-@pytest.mark.parametrize("name", sorted(DIAGNOSTICS))
+@pytest.mark.parametrize("name", sorted(n for n, d in DIAGNOSTICS.items() if d.needs_aux))
 def test_a_grid_point_without_aux_data_is_an_error_before_any_method_runs(tmp_path, monkeypatch, name):
     import labels
 
@@ -181,9 +191,60 @@ def test_bad_diagnostics_fail_without_torch():
     code = ("import sys\nfrom gi.core.errors import ConfigError\n"
             "from gi.experiments.labels_diagnostics import LogitHistograms, diagnostic_options\n"
             "for bad in (lambda: LogitHistograms(bins=0), lambda: diagnostic_options({'nope': {}}),\n"
+            "            lambda: diagnostic_options({'label_landscape': {'points': 1}}),\n"
             "            lambda: diagnostic_options({'logit_histograms': {'bins': 0}})):\n"
             "    try:\n        bad()\n    except ConfigError:\n        pass\n"
             "    else:\n        raise SystemExit('no error')\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n"
             "assert 'matplotlib' not in sys.modules, 'matplotlib imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_landscape_is_lowest_at_the_true_labels_lambda_without_aux(tmp_path):
+    """Soft-label Figs. 1, 2, 7 on a one-hot capture of the DLG LeNet: the grid's lowest L_label sits within one
+    grid step of λ* (the λ whose ŷ is the true label, fitted independently), ŷ there is the true label, and the
+    search's own λ lands there too; no aux set is needed."""
+    import json
+
+    import labels
+
+    out = run_label_bench(_cfg(tmp_path, setup={"no_aux": True},
+                               diagnostics={"label_landscape": {"lambdas": [-5.0, 5.0], "points": 2001}}))
+    data = json.loads((out / "label-landscape.json").read_text())
+    assert [d["point"] for d in data] == ["all"] and data[0]["kind"] == "onehot"
+    entry = data[0]
+    assert abs(entry["grid_lambda"] - entry["true_lambda"]) <= 0.005 + 1e-9 and entry["true_fit"] < 1e-6
+    trial = SCENARIOS["test-diagnostics-aux"]({}, torch.Generator().manual_seed(0), 0)[0]
+    from labels.soft_label import label_landscape
+
+    lam = torch.tensor([entry["true_lambda"]])
+    loss, yhat = label_landscape(trial.capture, lam, "onehot")
+    assert yhat.shape == (1, 10) and int(yhat[0].argmax()) == 3 and float(loss[0]) < 1e-3
+    found = labels.recover(trial.capture, "soft-lambda", kind="onehot").info["lambda"]
+    assert abs(found - entry["true_lambda"]) < 1e-3 * max(1.0, abs(found))
+
+
+@pytest.mark.parametrize("given, match", [
+    ({"kind": "focal"}, r"label_landscape.kind='focal': expected auto or one of"),
+    ({"lambdas": [1.0, -1.0]}, r"lambdas=\[1.0, -1.0\]: expected \[lo, hi\] with lo < hi"),
+    ({"lambdas": [1.0]}, "expected \\[lo, hi\\]"),
+    ({"points": 1}, "points=1: expected >= 2"),
+    ({"points": 100_001}, "<= 100000"),
+])
+def test_bad_landscape_options_are_one_line_errors_at_load(given, match):
+    with pytest.raises(ConfigError, match=match):
+        LabelBenchConfig(name="h", scenario="test-diagnostics-aux", labels=LabelTable(["idlg"]),
+                         diagnostics={"label_landscape": given})
+
+
+def test_a_landscape_of_a_batch_capture_is_an_error(tmp_path):
+    cfg = LabelBenchConfig(name="b", scenario="test-batch-aux", trials=1, out=str(tmp_path / "b"),
+                           labels=LabelTable(["idlg"]), progress=False, diagnostics={"label_landscape": {}})
+    with pytest.raises(ConfigError, match="reads one sample per capture .* has 4"):
+        run_label_bench(cfg)
+
+
+def test_the_landscape_kinds_are_the_soft_label_methods():
+    from labels.soft_label import KINDS
+
+    assert set(LANDSCAPE_KINDS) == set(KINDS)
