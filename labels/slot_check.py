@@ -30,6 +30,7 @@ import torch
 from fcn_analytic.disaggregate import ROUND, slot_inputs, system_bytes
 from gi.capture import Capture
 from gi.label_result import LabelResult
+from labels.base import METHODS, register
 
 PREFER = 0.5  # a neighbour replaces the recovered counts only with a mismatch below PREFER times theirs
 MOVES = 48  # check_counts: the most neighbours solved per step, the likeliest first
@@ -117,3 +118,15 @@ def check_counts(capture: Capture, result: LabelResult, *, seed: int = 0, starts
              "tried": tried, "seconds": time.process_time() - start}
     return dataclasses.replace(result, counts=current, proportions=current.double() / batch,
                                info={**result.info, "gradient_check": check})
+
+
+@register("checked", "another method's batch counts checked against the last layer's gradient and moved sample by "
+                     "sample where a neighbour explains it clearly better (labels.slot_check)")
+def recover_checked(capture: Capture, aux: object = None, base: str = "auto", options: dict | None = None,
+                    moves: int = MOVES, steps: int = STEPS) -> LabelResult:
+    """The labels of method ``base`` (with ``options``) passed through :func:`check_counts`: the label stage's
+    ``labels.check`` as a method of its own, so that ``gi labels`` tables compare a method with and without the
+    check on the same captures. The result keeps the base method's name in ``info["checked_method"]``."""
+    result = METHODS[base](capture, aux=aux, **(options or {}))
+    checked = check_counts(capture, result, moves=moves, steps=steps)
+    return dataclasses.replace(checked, method="checked", info={**checked.info, "checked_method": result.method})

@@ -36,7 +36,7 @@ ZOO_MODELS = ("cnn", "cnn6", "fcn3", "fcn4", "lenet", "lenet5", "linear", "mlp",
               "vgg16")
 
 # labels.METHODS (every module of labels/ registers its own)
-LABEL_METHODS = ("auto", "decaf", "decaf-paper", "dist-aux-bias-grad", "dist-aux-weight-grad", "dist-exact",
+LABEL_METHODS = ("auto", "checked", "decaf", "decaf-paper", "dist-aux-bias-grad", "dist-aux-weight-grad", "dist-exact",
                  "dist-init-bias", "dist-soft-label", "dist-soft-label-path", "fc-inputs", "idlg", "idlg-batch", "ilrg",
                  "ilrg-robust", "ilrg-update", "llg", "llg*", "llg+", "llg+-update", "posterior", "rlg", "rlu",
                  "soft-lambda", "uniform-guess", "yin", "zlg", "zlg+", "zlg+-update")
@@ -44,8 +44,8 @@ LABEL_METHODS = ("auto", "decaf", "decaf-paper", "dist-aux-bias-grad", "dist-aux
 # the keyword options of every method of labels.METHODS (its function's parameters but capture(s) and aux; None:
 # the method takes **options and passes them on, so they are checked where they land, by labels.recover)
 LABEL_OPTIONS: dict[str, tuple[str, ...] | None] = {
-    "auto": (), "decaf": ("calibrator", "dtype", "epochs", "min_count", "null_removal", "null_test", "solver", "step",
-                          "threshold"),
+    "auto": (), "checked": ("base", "moves", "options", "steps"),
+    "decaf": ("calibrator", "dtype", "epochs", "min_count", "null_removal", "null_test", "solver", "step", "threshold"),
     "decaf-paper": ("epochs", "step", "threshold"), "dist-aux-bias-grad": ("aux_steps", "normalize", "solver"),
     "dist-aux-weight-grad": ("aux_steps", "include_bias", "normalize"), "dist-exact": ("strict",),
     "dist-init-bias": ("normalize",), "dist-soft-label": ("aux_steps", "normalize", "solver"),
@@ -110,6 +110,19 @@ def label_options(method: str) -> tuple[str, ...] | None:
     return tuple(sorted(n for n in params if n not in ("capture", "captures", "aux")))
 
 
+def _check_checked(options: dict, key: str) -> None:
+    """``checked``'s own options: ``base`` a label method other than ``checked``, ``options`` its options."""
+    inner = options.get("base", "auto")
+    if inner == "checked":
+        raise ConfigError(f"{key}=checked: its base cannot be checked itself; name the method whose counts to check")
+    check_label_call(inner, options.get("options", {}) if options.get("options") is not None else {},
+                     f"{key}=checked, base")
+
+
+# label methods whose options name another method (checked when the config loads, like the method's own name)
+LABEL_OPTION_CHECKS = {"checked": _check_checked}
+
+
 def check_label_call(method: object, options: object, key: str) -> None:
     """A one-line :class:`ConfigError` unless ``method`` is a known label method and ``options`` a mapping of the
     options it takes (:func:`label_options`); ``key`` names the config key of the method (``labels.method``), the
@@ -121,6 +134,8 @@ def check_label_call(method: object, options: object, key: str) -> None:
     unknown = sorted(set(options) - set(valid)) if valid is not None else []
     if unknown:
         raise ConfigError(f"{key}={method!r} takes no option(s) {unknown}; valid: {sorted(valid or ())}")
+    if method in LABEL_OPTION_CHECKS:
+        LABEL_OPTION_CHECKS[str(method)](options, key)
 
 
 def check_name(kind: str, name: object, key: str, also: Iterable[str] = ()) -> None:

@@ -93,3 +93,28 @@ def test_the_label_stage_checks_recovered_counts_unless_told_not_to(batch):
     assert torch.equal(on.counts, counts)
     _, _, record = label_stage(LabelConfig(method="ilrg-robust"), [capture], [None], None)
     assert record["gradient_check"]["checked"] == 1 and record["gradient_check"]["changed"] == 0
+
+
+def test_checked_is_a_label_method_of_its_own(batch):
+    """`checked` runs the named method and the check, so a `gi labels` table can hold both rows."""
+    import labels
+
+    capture, counts = batch
+    got = labels.recover(capture, "checked", base="ilrg-robust")
+    plain = labels.recover(capture, "ilrg-robust")
+    assert got.method == "checked" and got.info["checked_method"] == "ilrg-robust"
+    assert got.info["gradient_check"]["applied"] and torch.equal(got.counts, counts)
+    assert torch.equal(got.counts, check_counts(capture, plain).counts)
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"base": "checked"}, "cannot be checked itself"),
+    ({"base": "nope"}, "base='nope': unknown label method"),
+    ({"base": "posterior", "options": {"x": 1}}, r"'posterior' takes no option\(s\) \['x'\]"),
+    ({"bad": 1}, r"'checked' takes no option\(s\) \['bad'\]"),
+])
+def test_checked_options_are_checked_at_load(options, match):
+    from gi.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=match):
+        LabelConfig(method="checked", options=options)
