@@ -65,10 +65,9 @@ def check_counts(capture: Capture, result: LabelResult, *, seed: int = 0, starts
     Returned unchanged, with the reason in ``info["gradient_check"]``, where the check does not apply: a failed
     result, soft labels, counts that do not sum to the capture's samples, a system above :data:`CHECK_BYTES`, an
     update, a loss other than cross-entropy, B outside 2 … C − 1, no last-layer bias, a gradient of rank below B.
-    ``starts``: the
-    Levenberg–Marquardt starts per count vector (one round by default); ``moves``: the most neighbours solved per
-    step, in the order of :func:`neighbours`, with the method's real-valued ``estimate`` where it has one, else the
-    counts the bias gradient alone suggests, ``−B T ∇b`` (iDLG's sign rule made a count)."""
+    ``starts``: the Levenberg–Marquardt starts per count vector (one round by default); ``moves``: the most
+    neighbours solved per step, in the order of :func:`neighbours`, with the method's real-valued ``estimate`` where
+    it has one, else the counts the bias gradient alone suggests, ``−B T ∇b`` (iDLG's sign rule made a count)."""
     start = time.process_time()
 
     def skipped(reason: str) -> LabelResult:
@@ -80,28 +79,28 @@ def check_counts(capture: Capture, result: LabelResult, *, seed: int = 0, starts
     if result.soft is not None:
         return skipped("soft labels: the check moves whole samples between classes")
     counts = result.counts.long().cpu()
-    gw, gb = capture.last_layer(torch.float64)
+    _, gb = capture.last_layer(torch.float64)
     if gb is None:
         return skipped("no last-layer bias gradient (the moves are pruned by it)")
     batch = int(counts.sum())
     if batch != capture.num_samples:
         return skipped(f"the counts sum to {batch} but the capture has {capture.num_samples} samples")
-    if system_bytes(batch, len(counts), starts) > CHECK_BYTES:
-        return skipped(f"B={batch} of C={len(counts)} classes: each solve would hold "
-                       f"{system_bytes(batch, len(counts), starts) / 2 ** 20:.0f} MiB, above the check's "
-                       f"{CHECK_BYTES >> 20} MiB (labels.slot_check.CHECK_BYTES)")
+    size = system_bytes(batch, len(counts), starts)
+    if size > CHECK_BYTES:
+        return skipped(f"B={batch} of C={len(counts)} classes: each solve would hold {size / 2 ** 20:.0f} MiB, "
+                       f"above the check's {CHECK_BYTES >> 20} MiB (labels.slot_check.CHECK_BYTES)")
     own = slot_inputs(capture, slot_targets(counts), seed=seed, starts=starts)
     if own is None:
         return skipped("the per-slot system does not apply (an update, a loss other than cross-entropy, "
                        "B outside 2 … C − 1, a gradient of rank below B or a system above "
                        "fcn_analytic.disaggregate.MAX_SYSTEM_BYTES)")
-    scale = batch * float(capture.protocol.temperature)
+    bias_sum = batch * float(capture.protocol.temperature) * gb.cpu()  # B T ∇b = Σ_i p_i − n
     estimate = result.estimate if result.estimate is not None and result.estimate.shape == counts.shape else (
-        -scale * gb.cpu())
+        -bias_sum)
     current, residual, made, tried = counts, own.residual, [], 0
     for _ in range(steps):
         best = None
-        for a, c in neighbours(current, scale * gb.cpu() + current, estimate)[:moves]:
+        for a, c in neighbours(current, bias_sum + current, estimate)[:moves]:
             moved = current.clone()
             moved[a] -= 1
             moved[c] += 1

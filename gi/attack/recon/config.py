@@ -262,13 +262,17 @@ class ReconConfig:
         if not isinstance(self.alternatives, list) or len(self.alternatives) > MAX_ALTERNATIVES:
             raise ConfigError(f"attack.alternatives must be a list of at most {MAX_ALTERNATIVES} mappings of attack "
                               f"keys (each a further fit of every capture), got {self.alternatives!r}")
-        names = {f.name for f in dataclasses.fields(self)}
+        if not self.alternatives:
+            return
+        from gi.core.config import from_dict  # typed: a value of the wrong type is refused as in the base
+
+        base = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         for k, alt in enumerate(self.alternatives):
             where = f"attack.alternatives[{k}]"
             if not isinstance(alt, dict) or not alt:
                 raise ConfigError(f"{where} must be a non-empty mapping of attack keys, e.g. {{feature_relative: "
                                   f"true}}; got {alt!r}")
-            unknown = sorted(set(alt) - names)
+            unknown = sorted(set(alt) - set(base))
             fixed = sorted(set(alt) & set(FIXED_ACROSS_ALTERNATIVES))
             if unknown or fixed:
                 raise ConfigError(f"{where}: " + (f"unknown attack key(s) {unknown}" if unknown else
@@ -277,9 +281,6 @@ class ReconConfig:
             if self.feature_weight == 0 and alt.get("feature_weight", 0) > 0:
                 raise ConfigError(f"{where} turns the feature term on, but the base settings leave it off "
                                   f"(feature_weight 0), so no per-slot f* is computed: set the base's feature_weight")
-            from gi.core.config import from_dict  # typed: a value of the wrong type is refused as in the base
-
-            base = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
             try:
                 from_dict(type(self), {**base, "alternatives": [], **alt}, where)
             except ConfigError as err:
