@@ -8,7 +8,7 @@ a PNG grid per row.
 
 A config holds one base experiment (``data``, ``model``, ``protocol``, ``labels``, ``attack`` as in ``gi run``),
 ``settings`` (named dotted overrides of the base that change the captures, e.g. mixup vs smoothing, trained vs
-untrained, L2 vs cosine), ``variants`` (named overrides of ``attack``, e.g. α/β) and ``modes``. Each
+untrained, L2 vs cosine), ``attack_variants`` (named overrides of ``attack``, e.g. α/β) and ``modes``. Each
 (setting, variant, mode) row reconstructs all ``trials`` captures of its setting as one batched problem.
 
 Long ablations resume: every finished row is kept (atomically) in ``.<out>.cells/`` next to the output
@@ -80,7 +80,7 @@ class Row:
 def _cell_key(scfg: AblateConfig, setting: str, variant: str, mode: str, attack: ReconConfig) -> str:
     """Hash of everything that determines one row (not the output paths, the paper values, the other rows)."""
     keep = {k: v for k, v in to_dict(scfg).items()
-            if k not in ("out", "overwrite", "paper", "only", "modes", "variants", "settings", "mode_attack")}
+            if k not in ("out", "overwrite", "paper", "only", "modes", "attack_variants", "settings", "mode_attack")}
     text = json.dumps([keep, setting, variant, mode, to_dict(attack)], sort_keys=True, default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
@@ -122,7 +122,7 @@ def run_setting(cfg: AblateConfig, setting: str, out: Path, cache: Path | None =
     from gi.attack.recon.problem import capture_features  # torch: loaded with the first setting, not at import
 
     scfg = setting_config(cfg, setting)
-    variants = cfg.variants or {"base": {}}
+    variants = cfg.attack_variants or {"base": {}}
     layers = {scfg.attack.feature_layer, *(over.get("feature_layer") for over in variants.values()),
               *(over.get("feature_layer") for over in cfg.mode_attack.values())} - {None}
     captures, truths, aux = _captures(scfg, layers)

@@ -146,8 +146,8 @@ def test_sweep_jobs_are_validated_before_any_job_runs():
 
 
 def test_ablation_variants_are_type_checked():
-    with pytest.raises(ConfigError, match=r"variants\.v\.lr.*float"):
-        load(AblateConfig, "configs/ablate/table4.yaml", ["variants={v: {lr: abc}}"])
+    with pytest.raises(ConfigError, match=r"attack_variants\.v\.lr.*float"):
+        load(AblateConfig, "configs/ablate/table4.yaml", ["attack_variants={v: {lr: abc}}"])
 
 
 def test_cli_answers_a_bad_value_with_one_line_and_a_nonzero_exit(capsys, tmp_path):

@@ -13,7 +13,7 @@ from gi.experiments.config.ablate import AblateConfig
 def test_ablation_smoke_on_real_samples(tmp_path):
     cfg = load(AblateConfig, "configs/ablate/table3.yaml", [
         f"out={tmp_path / 'abl'}", "trials=2", "attack.iterations=8", "only=[mixup/L2/untrained]",
-        "variants={base: {}, a0-b2: {last_layer_weight: 0.0, feature_weight: 2.0}}"])
+        "attack_variants={base: {}, a0-b2: {last_layer_weight: 0.0, feature_weight: 2.0}}"])
     out = run_ablation(cfg)
     table = json.loads((out / "metrics.json").read_text())["table"]
     assert [(r["variant"], r["mode"]) for r in table] == [

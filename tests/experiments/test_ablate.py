@@ -18,7 +18,16 @@ def test_table_configs_load_and_settings_override_the_base():
         ("smoothing", "cosine", {"tv": 1e-3}, 50)
     assert setting_config(cfg, "mixup/L2/untrained").train.epochs == 0
     t4 = load(AblateConfig, "configs/ablate/table4.yaml")
-    assert t4.variants["a0-b2"] == {"last_layer_weight": 0.0, "feature_weight": 2.0}
+    assert t4.attack_variants["a0-b2"] == {"last_layer_weight": 0.0, "feature_weight": 2.0}
+
+
+def test_old_top_level_variants_key_reads_as_attack_variants():
+    """``variants`` was the old spelling of ``attack_variants`` (it clashed with ``labels.variants``, the label-method
+    variants): it still loads, to the same place, and both spellings with different values are refused."""
+    cfg = load(AblateConfig, "configs/ablate/table3.yaml", ["variants={v: {lr: 0.5}}"])
+    assert cfg.attack_variants == {"v": {"lr": 0.5}}
+    with pytest.raises(ConfigError, match="variants.*attack_variants.*keep attack_variants only"):
+        load(AblateConfig, "configs/ablate/table4.yaml", ["variants={v: {lr: 0.5}}"])
 
 
 def test_paper_lookup_accepts_wildcards():
@@ -31,7 +40,7 @@ def test_paper_lookup_accepts_wildcards():
 
 @pytest.mark.parametrize("over, match", [
     (["modes=[truth, psychic]"], "modes has unknown"),
-    (["variants={a: {alpha: 1}}"], "variants.a has unknown attack key"),
+    (["attack_variants={a: {alpha: 1}}"], "attack_variants.a has unknown attack key"),
     (["settings={a: {attack.objectiv: l2}}"], "settings.a"),
     (["only=[nope]"], "only names unknown setting"),
     (["trials=0"], "trials"),
@@ -63,6 +72,6 @@ def test_a_row_feature_layer_the_model_lacks_is_refused_before_any_capture(tmp_p
 
     monkeypatch.setattr(ablate, "capture_client", no_capture)
     cfg = load(AblateConfig, "configs/ablate/table4.yaml", [f"out={tmp_path / 'a'}", "only=[mixup/L2]", "trials=1",
-                                                              "variants={v: {feature_layer: body.9}}"])
+                                                              "attack_variants={v: {feature_layer: body.9}}"])
     with pytest.raises(ConfigError, match=r"attack.feature_layer='body.9' is no module"):
         ablate.run_setting(cfg, "mixup/L2", tmp_path / "a")

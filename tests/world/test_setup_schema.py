@@ -83,7 +83,7 @@ def test_attack_labels_is_derived_and_an_explicit_contradiction_is_a_config_erro
     with pytest.raises(ConfigError, match="attack.labels"):  # ablate: each row's mode decides
         load(AblateConfig, "configs/ablate/table4.yaml", ["attack.labels=fixed"])
     with pytest.raises(ConfigError, match="unknown attack key"):
-        load(AblateConfig, "configs/ablate/table4.yaml", ["variants={v: {labels: joint}}"])
+        load(AblateConfig, "configs/ablate/table4.yaml", ["attack_variants={v: {labels: joint}}"])
 
 
 def test_config_yaml_written_by_gi_run_is_what_ran(tmp_path, monkeypatch):

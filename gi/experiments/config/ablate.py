@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from gi.attack.recon.config import ReconConfig
 from gi.attack.stages import LABEL_MODES
@@ -21,19 +21,22 @@ class AblateConfig(RunConfig):
     """One ablation table: a ``gi run`` config (:class:`~gi.experiments.config.run.RunConfig`: its victim setup,
     ``labels``, ``attack``, ``metrics``) plus the table. ``trials``: captures per setting (each one client batch of
     ``protocol.batch_size``). ``settings``: {name: {dotted.key: value}} overrides of this config per setting
-    (default: one setting named ``base``); ``variants``: {name: {attack key: value}} (default: one variant
-    ``base``); ``modes``: label modes (each row's ``attack.labels`` follows from its mode, so the config gives
-    none); ``paper``: reference numbers {"setting/variant/mode" (any part may be ``*``; "setting/mode" too):
-    {psnr, ssim, lpips, L_r}};
-    ``only``: run just these settings; ``mode_attack``: {mode: {attack key: value}} per label mode (e.g. a smaller
-    ``label_lr`` when joint labels start from recovered ones)."""
+    (default: one setting named ``base``); ``attack_variants``: {name: {attack key: value}} (default: one
+    variant ``base``; not the label-method variants of ``labels.variants``, which vary the label stage; the old
+    spelling ``variants`` is read with a deprecation notice); ``modes``: label modes (each row's ``attack.labels``
+    follows from its mode, so the config gives none); ``paper``: reference numbers {"setting/variant/mode" (any
+    part may be ``*``; "setting/mode" too): {psnr, ssim, lpips, L_r}}; ``only``: run just these settings;
+    ``mode_attack``: {mode: {attack key: value}} per label mode (e.g. a smaller ``label_lr`` when joint labels
+    start from recovered ones)."""
+
+    LEGACY: ClassVar[dict[str, str]] = {**RunConfig.LEGACY, "variants": "attack_variants"}
 
     name: str = "ablate"
     metrics: MetricConfig = field(default_factory=lambda: MetricConfig(lpips_vgg=False))
     trials: int = 4
     modes: list[str] = field(default_factory=lambda: list(LABEL_MODES))
     settings: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={DOTTED_KEYS: 1})
-    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
+    attack_variants: dict[str, dict[str, Any]] = field(default_factory=dict)
     paper: dict[str, dict[str, float]] = field(default_factory=dict)
     only: list[str] | None = None
     mode_attack: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -62,13 +65,14 @@ class AblateConfig(RunConfig):
         if self.trials < 1:
             raise ConfigError(f"trials must be >= 1, got {self.trials}")
         valid_attack = {f.name for f in dataclasses.fields(ReconConfig)} - {"labels"}  # labels: the row's mode
-        for name, over in self.variants.items():
+        for name, over in self.attack_variants.items():
             if not isinstance(over, dict):
-                raise ConfigError(f"variants.{name} must map attack keys to values")
+                raise ConfigError(f"attack_variants.{name} must map attack keys to values")
             unknown = sorted(set(over) - valid_attack)
             if unknown:
-                raise ConfigError(f"variants.{name} has unknown attack key(s) {unknown}; valid: {sorted(valid_attack)}")
-            from_dict(ReconConfig, {**to_dict(self.attack), **over}, f"variants.{name}")  # types and ranges
+                raise ConfigError(f"attack_variants.{name} has unknown attack key(s) {unknown}; "
+                                  f"valid: {sorted(valid_attack)}")
+            from_dict(ReconConfig, {**to_dict(self.attack), **over}, f"attack_variants.{name}")  # types and ranges
         for name, over in self.mode_attack.items():
             unknown = sorted(set(over) - valid_attack) if isinstance(over, dict) else ["<not a mapping>"]
             if name not in LABEL_MODES or unknown:
@@ -102,9 +106,9 @@ def _upgraded_keys(over: Any, where: str) -> Any:
 
 
 def setting_config(cfg: AblateConfig, name: str) -> AblateConfig:
-    """The base config with setting ``name``'s dotted overrides applied (settings/variants/paper dropped)."""
+    """The base config with setting ``name``'s dotted overrides applied (settings/attack_variants/paper dropped)."""
     base = cfg.written()
-    for key in ("settings", "variants", "paper", "only", "mode_attack"):
+    for key in ("settings", "attack_variants", "paper", "only", "mode_attack"):
         base.pop(key)
     try:
         for key, value in cfg.settings.get(name, {}).items():
