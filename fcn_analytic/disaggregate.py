@@ -157,9 +157,29 @@ def linear_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, batch: int, *, sam
     scale = torch.linalg.lstsq(deltas, grad_b[:, None]).solution.squeeze(1)
     inputs = (v @ c / scale).T
     output_errors = (deltas * scale).T
-    res_w = (grad_w - output_errors.T @ inputs).norm() / grad_w.norm()
-    res_b = (grad_b - output_errors.sum(0)).norm() / grad_b.norm().clamp_min(1e-30)
-    return LinearInputs(inputs, output_errors, draws, float(max(res_w, res_b)))
+    return LinearInputs(inputs, output_errors, draws, factor_residual(grad_w, grad_b, inputs, output_errors))
+
+
+def factor_residual(grad_w: torch.Tensor, grad_b: torch.Tensor | None, inputs: torch.Tensor,
+                    output_errors: torch.Tensor | None = None) -> float:
+    """How well per-sample ``inputs`` X (B × n) explain a Linear layer's gradients ``∇W = Δᵀ X`` (m × n) and
+    ``∇b = Δᵀ 1`` (module docstring): ``max(‖∇W − Δᵀ X‖ / ‖∇W‖, ‖∇b − Δᵀ 1‖ / ‖∇b‖)`` (the bias term only when
+    ``grad_b`` is given), float64. ``output_errors`` Δ (B × m, each sample's ∂L/∂z, any 1/B of the loss folded in):
+    the errors found with the inputs; None: the least-squares Δ for these inputs (the best any errors can do).
+
+    0 for the true inputs; a necessary test, not a sufficient one: any B inputs spanning ∇W's row space (and, with
+    the bias, mixtures of them that keep ``Δᵀ 1``) score 0 as well, which is why :func:`linear_inputs` also asks
+    for sparse, one-signed inputs (SPEAR's argument, Dimitrov et al. 2024)."""
+    gw, x = grad_w.double(), inputs.double()
+    if gw.dim() != 2 or x.dim() != 2 or x.shape[1] != gw.shape[1]:
+        raise GIError(f"factor_residual: a weight gradient (m, n) and inputs (B, n); got {tuple(gw.shape)} and "
+                      f"{tuple(x.shape)}")
+    delta = torch.linalg.lstsq(x.T, gw.T).solution if output_errors is None else output_errors.double()
+    residual = float((gw - delta.T @ x).norm() / gw.norm().clamp_min(1e-30))
+    if grad_b is not None:
+        gb = grad_b.double()
+        residual = max(residual, float((gb - delta.sum(0)).norm() / gb.norm().clamp_min(1e-30)))
+    return residual
 
 
 def first_linear(model: torch.nn.Module) -> str | None:

@@ -223,16 +223,21 @@ def label_summary(outcome: AttackResult, lcfg: LabelConfig, table: Table, truths
 def verdict_summary(table: Table, outcome: AttackResult, captures: Sequence[Capture], truths: Sequence[Truth] | None
                     ) -> dict[str, Any]:
     """metrics.json's ``verdict`` (:mod:`gi.analysis.verdict`): with truth, per image against the best trivial
-    guess, with the attack's own mismatch verdict under ``gradient``; without, the mismatch verdict alone."""
-    from gi.analysis.verdict import image_summary, mismatch_summary
+    guess, with the attack's own mismatch verdict under ``gradient``; without, the mismatch verdict alone. Where
+    the attack matched features, ``features`` (:func:`gi.analysis.verdict.feature_summary`) in both."""
+    from gi.analysis.verdict import feature_summary, image_summary, mismatch_summary
 
     what = "update" if captures and captures[0].is_update else "gradient"
     gradient = mismatch_summary([mismatch_of(r) for r in outcome.reconstructions], what)
+    stage = next((s for s in outcome.stages if s.get("name") == "features" and "target_residual" in s), None)
+    features = {} if stage is None else {"features": feature_summary(
+        stage["feature_layer"], stage["target_residual"],
+        [r.history.get("feature_mismatch") for r in outcome.reconstructions])}
     if truths is None:
-        return gradient
+        return {**gradient, **features}
     rows = table.rows
     return {**image_summary([r["psnr"] for r in rows], [r["grey_psnr"] for r in rows],
-                            [r["mean_colour_psnr"] for r in rows]), "gradient": gradient}
+                            [r["mean_colour_psnr"] for r in rows]), "gradient": gradient, **features}
 
 
 def attack_summary(outcome: AttackResult, num_images: int) -> dict[str, Any]:
@@ -255,6 +260,8 @@ def verdict_line(metrics: dict[str, Any]) -> str:
     line = f"verdict: {verdict['overall']}: {verdict['summary']}"
     if "gradient" in verdict:
         line += f"; {verdict['gradient']['summary']}"
+    if "features" in verdict:
+        line += f"; {verdict['features']['summary']}"
     return line
 
 

@@ -25,6 +25,14 @@ shared gradient (or update) that the final images and labels reproduce
 between. The mismatch is one-sided evidence: a large one proves the images (or their labels) wrong, a small one
 is necessary for a recovery but not sufficient (the measurements behind the thresholds: :data:`EXPLAINED_BELOW`).
 
+**Features** (where the attack matched them: eq. 8's f*, or the inputs of ``attack.feature_layer`` found from
+that layer's gradient), per capture, with or without truth: whether f* explains the gradient of the layer it is
+the input of (the residual of :func:`fcn_analytic.disaggregate.factor_residual`, under the same thresholds as the
+mismatch), and how far the final images are from reproducing f* (:func:`gi.attack.recon.mismatch.feature_mismatch`,
+a number, no word: how a feature error maps to image quality depends on the net). It says what leaked short of the
+image: on a trained BatchNorm CNN the first fully-connected layer's inputs of every sample come out exact (residual
+~1e-8) while the images are only partial and do not explain the gradient.
+
 The rule here is pure (floats and words); :func:`trivial_baselines` scores the two guesses.
 """
 
@@ -146,11 +154,41 @@ def mismatch_sentence(mismatches: Sequence[float], what: str = "gradient") -> st
             + (f"; {unmeasured} capture(s) share no gradient" if finite and unmeasured else "") + ")")
 
 
+def feature_summary(layer: str, residuals: Sequence[float | None], image_mismatches: Sequence[float | None]
+                    ) -> dict[str, Any]:
+    """The ``verdict.features`` record (module docstring, "Features"): per capture whether the matched features
+    explain the gradient of ``layer`` (``targets``, :func:`mismatch_verdict` of ``residuals``; None where that
+    layer's gradient is not shared), the residuals, the images' relative feature mismatch, and the sentence, e.g.
+    ``the feature target (the inputs of body.1) explains that layer's gradient for 3 of 3 captures (residual at
+    most 4.1e-08); the images reproduce them to a relative mismatch of 0.081 to 0.15``."""
+    words = [None if r is None else mismatch_verdict(r) for r in residuals]
+    measured = [r for r in residuals if r is not None]
+    what = f"the feature target (the inputs of {layer})"
+    if measured:
+        n = tally([w for w in words if w is not None], MISMATCH_VERDICTS)
+        said = [f"{word} that layer's gradient for {count} of {len(measured)} captures"
+                for word, count in n.items() if count]
+        sentence = f"{what} {'; '.join(said)} (residual at most {max(measured):.2g})"
+    else:
+        sentence = f"{what}: that layer's gradient is not shared, so they are not checked against it"
+    fits = [m for m in image_mismatches if m is not None and not math.isnan(m)]
+    if fits:
+        spread = f"{fits[0]:.2g}" if len(fits) == 1 else f"{min(fits):.2g} to {max(fits):.2g}"
+        sentence += f"; the images reproduce them to a relative mismatch of {spread}"
+    return {"layer": layer, "summary": sentence, "targets": words, "target_residual": list(residuals),
+            "image_feature_mismatch": list(image_mismatches), "rule": FEATURE_RULE}
+
+
 RULE = (f"recovered: PSNR >= {RECOVERED_MIN_PSNR_DB:g} dB and >= the best trivial guess + {RECOVERED_MARGIN_DB:g} "
         f"dB; not recovered: PSNR <= the best trivial guess + {NOT_RECOVERED_MARGIN_DB:g} dB; partial: between. "
         "Trivial guesses: a flat grey image and the image's mean colour (docs/usage.md, Verdict)")
 MISMATCH_RULE = (f"relative mismatch of the shared tensors below {EXPLAINED_BELOW:g}: explains; at or above "
                  f"{UNEXPLAINED_FROM:g}: does not explain; partly explains between (docs/usage.md, Verdict)")
+
+FEATURE_RULE = (f"features: the residual of the matched features against their layer's weight and bias gradients "
+                f"(least-squares output errors), below {EXPLAINED_BELOW:g}: explains; at or above "
+                f"{UNEXPLAINED_FROM:g}: does not explain; the images' relative feature mismatch is reported, not "
+                "judged (docs/usage.md, Verdict)")
 
 
 def image_summary(psnrs: Sequence[float], grey_psnrs: Sequence[float], mean_colour_psnrs: Sequence[float]
@@ -199,7 +237,7 @@ def trivial_baselines(images: torch.Tensor) -> dict[str, list[float]]:
 __all__ = [
     "DOES_NOT_EXPLAIN", "EXPLAINED_BELOW", "EXPLAINS", "IMAGE_VERDICTS", "MISMATCH_VERDICTS", "NOT_RECOVERED",
     "NOT_RECOVERED_MARGIN_DB", "PARTIAL", "PARTLY_EXPLAINS", "RECOVERED", "RECOVERED_MARGIN_DB",
-    "RECOVERED_MIN_PSNR_DB", "UNEXPLAINED_FROM", "best_guess", "image_sentence", "image_summary", "image_verdict",
-    "mismatch_phrase", "mismatch_sentence", "mismatch_summary", "mismatch_verdict", "overall", "tally",
+    "RECOVERED_MIN_PSNR_DB", "UNEXPLAINED_FROM", "best_guess", "feature_summary", "image_sentence", "image_summary",
+    "image_verdict", "mismatch_phrase", "mismatch_sentence", "mismatch_summary", "mismatch_verdict", "overall", "tally",
     "trivial_baselines", "trivial_guesses",
 ]

@@ -267,6 +267,7 @@ def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_result
         from gi.attack.recon.problem import last_layer_source
 
         source = last_layer_source(attack, captures, label_results)
+    evidence = feature_evidence(attack, captures, features) if available and attack.feature_weight > 0 else {}
     inversions: list[Any] | None = [] if attack.analytic else None
     for c, label_result in zip(captures, label_results):  # joint labels (None): the DLG baseline, no analytic stage
         if label_result is None or c.num_samples != 1 or c.is_update or inversions is None:
@@ -282,7 +283,7 @@ def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_result
     record = {"name": "features", "available": available, "source": source,
               "matched": available and attack.feature_weight > 0, "beta": attack.feature_weight,
               "alpha": attack.last_layer_weight, "analytic_inversion": inversions is not None and bool(inversions),
-              "analytic_residual": residual, "seconds": time.perf_counter() - start,
+              "analytic_residual": residual, **evidence, "seconds": time.perf_counter() - start,
               "cpu_seconds": time.process_time() - cpu}
     if inversions:  # per layer (last first), per capture: how it was solved and how consistent it came out
         deepest = max(inversions, key=lambda inv: len(inv.layers))  # a stopped inversion reports fewer layers
@@ -306,6 +307,24 @@ def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_result
              f"; analytic inversion, residual {residual:.2e}" if residual is not None else "",
              f" ({record['analytic_stopped']})" if "analytic_stopped" in record else "", record["seconds"])
     return (features if available else [None] * len(captures)), (inversions or None), record
+
+
+def feature_evidence(attack: ReconConfig, captures: Sequence[Capture], features: Sequence[torch.Tensor | None]
+                     ) -> dict[str, Any]:
+    """How well the matched feature targets f* explain the gradient of the layer they are the inputs of, per
+    capture (:func:`fcn_analytic.disaggregate.factor_residual`: ∇W = Δᵀ f*, ∇b = Δᵀ 1 with the least-squares
+    errors Δ; None where that layer's weight gradient is not shared): ``feature_layer`` (the module name) and
+    ``target_residual``. Small is necessary for f* to be the samples' own features (docs/usage.md, "Verdict")."""
+    from fcn_analytic.disaggregate import factor_residual
+    from gi.attack.recon.problem import resolve_feature_layer
+
+    layer = resolve_feature_layer(captures[0], attack.feature_layer_name) or captures[0].last_layer_name
+    residuals: list[float | None] = []
+    for capture, target in zip(captures, features):
+        gw, gb = capture.shared.get(f"{layer}.weight"), capture.shared.get(f"{layer}.bias")
+        fits = target is not None and gw is not None and gw.dim() == 2 and target.shape[-1] == gw.shape[1]
+        residuals.append(factor_residual(gw, gb, target.reshape(-1, gw.shape[1])) if fits else None)
+    return {"feature_layer": layer, "target_residual": residuals}
 
 
 def reconstruct_stage(attack: ReconConfig, captures: Sequence[Capture], label_results: Sequence[LabelResult | None],
@@ -351,7 +370,7 @@ def reconstruct_stage(attack: ReconConfig, captures: Sequence[Capture], label_re
             fits = optimise(attack.alternative(k), captures, label_results, features, inversions, residuals,
                             warm, cold, callbacks, aux_images)
             if attack.alternatives:
-                record_mismatch([captures[i] for i in rest], [fits[i] for i in rest])
+                record_mismatch([captures[i] for i in rest], [fits[i] for i in rest])  # chooses by the gradient
             for j, i in enumerate(rest):  # keep the fit that explains the capture best (its own signal)
                 if recs[i] is None or lower_mismatch(fits[i], recs[i]):
                     recs[i], chosen[j] = fits[i], k
@@ -360,7 +379,7 @@ def reconstruct_stage(attack: ReconConfig, captures: Sequence[Capture], label_re
                 recs[i].history["alternative"] = chosen[j]
             record["alternatives"] = {"fits": len(attack.alternatives) + 1,
                                       "chosen": [chosen.count(k) for k in range(len(attack.alternatives) + 1)]}
-    record_mismatch(captures, recs)
+    record_mismatch(captures, recs, features if attack.feature_weight > 0 else None, attack.feature_layer_name)
     used = sorted({r.history["output_error"] for r in recs if "output_error" in r.history})
     if used:  # attack.output_error as resolved (auto: captured where the capture gives ∂L/∂z)
         record["output_error"] = used[0] if len(used) == 1 else used
@@ -406,22 +425,30 @@ def lower_mismatch(a: Reconstruction, b: Reconstruction) -> bool:
     return value(a) < value(b)
 
 
-def record_mismatch(captures: Sequence[Capture], recs: Sequence[Reconstruction]) -> None:
+def record_mismatch(captures: Sequence[Capture], recs: Sequence[Reconstruction],
+                    features: Sequence[torch.Tensor | None] | None = None, layer: str | None = None) -> None:
     """Each reconstruction's final relative mismatch of the shared tensors, ``history["gradient_mismatch"]``
     (:func:`gi.attack.recon.mismatch.shared_mismatch`: the final images and labels through the simulator the
     objective uses; for an update capture, the update's): the attack's own verdict signal (docs/usage.md,
-    "Verdict"). The model is rebuilt once per run of captures of one global model."""
-    from gi.attack.recon.mismatch import shared_mismatch
-    from gi.attack.recon.problem import same_model
+    "Verdict"). ``features``: the f* the fit matched (with ``layer``, ``attack.feature_layer_name``), and then also
+    ``history["feature_mismatch"]`` (:func:`gi.attack.recon.mismatch.feature_mismatch`) where a capture has one.
+    The model is rebuilt once per run of captures of one global model."""
+    from gi.attack.recon.mismatch import feature_mismatch, shared_mismatch
+    from gi.attack.recon.problem import resolve_feature_layer, same_model
 
     owner, model = None, None
-    for capture, rec in zip(captures, recs):
-        if "gradient_mismatch" in rec.history:  # measured already (attack.alternatives chose by it)
-            continue
+    for k, (capture, rec) in enumerate(zip(captures, recs)):
+        target = features[k] if features is not None else None
+        if "gradient_mismatch" in rec.history and (target is None or "feature_mismatch" in rec.history):
+            continue  # measured already (attack.alternatives chose by it)
         if owner is None or not same_model(owner, capture):
             owner, model = capture, capture.model()
-        rec.history["gradient_mismatch"] = shared_mismatch(capture, rec.images, rec.labels,
-                                                           rec.history.get("output_error", "simulated"), model)
+        if "gradient_mismatch" not in rec.history:
+            rec.history["gradient_mismatch"] = shared_mismatch(capture, rec.images, rec.labels,
+                                                               rec.history.get("output_error", "simulated"), model)
+        if target is not None:
+            rec.history["feature_mismatch"] = feature_mismatch(capture, rec.images, target,
+                                                               resolve_feature_layer(capture, layer), model)
 
 
 # an inversion whose largest layer residual is at or above this is not used as a start either: rank-deficient

@@ -21,6 +21,7 @@ from gi.analysis.verdict import (
     RECOVERED_MARGIN_DB,
     RECOVERED_MIN_PSNR_DB,
     UNEXPLAINED_FROM,
+    feature_summary,
     image_sentence,
     image_summary,
     image_verdict,
@@ -118,3 +119,20 @@ def test_mismatch_words():
         "1e-06 to 1e-06; 1 capture(s) share no gradient)")
     assert mismatch_summary([nan, nan])["summary"].endswith("(no mismatch measured)")
     assert mismatch_phrase(nan) == "the reconstruction does not explain the gradient (no mismatch measured)"
+
+
+def test_feature_words():
+    """The features record: per capture the residual's word under the mismatch thresholds, the images' feature
+    mismatch as a number, and a layer whose gradient is not shared left unjudged."""
+    rec = feature_summary("body.1", [4.1e-8, 2e-8, 0.5], [0.081, 0.15, 0.4])
+    assert rec["targets"] == [EXPLAINS, EXPLAINS, DOES_NOT_EXPLAIN]
+    assert rec["summary"] == ("the feature target (the inputs of body.1) explains that layer's gradient for 2 of 3 "
+                              "captures; does not explain that layer's gradient for 1 of 3 captures (residual at "
+                              "most 0.5); the images reproduce them to a relative mismatch of 0.081 to 0.4")
+    one = feature_summary("fc", [1e-9], [0.02])
+    assert one["summary"] == ("the feature target (the inputs of fc) explains that layer's gradient for 1 of 1 "
+                              "captures (residual at most 1e-09); the images reproduce them to a relative mismatch "
+                              "of 0.02")
+    unshared = feature_summary("fc", [None], [None])
+    assert unshared["targets"] == [None] and "not shared" in unshared["summary"]
+    assert "reproduce" not in unshared["summary"]

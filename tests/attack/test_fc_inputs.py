@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from gi.attack.recon import ReconConfig, reconstruct
+from gi.attack.recon.mismatch import feature_mismatch
 from gi.attack.recon.module import GradientInversion
 from gi.attack.recon.problem import aux_span, build_problem, feature_targets, labels_for_slots, resolve_feature_layer
 from gi.attack.recon.regularizers import aux_span_distance
@@ -146,3 +147,12 @@ def test_a_run_config_asking_for_the_aux_prior_without_aux_data_fails_at_load():
         load(RunConfig, "configs/demo.yaml", ["attack.preset=fc-inputs"])
     cfg = load(RunConfig, "configs/demo.yaml", ["attack.preset=fc-inputs", "aux.per_class=5"])
     assert cfg.attack.init == "aux-mean" and cfg.attack.regularizers == {"aux-span": 1.0}
+
+
+def test_feature_mismatch_is_zero_for_the_true_images_and_large_for_a_flat_one(fmnist_batch):
+    """‖f(x̂) − f*‖ / ‖f*‖ at body.1, the batch forwarded together in train mode (BatchNorm sees the batch)."""
+    capture, truth, x, _ = fmnist_batch
+    assert feature_mismatch(capture, truth.images, x, "body.1") < 1e-5
+    assert feature_mismatch(capture, truth.images.flip(0), x, "body.1") > 0.3  # the slots' order matters
+    grey = torch.full_like(truth.images, 0.5)
+    assert feature_mismatch(capture, grey, x, "body.1") > 0.3

@@ -25,3 +25,6 @@ def test_fc_inputs_run_recovers_more_than_a_trivial_guess(tmp_path, fashion_mnis
     best_trivial = max(m["mean_colour_psnr_mean"], m["grey_psnr_mean"])
     assert m["psnr_mean"] > best_trivial + 2.0  # measured 14.1 against 10.3 dB
     assert cfg.attack.feature_layer == "first-linear" and cfg.attack.match_weight == 0.0  # the preset's recipe
+    said = m["verdict"]["features"]  # what leaked short of the image, from the attack's own signals
+    assert said["layer"] == "body.1" and said["targets"] == ["explains"] and said["target_residual"][0] < 1e-3
+    assert 0.0 < said["image_feature_mismatch"][0] < 1.0

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fcn_analytic.disaggregate import linear_inputs
+from fcn_analytic.disaggregate import factor_residual, linear_inputs
 from gi.core.errors import GIError
 from gi.world.data import load
 from gi.world.fl.protocol import Protocol
@@ -47,6 +47,25 @@ def test_any_batch_of_sparse_nonnegative_inputs_is_recovered(batch, seed):
     grad_w, grad_b, x, _ = _layer_gradient(batch, seed=seed)
     got = linear_inputs(grad_w, grad_b, batch, samples=50_000, chunk=2_000, seed=seed)
     assert got.inputs.shape == x.shape and _matched_error(got.inputs, x) < 1e-8
+
+
+def test_factor_residual_is_zero_for_the_true_inputs_and_blind_to_row_sum_preserving_mixtures():
+    """∇W = Δᵀ X, ∇b = Δᵀ 1: the true inputs explain both (with their errors or least-squares ones); a mixture M X
+    explains ∇W always and ∇b exactly when M 1 = 1 (why the residual is necessary, not sufficient); inputs
+    outside ∇W's row space do not explain it."""
+    grad_w, grad_b, x, delta = _layer_gradient(batch=4)
+    assert factor_residual(grad_w, grad_b, x, delta) < 1e-12
+    assert factor_residual(grad_w, grad_b, x) < 1e-12
+    g = torch.Generator().manual_seed(1)
+    mix = torch.eye(4, dtype=torch.float64) + 0.3 * torch.rand(4, 4, generator=g, dtype=torch.float64)
+    assert factor_residual(grad_w, None, mix @ x) < 1e-12  # the weight gradient alone cannot tell
+    assert factor_residual(grad_w, grad_b, mix @ x) > 0.05  # the bias can: M 1 != 1
+    keep = mix / mix.sum(1, keepdim=True)  # rows summing to one: M 1 = 1
+    assert factor_residual(grad_w, grad_b, keep @ x) < 1e-10
+    other = torch.rand(4, x.shape[1], generator=g, dtype=torch.float64)
+    assert factor_residual(grad_w, grad_b, other) > 0.5
+    with pytest.raises(GIError, match="factor_residual"):
+        factor_residual(grad_w, grad_b, x[:, :-1])
 
 
 def test_a_real_relu_cnn_batch_gives_its_fully_connected_inputs():

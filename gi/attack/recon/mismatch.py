@@ -9,6 +9,10 @@ objective uses (:mod:`gi.attack.recon.simulate`, with the captured output error 
 
 0 means the images and labels reproduce the capture exactly; 1 is what sharing nothing (s = 0) would score. The
 attack's own signal, so it is available where truth is not (``gi attack`` without ``truth=``).
+
+Where the attack matched features (eq. 8's f*, or the inputs of ``attack.feature_layer`` found from that layer's
+gradient), :func:`feature_mismatch` is the same ratio for them: ‖f(x̂) − f*‖ / ‖f*‖, how far the final images
+are from reproducing the features the gradient gave.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from gi.attack.recon.problem import captured_output_error
 from gi.attack.recon.simulate import gradient_simulator, update_simulator
 from gi.capture import Capture
 from gi.world.losses import output_error_loss
+from gi.world.models import features_and_logits
 
 Tensor = torch.Tensor
 
@@ -55,6 +60,24 @@ def simulated_share(capture: Capture, images: Tensor, labels: Tensor, output_err
     return {k: v.detach() for k, v in shared.items()}
 
 
+def feature_mismatch(capture: Capture, images: Tensor, target: Tensor, layer: str | None = None,
+                     model: torch.nn.Module | None = None) -> float:
+    """‖f(x̂) − f*‖ / ‖f*‖ over all slots together (float64): ``f`` the input of module ``layer`` (None: the last
+    layer, eq. 8's f_{N−1}) for the final ``images`` (B, C, H, W) in slot order, forwarded together in the protocol's
+    mode (BatchNorm in train mode sees the batch, as the client's forward did); ``target`` f* (B, D), slot order.
+    ``model``: the capture's model when the caller already rebuilt it."""
+    model = (capture.model() if model is None else model).cpu()
+    model.train(capture.protocol.model_mode == "train")
+    with torch.no_grad():
+        f = features_and_logits(model, images.detach().float().cpu(), layer)[0].double()
+    t = target.detach().double().cpu().reshape(f.shape)
+    norm = float(t.norm())
+    diff = float((f - t).norm())
+    if norm == 0.0:
+        return 0.0 if diff == 0.0 else math.inf
+    return diff / norm
+
+
 def relative_mismatch(simulated: dict[str, Tensor], target: dict[str, Tensor]) -> float:
     """‖s − s*‖ / ‖s*‖ over every tensor of ``target`` together (float64); inf when the target is all zero and
     ``s`` is not, 0 when both are."""
@@ -72,4 +95,4 @@ def shared_mismatch(capture: Capture, images: Tensor, labels: Tensor, output_err
     return relative_mismatch(simulated_share(capture, images, labels, output_error, model), capture.shared)
 
 
-__all__ = ["relative_mismatch", "shared_mismatch", "simulated_share"]
+__all__ = ["feature_mismatch", "relative_mismatch", "shared_mismatch", "simulated_share"]
