@@ -3,7 +3,8 @@
 A config names a victim scenario (:mod:`gi.world.scenarios`), its ``setup``, an optional ``grid`` of setup
 values (one table row group per grid point), the label methods to compare and the metrics to show.
 Every method sees exactly the same captures; trials that share an auxiliary set are recovered in one
-vectorised call (:func:`labels.recover_many`). Output: ``trials.csv`` (one row per trial and method),
+vectorised call (:func:`labels.recover_many`). Output: ``trials.csv`` (one row per trial and method; with
+``global_acc``, the global model's test accuracy, where the scenario measured one: fedavg-client ``eval_samples``),
 ``summary.csv`` / ``summary.md`` / ``summary.json`` (means per grid point and method, with the paper's
 value next to ours where the config gives one), ``config.yaml``, ``plot.png`` and the log.
 
@@ -91,6 +92,8 @@ def run_label_bench(cfg: LabelBenchConfig) -> Path:
                                **label_metrics(res, trial.truth),
                                "seconds": float(res.info.get("seconds", per) if cfg.timing_repeats == 1 else per),
                                "cpu_seconds": per_cpu, "reason": res.info.get("reason", "")}
+                        if trial.capture.meta.get("global_acc") is not None:  # the scenario's test accuracy of θᵗ
+                            row["global_acc"] = float(trial.capture.meta["global_acc"])
                         if cfg.proportion_class is not None:
                             row.update(class_proportions(res, trial.truth, cfg.proportion_class))
                         rows.append(row)

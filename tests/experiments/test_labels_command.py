@@ -192,3 +192,25 @@ def test_timing_repeats_run_every_method_again_on_the_same_captures(tmp_path, mo
     assert calls == [(3, "idlg")] * 3
     (row,) = json.loads((out / "summary.json").read_text())["rows"]
     assert row["ins_acc"] == 1.0 and row["median_cpu_ms"] > 0 and row["median_ms"] > 0
+
+
+if "test-global-acc" not in SCENARIOS:
+
+    @register_scenario("test-global-acc")
+    def _with_accuracy(setup: dict, generator: torch.Generator, trial: int) -> list[Trial]:
+        (t,) = _single(setup, generator, trial)
+        t.capture.meta = {**t.capture.meta, "global_acc": 0.25 + trial / 8}
+        return [t]
+
+
+def test_trials_carry_the_scenarios_global_accuracy(tmp_path):
+    """A capture's meta ``global_acc`` (fedavg-client ``eval_samples``: the test accuracy of θᵗ) is a trials.csv
+    column, so a table on a trained round can say how trained the model was."""
+    import csv
+
+    cfg = LabelBenchConfig(name="a", scenario="test-global-acc", trials=2, out=str(tmp_path / "a"),
+                           labels=LabelTable(["idlg"]), progress=False)
+    out = run_label_bench(cfg)
+    with open(out / "trials.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [float(r["global_acc"]) for r in rows] == [0.25, 0.375]
