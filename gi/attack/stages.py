@@ -261,13 +261,14 @@ def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_result
     if available and layer is not None:
         from gi.attack.recon.problem import resolve_feature_layer
 
-        source = (f"inputs of {resolve_feature_layer(captures[0], layer)} per slot "
+        layer = resolve_feature_layer(captures[0], layer)  # first-linear builds the model: resolved once here
+        source = (f"inputs of {layer} per slot "
                   "(fcn_analytic.disaggregate.linear_inputs, ordered by their labels)")
     elif available:
         from gi.attack.recon.problem import last_layer_source
 
         source = last_layer_source(attack, captures, label_results)
-    evidence = feature_evidence(attack, captures, features) if available and attack.feature_weight > 0 else {}
+    evidence = feature_evidence(captures, features, layer) if available and attack.feature_weight > 0 else {}
     inversions: list[Any] | None = [] if attack.analytic else None
     for c, label_result in zip(captures, label_results):  # joint labels (None): the DLG baseline, no analytic stage
         if label_result is None or c.num_samples != 1 or c.is_update or inversions is None:
@@ -309,16 +310,16 @@ def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_result
     return (features if available else [None] * len(captures)), (inversions or None), record
 
 
-def feature_evidence(attack: ReconConfig, captures: Sequence[Capture], features: Sequence[torch.Tensor | None]
+def feature_evidence(captures: Sequence[Capture], features: Sequence[torch.Tensor | None], layer: str | None
                      ) -> dict[str, Any]:
     """How well the matched feature targets f* explain the gradient of the layer they are the inputs of, per
     capture (:func:`fcn_analytic.disaggregate.factor_residual`: ∇W = Δᵀ f*, ∇b = Δᵀ 1 with the least-squares
     errors Δ; None where that layer's weight gradient is not shared): ``feature_layer`` (the module name) and
-    ``target_residual``. Small is necessary for f* to be the samples' own features (docs/usage.md, "Verdict")."""
+    ``target_residual``. ``layer``: the resolved module name (:func:`gi.attack.recon.problem.resolve_feature_layer`;
+    None: the last layer). Small is necessary for f* to be the samples' own features (docs/usage.md, "Verdict")."""
     from fcn_analytic.disaggregate import factor_residual
-    from gi.attack.recon.problem import resolve_feature_layer
 
-    layer = resolve_feature_layer(captures[0], attack.feature_layer_name) or captures[0].last_layer_name
+    layer = layer or captures[0].last_layer_name
     residuals: list[float | None] = []
     for capture, target in zip(captures, features):
         gw, gb = capture.shared.get(f"{layer}.weight"), capture.shared.get(f"{layer}.bias")
@@ -379,7 +380,13 @@ def reconstruct_stage(attack: ReconConfig, captures: Sequence[Capture], label_re
                 recs[i].history["alternative"] = chosen[j]
             record["alternatives"] = {"fits": len(attack.alternatives) + 1,
                                       "chosen": [chosen.count(k) for k in range(len(attack.alternatives) + 1)]}
-    record_mismatch(captures, recs, features if attack.feature_weight > 0 else None, attack.feature_layer_name)
+    matched = attack.feature_weight > 0 and any(f is not None for f in features)
+    layer = None
+    if matched:
+        from gi.attack.recon.problem import resolve_feature_layer
+
+        layer = resolve_feature_layer(captures[0], attack.feature_layer_name)  # once: first-linear builds the model
+    record_mismatch(captures, recs, features if matched else None, layer)
     used = sorted({r.history["output_error"] for r in recs if "output_error" in r.history})
     if used:  # attack.output_error as resolved (auto: captured where the capture gives ∂L/∂z)
         record["output_error"] = used[0] if len(used) == 1 else used
@@ -430,11 +437,12 @@ def record_mismatch(captures: Sequence[Capture], recs: Sequence[Reconstruction],
     """Each reconstruction's final relative mismatch of the shared tensors, ``history["gradient_mismatch"]``
     (:func:`gi.attack.recon.mismatch.shared_mismatch`: the final images and labels through the simulator the
     objective uses; for an update capture, the update's): the attack's own verdict signal (docs/usage.md,
-    "Verdict"). ``features``: the f* the fit matched (with ``layer``, ``attack.feature_layer_name``), and then also
-    ``history["feature_mismatch"]`` (:func:`gi.attack.recon.mismatch.feature_mismatch`) where a capture has one.
+    "Verdict"). ``features``: the f* the fit matched (with ``layer``, the resolved module name they are the inputs
+    of, None for the last layer), and then also ``history["feature_mismatch"]``
+    (:func:`gi.attack.recon.mismatch.feature_mismatch`) where a capture has one.
     The model is rebuilt once per run of captures of one global model."""
     from gi.attack.recon.mismatch import feature_mismatch, shared_mismatch
-    from gi.attack.recon.problem import resolve_feature_layer, same_model
+    from gi.attack.recon.problem import same_model
 
     owner, model = None, None
     for k, (capture, rec) in enumerate(zip(captures, recs)):
@@ -447,8 +455,7 @@ def record_mismatch(captures: Sequence[Capture], recs: Sequence[Reconstruction],
             rec.history["gradient_mismatch"] = shared_mismatch(capture, rec.images, rec.labels,
                                                                rec.history.get("output_error", "simulated"), model)
         if target is not None:
-            rec.history["feature_mismatch"] = feature_mismatch(capture, rec.images, target,
-                                                               resolve_feature_layer(capture, layer), model)
+            rec.history["feature_mismatch"] = feature_mismatch(capture, rec.images, target, layer, model)
 
 
 # an inversion whose largest layer residual is at or above this is not used as a start either: rank-deficient
