@@ -197,6 +197,22 @@ def _cnn(in_shape, activation, channels: Sequence[int] = (8, 16), hidden: int = 
     return nn.Sequential(convs, nn.Linear(_flat_dim(convs, in_shape), hidden), _act(activation))
 
 
+def _convnet(in_shape, activation, width: int = 64, **_):
+    """Inverting Gradients' ConvNet (Geiping et al. 2020; breaching's and LeakPro's ``ConvNet``): eight 3×3
+    conv → BatchNorm → act layers of widths w, 2w, 2w, 4w, 4w, 4w, a 3×3 max-pool, 4w, 4w, a 3×3 max-pool
+    (w = ``width``); a 36w-d feature for 32×32 inputs."""
+    widths = (width, 2 * width, 2 * width, 4 * width, 4 * width, 4 * width, None, 4 * width, 4 * width, None)
+    layers: list[nn.Module] = []
+    c = in_shape[0]
+    for out in widths:
+        if out is None:
+            layers.append(nn.MaxPool2d(3))
+            continue
+        layers += [nn.Conv2d(c, out, 3, padding=1), nn.BatchNorm2d(out), _act(activation)]
+        c = out
+    return nn.Sequential(*layers, nn.Flatten())
+
+
 class _BasicBlock(nn.Module):
     def __init__(self, cin: int, cout: int, stride: int, activation: str) -> None:
         super().__init__()
@@ -264,6 +280,7 @@ BODIES: dict[str, tuple[Callable[..., nn.Module], str]] = {
             "relu"),
     "linear": (_linear, "identity"),
     "cnn": (_cnn, "relu"),
+    "convnet": (_convnet, "relu"),
     "resnet18": (functools.partial(_torchvision_resnet, "resnet18"), "relu"),
     "resnet32": (_resnet32, "relu"),
     "resnet50": (functools.partial(_torchvision_resnet, "resnet50"), "relu"),

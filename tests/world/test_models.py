@@ -5,7 +5,7 @@ from gi.core.errors import ConfigError
 from gi.world.models import ACTIVATIONS, BODIES, build, from_spec
 
 
-@pytest.mark.parametrize("name", ["lenet", "lenet5", "fcn3", "linear", "cnn", "resnet32", "mlp"])
+@pytest.mark.parametrize("name", ["lenet", "lenet5", "fcn3", "linear", "cnn", "resnet32", "mlp", "convnet"])
 def test_models_build_forward_and_rebuild_from_spec(name):
     m = build(name, 10, seed=3).eval()  # eval: BN running stats stay as built
     x = torch.rand(2, 3, 32, 32)
@@ -26,6 +26,15 @@ def test_fcn4_is_bias_free_with_paper_widths():
     linears = [mod for mod in m.modules() if isinstance(mod, torch.nn.Linear)]
     assert [lin.in_features for lin in linears] == [12288, 64, 32, 16]
     assert all(lin.bias is None for lin in linears[:-1])
+
+
+def test_convnet_is_inverting_gradients_layout():
+    m = build("convnet", 10, width=4)
+    convs = [mod for mod in m.modules() if isinstance(mod, torch.nn.Conv2d)]
+    assert [c.out_channels for c in convs] == [4, 8, 8, 16, 16, 16, 16, 16]
+    assert sum(isinstance(mod, torch.nn.BatchNorm2d) for mod in m.modules()) == 8
+    assert sum(isinstance(mod, torch.nn.MaxPool2d) for mod in m.modules()) == 2
+    assert m.feature_dim == 36 * 4  # 32 -> 10 -> 3 after the two 3x3 pools
 
 
 def test_activation_switch_and_inits():
