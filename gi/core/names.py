@@ -32,8 +32,8 @@ DATASET_SIZES: dict[tuple[str, str], int] = {
 }
 
 # gi.world.models.BODIES
-ZOO_MODELS = ("cnn", "cnn6", "fcn3", "fcn4", "lenet", "lenet5", "linear", "mlp", "resnet18", "resnet32", "resnet50",
-              "vgg16")
+ZOO_MODELS = ("cnn", "cnn6", "convnet", "fcn3", "fcn4", "lenet", "lenet5", "linear", "mlp", "resnet18", "resnet32",
+              "resnet50", "vgg16")
 
 # labels.METHODS (every module of labels/ registers its own)
 LABEL_METHODS = ("auto", "checked", "decaf", "decaf-paper", "dist-aux-bias-grad", "dist-aux-weight-grad", "dist-exact",
