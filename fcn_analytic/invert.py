@@ -29,6 +29,7 @@ from torch import nn
 from fcn_analytic.activations import ACTIVATION_DERIVATIVES, ACTIVATION_INVERSES
 from fcn_analytic.conv import check_conv, conv_input_gradient, solve_conv
 from fcn_analytic.features import feature_source, output_gradient
+from fcn_analytic.polish import PolishLayer, polish
 from fcn_analytic.prior import refine_input
 from gi.capture import Capture
 from gi.core.errors import CaptureError, GIError
@@ -37,6 +38,9 @@ from gi.label_result import LabelResult
 Tensor = torch.Tensor
 _ROWS = 512  # rows per block when a large float32 matrix is used in float64
 EXACT_TOL = 1e-4  # relative rank-one residual / forward mismatch under which a layer counts as exact
+# a full-rank layer solve below this error pins its input for the body polish: the ReLU LeNet's hidden layers
+# from float32 gradients land at 1e-6–5e-4 (docs/results/realistic.md, S1)
+DETERMINED_TOL = 1e-3
 
 
 @dataclass
@@ -366,6 +370,7 @@ def invert(capture: Capture, label_result: LabelResult | None = None, features: 
     reports.append(LayerReport("fc", source, int((delta != 0).sum()), delta.numel(), fc_res, None,
                                fc_res < EXACT_TOL))
     grad_a = state["fc.weight"].double().T @ delta  # eq. 6: ∂L/∂(input of fc)
+    grad_top = grad_a
     a_out = x
     for i, layer in reversed(list(enumerate(layers))):
         gw = _shared(capture, f"{layer.prefix}.weight")
@@ -388,7 +393,29 @@ def invert(capture: Capture, label_result: LabelResult | None = None, features: 
     shape = tuple(capture.model_spec["in_shape"])
     mean, std = _normalization(capture, shape[0])
     raw = (a_out.view(shape) * std + mean).unsqueeze(0)
-    info = {"seconds": time.perf_counter() - start, "layers": len(layers) + 1,
-            "out_of_range": float((raw - raw.clamp(0, 1)).abs().max())}
+    info: dict[str, Any] = {}
+    if polishable(reports):
+        # a layer's output is the input the layer above recovered; only a ReLU's is its pre-activation (active)
+        outputs = [snap_dead(ly.activation, recovered[above].reshape(ly.out_shape).double())
+                   if determined(report) and _is_relu(ly.activation) else None
+                   for ly, above, report in zip(layers, [ly.prefix for ly in layers[1:]] + ["fc"],
+                                                reversed(reports[:-1]))]
+        done = polish(capture.model(), [PolishLayer(ly.prefix, out) for ly, out in zip(layers, outputs)],
+                      capture.shared, grad_top, raw, mean, std)
+        raw, info["polish"] = done.raw, done.record()
+    info.update({"seconds": time.perf_counter() - start, "layers": len(layers) + 1,
+                 "out_of_range": float((raw - raw.clamp(0, 1)).abs().max())})
     return FCNInversion(raw.clamp(0, 1).float(), raw, recovered, reports, info)
+
+
+def determined(report: LayerReport) -> bool:
+    """Whether a layer's solve pinned its input down: a full-rank solve (no minimum-norm ``lstsq``, no TV prior)
+    whose :func:`layer_error` is below :data:`DETERMINED_TOL`."""
+    return "lstsq" not in report.route and "TV prior" not in report.route and layer_error(report) < DETERMINED_TOL
+
+
+def polishable(reports: list[LayerReport]) -> bool:
+    """The body polish (:mod:`fcn_analytic.polish`) runs when the input layer needed the TV prior and every layer
+    above it was determined: the image then fills a null space, and the layers above say what it must produce."""
+    return "TV prior" in reports[-1].route and all(determined(r) for r in reports[:-1])
 
