@@ -395,13 +395,8 @@ def invert(capture: Capture, label_result: LabelResult | None = None, features: 
     raw = (a_out.view(shape) * std + mean).unsqueeze(0)
     info: dict[str, Any] = {}
     if polishable(reports):
-        # a layer's output is the input the layer above recovered; only a ReLU's is its pre-activation (active)
-        outputs = [snap_dead(ly.activation, recovered[above].reshape(ly.out_shape).double())
-                   if determined(report) and _is_relu(ly.activation) else None
-                   for ly, above, report in zip(layers, [ly.prefix for ly in layers[1:]] + ["fc"],
-                                                reversed(reports[:-1]))]
-        done = polish(capture.model(), [PolishLayer(ly.prefix, out) for ly, out in zip(layers, outputs)],
-                      capture.shared, grad_top, raw, mean, std)
+        done = polish(capture.model(), polish_layers(layers, recovered, reports), capture.shared, grad_top, raw,
+                      mean, std)
         raw, info["polish"] = done.raw, done.record()
     info.update({"seconds": time.perf_counter() - start, "layers": len(layers) + 1,
                  "out_of_range": float((raw - raw.clamp(0, 1)).abs().max())})
@@ -412,6 +407,18 @@ def determined(report: LayerReport) -> bool:
     """Whether a layer's solve pinned its input down: a full-rank solve (no minimum-norm ``lstsq``, no TV prior)
     whose :func:`layer_error` is below :data:`DETERMINED_TOL`."""
     return "lstsq" not in report.route and "TV prior" not in report.route and layer_error(report) < DETERMINED_TOL
+
+
+def polish_layers(layers: list[AnalyticLayer], recovered: dict[str, Tensor],
+                  reports: list[LayerReport]) -> list[PolishLayer]:
+    """The body polish's view of a walk (:func:`invert`'s ``layers``, its recovered inputs by prefix and its reports,
+    last layer first): each layer's output is the input the layer above recovered, kept where that layer was
+    :func:`determined` and the activation is a ReLU (only there is an active output its pre-activation), with the
+    dead units' rounding noise snapped to zero."""
+    above = [ly.prefix for ly in layers[1:]] + ["fc"]
+    return [PolishLayer(ly.prefix, snap_dead(ly.activation, recovered[name].reshape(ly.out_shape).double())
+                        if determined(report) and _is_relu(ly.activation) else None)
+            for ly, name, report in zip(layers, above, reversed(reports[:-1]))]
 
 
 def polishable(reports: list[LayerReport]) -> bool:

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fcn_analytic.prior import HINGE_MARGIN, TV_WEIGHT, smoothed_tv
+from fcn_analytic.prior import HINGE_MARGIN, TV_WEIGHT, dead_margin, smoothed_tv
 
 Tensor = torch.Tensor
 LR = 1e-5  # pixels in [0, 1]: 1e-3 and 1e-4 raised E on cifar10-samples 5 (Adam's normalised steps overshoot)
@@ -60,7 +60,8 @@ class PolishLayer:
 
 @dataclass
 class Polish:
-    """``raw`` (1, C, H, W) float64 the refined pixels (unclipped); ``objective`` E before and after; ``seconds``."""
+    """``raw`` (1, C, H, W) float64 the refined pixels (in [0, 1]: every step is projected); ``objective`` E at the
+    start and at ``raw`` (the lowest reached); ``seconds``."""
 
     raw: Tensor
     objective: tuple[float, float]
@@ -102,7 +103,7 @@ def polish(model: nn.Module, layers: Sequence[PolishLayer], shared: dict[str, Te
         a = layer.output.detach().cpu().double()
         active, dead = a > 0, a == 0
         norm = float(a.norm()) or 1.0
-        eps = margin * float(a[active].pow(2).mean().sqrt()) if bool(active.any()) else 0.0
+        eps = dead_margin(a, active, margin)
         known.append((layer.prefix, a, active, dead, eps, norm))
     g = top_gradient.detach().cpu().double().reshape(-1)
     mean, std = mean.double(), std.double()
@@ -123,13 +124,13 @@ def polish(model: nn.Module, layers: Sequence[PolishLayer], shared: dict[str, Te
         before = float(objective(p).detach())
         opt = torch.optim.Adam([p], lr=lr)
         schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, iterations)
-        for _ in range(iterations + 1):
+        for step in range(iterations + 1):
             opt.zero_grad()
             loss = objective(p)
             value = float(loss.detach())  # one host read per step: the loop is the CPU's anyway
             if value < best:
                 best, best_p = value, p.detach().clone()
-            if _ == iterations:
+            if step == iterations:
                 break
             loss.backward()
             opt.step()

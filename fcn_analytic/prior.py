@@ -54,6 +54,12 @@ class PriorSolve:
     iterations: int
 
 
+def dead_margin(values: Tensor, active: Tensor, margin: float = HINGE_MARGIN) -> float:
+    """The dead units' ε (module docstring): ``margin`` times the RMS of ``values`` at the ``active`` units (0 when
+    none is active)."""
+    return margin * float(values.double()[active].pow(2).mean().sqrt()) if bool(active.any()) else 0.0
+
+
 def smoothed_tv(p: Tensor, eps: float = TV_EPS) -> Tensor:
     """Mean isotropic total variation ``√(dx² + dy² + eps²)`` of a (C, H, W) image."""
     dx = p[:, :-1, 1:] - p[:, :-1, :-1]
@@ -81,8 +87,7 @@ def refine_input(conv: nn.Conv2d, weight: Tensor, bias: Tensor | None, z_minus_b
     ng = float(gw.norm()) or 1.0
     d = delta.double()[None]
     deadf = dead.double()
-    active = om != 0
-    eps = margin * float(z_minus_b.double()[active].pow(2).mean().sqrt()) if bool(active.any()) else 0.0
+    eps = dead_margin(z_minus_b, om != 0, margin)
 
     def terms(p: Tensor, eps: float = eps) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         x = ((p - mean) / std)[None]

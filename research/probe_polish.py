@@ -17,8 +17,8 @@ import torch
 import fcn_analytic
 import labels
 from fcn_analytic.features import output_gradient
-from fcn_analytic.invert import determined, snap_dead
-from fcn_analytic.polish import PolishLayer, polish
+from fcn_analytic.invert import polish_layers
+from fcn_analytic.polish import polish
 from gi.analysis.metrics import psnr
 from gi.attack.recon.mismatch import shared_mismatch
 from gi.world import data as gdata
@@ -40,22 +40,18 @@ def main() -> None:
         inv = fcn_analytic.invert(cap, labels.recover(cap, "auto"))
         with torch.device("meta"):
             layers = fcn_analytic.analytic_layers(cap.architecture())
-        reports = list(reversed(inv.layers[:-1]))  # the report of the layer above each layer, bottom first
-        outputs = [snap_dead(ly.activation, inv.features[above].reshape(ly.out_shape).double())
-                   if determined(rep) else None
-                   for ly, above, rep in zip(layers, [ly.prefix for ly in layers[1:]] + ["fc"], reports)]
+        known = polish_layers(layers, inv.features, inv.layers)
         top = cap.model_state["fc.weight"].double().T @ output_gradient(cap, inv.features["fc"])
         mean = cap.model_state["normalize.mean"].double().reshape(-1, 1, 1)
         std = cap.model_state["normalize.std"].double().reshape(-1, 1, 1)
         t = time.process_time()
-        done = polish(cap.model(), [PolishLayer(ly.prefix, out) for ly, out in zip(layers, outputs)], cap.shared,
-                      top, inv.raw, mean, std, iterations=iterations, lr=lr)
+        done = polish(cap.model(), known, cap.shared, top, inv.raw, mean, std, iterations=iterations, lr=lr)
         image = done.raw.clamp(0, 1).float()
         print(f"{init} seed {seed} image {img}: walk {float(psnr(inv.image, truth.images)):.2f} dB, mismatch "
               f"{shared_mismatch(cap, inv.image, y):.2e} -> polished {float(psnr(image, truth.images)):.2f} dB, "
               f"mismatch {shared_mismatch(cap, image, y):.2e}; objective {done.objective[0]:.3e} -> "
               f"{done.objective[1]:.3e}, {time.process_time() - t:.1f} CPU s, "
-              f"{sum(o is not None for o in outputs)} layers' outputs known", flush=True)
+              f"{sum(k.output is not None for k in known)} layers' outputs known", flush=True)
 
 
 if __name__ == "__main__":

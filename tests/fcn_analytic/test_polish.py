@@ -1,5 +1,5 @@
-"""When the analytic walk polishes its image through the whole body (fcn_analytic.invert.polishable), and what the
-polish does to the walk's image of a ReLU LeNet (fcn_analytic.polish)."""
+"""When the analytic walk polishes its image through the whole body (fcn_analytic.invert.polishable). What the
+polish does to a ReLU LeNet's image: tests/fcn_analytic/test_prior.py and tests/experiments/test_attack.py."""
 
 from __future__ import annotations
 
