@@ -306,8 +306,9 @@ class Capture:
     def silent(self) -> bool:
         """Whether every shared tensor is exactly zero: the client's loss had no gradient (e.g. a ReLU LeNet with
         U(−0.5, 0.5) weights already predicts the true class with softmax 1.0), so the capture carries neither label
-        nor image information and no attack can recover anything from it."""
-        return not any(bool(t.any()) for t in self.shared.values())
+        nor image information and no attack can recover anything from it. The smallest tensors are read first:
+        a live capture is told by its biases, without a pass over its largest weights."""
+        return not any(bool(t.any()) for t in sorted(self.shared.values(), key=torch.Tensor.numel))
 
     @property
     def num_classes(self) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 import gi
@@ -45,3 +46,20 @@ def test_relative_mismatch_edge_cases():
     assert relative_mismatch({"w": torch.zeros(2)}, target) == 1.0
     assert relative_mismatch({"w": torch.zeros(2)}, {"w": torch.zeros(2)}) == 0.0
     assert math.isinf(relative_mismatch({"w": torch.ones(2)}, {"w": torch.zeros(2)}))
+
+
+def test_the_blocked_sums_give_the_exact_ratio_across_block_edges(monkeypatch):
+    from gi.attack.recon import mismatch
+
+    monkeypatch.setattr(mismatch, "CHUNK", 3)  # blocks of 3 elements: both tensors straddle a block edge
+    target = {"a": torch.tensor([[1.0, 2.0], [0.0, 4.0]]), "b": torch.tensor([2.0, 0.0, 1.0, 0.0])}
+    sim = {"a": torch.tensor([[4.0, 2.0], [0.0, 4.0]]), "b": torch.tensor([2.0, 0.0, 1.0, 4.0])}
+    # Σ t² = 21 + 5 = 26; Σ (s − t)² = 3² (first block of a) + 4² (second block of b) = 25
+    assert relative_mismatch(sim, target) == pytest.approx(math.sqrt(25 / 26), rel=1e-12)
+    monkeypatch.setattr(mismatch, "CHUNK", 1 << 20)
+    assert relative_mismatch(sim, target) == pytest.approx(math.sqrt(25 / 26), rel=1e-12)
+
+
+def test_a_simulated_tensor_of_another_shape_is_an_error():
+    with pytest.raises(ValueError, match=r"simulated shape \(4,\) does not match the target's \(2, 2\)"):
+        relative_mismatch({"w": torch.zeros(4)}, {"w": torch.ones(2, 2)})
