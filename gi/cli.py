@@ -250,9 +250,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _stop_on_signals() -> None:
-    """SIGTERM (a scheduler's preemption, ``kill``) stops a command like Ctrl-C does, with a message and a non-zero
-    exit: Lightning's own SIGTERM handling ends a fit by raising ``SystemExit()``, which would exit 0 with no output.
-    Lightning calls the handler found at fit time after its own."""
+    """SIGTERM (a scheduler's preemption, ``kill``) and SIGINT (Ctrl-C) stop a command with a message and exit
+    128 + the signal's number. Lightning's own handling would end a fit silently: on SIGTERM by raising
+    ``SystemExit()`` (exit 0; Lightning calls the handler found at fit time after its own), on the
+    ``KeyboardInterrupt`` of SIGINT with ``sys.exit(1)``; a :class:`Stopped` is neither, so Lightning re-raises it.
+    A SIGINT the process was started to ignore (``nohup``, ``cmd &``) stays ignored."""
     if threading.current_thread() is not threading.main_thread():
         return
 
@@ -260,6 +262,8 @@ def _stop_on_signals() -> None:
         raise Stopped(signum, signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, stop)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, stop)
 
 
 if __name__ == "__main__":
