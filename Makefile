@@ -8,7 +8,7 @@ STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | md5sum | cut
 FMNIST  := $(ASSETS)/fashion-mnist/usr/share/datasets/fashion-mnist
 CONFIG  ?= configs/demo.yaml
 
-.PHONY: install run test lint clean-assets
+.PHONY: install run test test-kernels lint clean-assets
 
 install: $(STAMP) $(FMNIST)/.ok
 
@@ -40,6 +40,10 @@ run: install
 test: install
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -n 2 tests
+
+# The suite once per kernel profile another x86 CPU would run (scripts/test_kernels.sh; about 3 × make test).
+test-kernels: install
+	scripts/test_kernels.sh
 
 lint: install
 	$(BIN)/ruff check .
