@@ -30,6 +30,7 @@ image (:func:`fcn_analytic.invert.polishable`).
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Sequence
@@ -92,19 +93,17 @@ def polish(model: nn.Module, layers: Sequence[PolishLayer], shared: dict[str, Te
                 t.requires_grad_(True)
                 params.append(t)
                 targets.append(shared[f"{layer.prefix}.{kind}"].detach().cpu().double())
-    pres: dict[str, Tensor] = {}
-    hooks = [model.get_submodule(layer.prefix).register_forward_hook(
-        lambda m, i, o, name=layer.prefix: pres.__setitem__(name, o[0])) for layer in layers
-        if layer.output is not None]
-    known = []
+    pres: dict[str, Tensor] = {}  # each determined layer's pre-activation, recorded by a hook at every forward
+    hooks, known = [], []
     for layer in layers:
         if layer.output is None:
             continue
+        hooks.append(model.get_submodule(layer.prefix).register_forward_hook(
+            lambda m, i, o, name=layer.prefix: pres.__setitem__(name, o[0])))
         a = layer.output.detach().cpu().double()
         active, dead = a > 0, a == 0
         norm = float(a.norm()) or 1.0
-        eps = dead_margin(a, active, margin)
-        known.append((layer.prefix, a, active, dead, eps, norm))
+        known.append((layer.prefix, a, active, dead, dead_margin(a, active, margin), norm))
     g = top_gradient.detach().cpu().double().reshape(-1)
     mean, std = mean.double(), std.double()
 
@@ -145,8 +144,6 @@ def polish(model: nn.Module, layers: Sequence[PolishLayer], shared: dict[str, Te
 
 def _float64_copy(model: nn.Module) -> nn.Module:
     """A float64 CPU copy of ``model`` whose parameters do not require gradients (the polish picks its own)."""
-    import copy
-
     out = copy.deepcopy(model).cpu().double()
     for q in out.parameters():
         q.requires_grad_(False)
