@@ -368,8 +368,8 @@ def reconstruct_stage(attack: ReconConfig, captures: Sequence[Capture], label_re
             if k:
                 log.info("reconstruct: alternative %d of %d (%s)", k, len(attack.alternatives),
                          attack.alternatives[k - 1])
-            fits = optimise(attack.alternative(k), captures, label_results, features, inversions, residuals,
-                            warm, cold, callbacks, aux_images)
+            fits = fit_alternative(attack.alternative(k), captures, label_results, features, inversions,
+                                   residuals, warm, cold, callbacks, aux_images)
             if attack.alternatives:
                 record_mismatch([captures[i] for i in rest], [fits[i] for i in rest])  # chooses by the gradient
             for j, i in enumerate(rest):  # keep the fit that explains the capture best (its own signal)
@@ -397,10 +397,10 @@ def reconstruct_stage(attack: ReconConfig, captures: Sequence[Capture], label_re
     return recs, record
 
 
-def optimise(cfg: ReconConfig, captures: Sequence[Capture], label_results: Sequence[LabelResult | None],
-             features: Sequence[torch.Tensor | None], inversions: list[Any] | None, residuals: Sequence[float | None],
-             warm: Sequence[int], cold: Sequence[int], callbacks: Sequence[Any] = (),
-             aux_images: torch.Tensor | None = None) -> dict[int, Reconstruction]:
+def fit_alternative(cfg: ReconConfig, captures: Sequence[Capture], label_results: Sequence[LabelResult | None],
+                    features: Sequence[torch.Tensor | None], inversions: list[Any] | None,
+                    residuals: Sequence[float | None], warm: Sequence[int], cold: Sequence[int],
+                    callbacks: Sequence[Any] = (), aux_images: torch.Tensor | None = None) -> dict[int, Reconstruction]:
     """One fit (:func:`gi.attack.recon.reconstruct_many`) of the captures ``warm`` (started from their analytic
     inversion) and ``cold`` (from ``cfg.init``), by index; each reconstruction's history says how it was answered.
     A feature term without a target is dropped by ``build_problem``, which warns (one rule)."""

@@ -140,7 +140,7 @@ def fedsgd_capture(cfg: DefendConfig, setup: Setup, protocol: Protocol, model: A
     those of the rest of its secure-aggregation group of ``group`` clients (who each add a batch of theirs)."""
     import torch
 
-    from gi.world.fl.defences.secagg import merge
+    from gi.world.fl.defences.secagg import pool_group
     from gi.world.fl.victim import capture_gradients
 
     pairs = []
@@ -151,7 +151,7 @@ def fedsgd_capture(cfg: DefendConfig, setup: Setup, protocol: Protocol, model: A
         gen = torch.Generator().manual_seed(int(cfg.seed) * 7919 + 31 * index + client)
         cap, truth = capture_gradients(model, setup.pool.images[pick], setup.pool.labels[pick], proto, generator=gen)
         pairs.append((dataclasses.replace(cap, meta={**cap.meta, "client": client}), truth))
-    return merge(pairs)
+    return pool_group(pairs)
 
 
 def _image_leakage(cfg: DefendConfig, setup: Setup, protocol: Protocol, model: Any, first: int, group: int,

@@ -12,7 +12,7 @@ import torch
 from gi.core.errors import ConfigError
 from gi.world.fl.defences import DEFENCES, Context, apply, specs
 from gi.world.fl.defences.dpsgd import epsilon
-from gi.world.fl.defences.secagg import merge
+from gi.world.fl.defences.secagg import pool_group
 from gi.world.fl.protocol import Protocol
 from gi.world.fl.victim import capture_gradients, run_federation, simulate_client
 from gi.world.models import build
@@ -191,7 +191,7 @@ def test_secure_aggregation_merges_groups_and_keeps_the_federation():
     assert [c for _, c, _, _ in sec.captures] == [0, 2]
     pairs = [(cap, truth) for _, _, cap, truth in plain.captures]
     for (_, first, cap, truth), group in zip(sec.captures, (pairs[:2], pairs[2:])):
-        want, _ = merge(group)
+        want, _ = pool_group(group)
         assert cap.num_samples == 24 and cap.meta["clients"] == [first, first + 1]
         assert torch.allclose(cap.update["fc.weight"], (group[0][0].update["fc.weight"] +
                                                         group[1][0].update["fc.weight"]) / 2)

@@ -52,7 +52,7 @@ def _sgd(groups: list[dict[str, Any]], cfg: Any) -> torch.optim.Optimizer:
 # bytes of curvature pairs (P problems x 2 x 100 pairs x n float32) up to which the compact ring is used: it wins
 # while its memory stays in cache (LeNet, one 32 px capture: 1.7 against 4.6 ms per step; 4 starts, 9.8 MB: 10.4
 # against 7.2 ms, for the 100 steps before the cull, then 1 start), the two-loop over lists beyond (20 captures x 4
-# starts: 19 against 44 ms; packed default job at e817a29 with the compact ring: 12.0 CPU s per image, not 8.9)
+# starts: 19 against 44 ms; packed default job with the compact ring: 12.0 CPU s per image, not 8.9)
 COMPACT_MAX_BYTES = 10_000_000
 
 

@@ -30,7 +30,7 @@ from gi.capture import Capture, Truth, describe_model, state_of
 from gi.core.devices import torch_device
 from gi.core.errors import CaptureError, ConfigError
 from gi.world.fl import defences
-from gi.world.fl.defences.secagg import merge
+from gi.world.fl.defences.secagg import pool_group
 from gi.world.fl.local import local_schedule, local_train
 from gi.world.fl.protocol import Protocol
 from gi.world.fl.schemes import SCHEMES, get_scheme
@@ -318,8 +318,8 @@ def run_federation(
     control variate by the mean of the client control changes. Captures (with DP noise, if the
     protocol asks for it) are taken at ``capture_rounds`` for ``capture_clients`` (default all); the
     server's own aggregation uses the noisy updates too, as a real server would. Under secure aggregation
-    (``secagg`` of k) a capture is the merged message of clients ``[c, c + k)`` (``gi.world.fl.defences.secagg.merge``),
-    listed under its first client. ``keep_states``:
+    (``secagg`` of k) a capture is the merged message of clients ``[c, c + k)``
+    (``gi.world.fl.defences.secagg.pool_group``), listed under its first client. ``keep_states``:
     ``"captured"`` keeps θᵗ of the captured rounds, ``"all"`` of every round (plus θ^{rounds+1}). The
     captures of one round share one ``model_state`` dict (θᵗ): treat it as read-only.
     """
@@ -360,7 +360,8 @@ def run_federation(
             states[c] = hist if scheme.client_state is None else scheme.client_state(protocol, hist, run.update,
                                                                                       len(run.step_counts))
         for first in sorted({c - c % group for c in seen}):  # secure aggregation: one sum per group of clients
-            fed.captures.append((t, first, *merge([seen[m] for m in range(first, min(first + group, num_clients))])))
+            members = [seen[m] for m in range(first, min(first + group, num_clients))]
+            fed.captures.append((t, first, *pool_group(members)))
         _aggregate(glob, protocol, shared, weights, states, server)
     if keep_states == "all":
         fed.global_states[rounds + 1] = {k: v.detach().clone() for k, v in glob.state_dict().items()}

@@ -1,6 +1,6 @@
 """Secure aggregation (Bonawitz et al. 2017): the server sees only the sum of the updates of groups of k clients.
 
-The registry entry gives k (``group_size``); :func:`merge` is what the server then holds for one group: the
+The registry entry gives k (``group_size``); :func:`pool_group` is what the server then holds for one group: the
 size-weighted mean of the shared tensors (it divides the secure sum of ``N_k·Δθ_k`` by ``Σ N_k``) behind
 ``Σ N_k`` samples, one message for the whole group. FedAvg's aggregate is unchanged (the mean of the group
 means is the mean). Duck-typed on :class:`gi.Capture` / :class:`gi.Truth` (this layer loads no capture module).
@@ -22,7 +22,7 @@ def secagg(value: Any, spec: Spec, ctx: Context) -> int:
     return int(spec.strength)
 
 
-def merge(pairs: Sequence[tuple[Any, Any]]) -> tuple[Any, Any]:
+def pool_group(pairs: Sequence[tuple[Any, Any]]) -> tuple[Any, Any]:
     """One ``(capture, truth)`` for a group of clients' ``(capture, truth)`` pairs: the size-weighted mean of the
     shared tensors behind the summed sample count; the truth is the union of their samples, and its
     ``meta["member_counts"]`` keeps each member's own per-class counts (the first is the attacker's target)."""

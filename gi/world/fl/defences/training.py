@@ -47,7 +47,7 @@ def label_smoothing(batch: tuple[Any, Any], spec: Spec, ctx: Context) -> tuple[A
 
 @register_defence("mixup", "batch", "mix every sample with a random partner of its batch, λ ~ U(0, λ_max)", "λ_max",
                   valid=lambda s: 0 <= s <= 1, valid_text="in [0, 1]")
-def mixup(batch: tuple[Any, Any], spec: Spec, ctx: Context) -> tuple[Any, Any]:
+def mix_partners(batch: tuple[Any, Any], spec: Spec, ctx: Context) -> tuple[Any, Any]:
     import torch
 
     images, targets = batch
