@@ -210,6 +210,22 @@ def trained_model(key: str, build: Callable[[], torch.nn.Module],
     return model, info
 
 
+def pretrained_model(model: ModelConfig, train: TrainConfig, data: DataConfig, dataset: Any, seed: int
+                     ) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """``model`` (initialised with ``seed``) after ``train``'s centralised training on ``dataset`` (the ``data``
+    split; :func:`train_on`), trained once per configuration and kept under ``$GI_CACHE_DIR``
+    (:func:`trained_model`). One home for "the trained model of this setup": the batch scenarios attack it, the
+    federations of ``fedavg-client`` start from it, and equal ``model`` / ``train`` / ``data`` / ``seed`` give them
+    the same checkpoint. Returns the model and :func:`train_on`'s record."""
+    import torch
+
+    key = key_of("trained", model, train, data, seed)
+    return trained_model(key, lambda: build_model(model, dataset, seed),
+                         lambda net: train_on(net, train, data, dataset,
+                                              torch.Generator().manual_seed(int(seed) + 104729)),
+                         disk=True)
+
+
 def draw_aux(dataset: Any, per_class: int, generator: torch.Generator, exclude: Any = None,
              shift: str | None = None, strength: float = 0.0) -> tuple[Any, Any]:
     """``(aux set, dataset indices)``: ``per_class`` samples of every class of ``dataset``, none of ``exclude``;

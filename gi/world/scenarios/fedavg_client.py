@@ -21,8 +21,14 @@ change ``round`` (or the attack) see the *same* federation: it is simulated once
 - ``model`` (default ``cnn``); ``dtype``: ``float32`` or ``float64`` (the model).
 - ``protocol``: :class:`gi.Protocol` fields of the clients (``scheme`` defaults to ``fedavg``);
   ``protocol.local_steps`` is RLU's "epochs": that many steps on fresh batches.
-- ``round`` (captured round, 1 = the untrained initial model), ``federation_rounds`` (how far the cached
-  federation is simulated; default ``round``), ``clients`` (captured clients; default all).
+- ``train`` (:class:`gi.world.setup.TrainConfig`; default ``epochs: 0``): the initial model's centralised
+  pre-training before round 1, as a server that deploys a pre-trained model. One model, initialised with
+  ``seed``, is trained once (:func:`gi.world.build.pretrained_model`, the checkpoint the batch scenarios attack
+  for the same ``model`` / ``train`` / ``data`` / ``seed``) and every trial's federation starts from it; the
+  trials then differ in their partition and batches. Without it each trial starts from its own initialisation.
+- ``round`` (captured round, 1 = the initial model, untrained unless ``train`` says otherwise),
+  ``federation_rounds`` (how far the cached federation is simulated; default ``round``), ``clients`` (captured
+  clients; default all).
 - ``average_from``: the multi-round attack (Decaf §IV-B, Fig. 6 d). Each trial also carries the same client's
   captures of rounds ``average_from … round − 1`` (``Trial.history``); ``gi labels`` then runs every method on
   each of those k = round − average_from + 1 rounds and averages the distributions
@@ -44,7 +50,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from gi.core.config import require, to_dict
 from gi.core.errors import ConfigError
-from gi.world.build import AUX, LRU, build_model, draw_aux, key_of, load_data
+from gi.world.build import AUX, LRU, build_model, draw_aux, key_of, load_data, pretrained_model
 from gi.world.fl.protocol import Protocol
 from gi.world.scenarios import Trial, register_scenario
 from gi.world.setup import SCENARIO_LEGACY, AuxConfig, DataConfig, ModelConfig, VictimSetup, section
@@ -98,9 +104,6 @@ class FedAvgClientSetup(VictimSetup):
             raise ConfigError(f"round={self.round} is beyond federation_rounds={self.rounds}")
         require(self.average_from is None or 1 <= self.average_from <= self.round, "setup.average_from",
                 self.average_from, f"null (single-round attack) or a round in 1..round={self.round}")
-        if self.train.epochs > 0:
-            raise ConfigError("setup.train: the fedavg-client federation starts from the untrained model; "
-                              "capture a later round instead")
 
     @property
     def rounds(self) -> int:
@@ -234,7 +237,10 @@ def _federation(s: FedAvgClientSetup, trial: int) -> tuple[Any, Any, Any]:
         seed = int(s.seed) * 1_000_003 + trial
         gen = torch.Generator().manual_seed(seed)
         parts = _partition(s, data, gen)
-        model = build_model(s.model, data, seed, dtype=getattr(torch, s.dtype))
+        if s.train.epochs > 0:  # one pre-trained model for every trial (gi.world.build.pretrained_model)
+            model = pretrained_model(s.model, s.train, s.data, data, s.seed)[0].to(getattr(torch, s.dtype))
+        else:
+            model = build_model(s.model, data, seed, dtype=getattr(torch, s.dtype))
         eval_data = None
         if s.eval_samples > 0:
             test = load_data(s.data, s.aux.split)

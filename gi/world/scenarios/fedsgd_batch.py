@@ -54,8 +54,7 @@ from gi.world.build import (
     draw_aux,
     key_of,
     load_data,
-    train_on,
-    trained_model,
+    pretrained_model,
 )
 from gi.world.fl.protocol import Protocol
 from gi.world.scenarios import Trial, register_scenario
@@ -134,18 +133,6 @@ def _aux(s: FedSGDBatchSetup) -> tuple[Any, Tensor]:
                                          *s.aux.shift_args))
 
 
-def _trained(s: FedSGDBatchSetup) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """The model after ``train.epochs`` of centralised training, built once per configuration."""
-    import torch
-
-    key = key_of("fedsgd-batch trained", s.model, s.train, s.data, s.seed)
-    victims = _dataset(s)
-    return trained_model(key, lambda: build_model(s.model, victims, s.seed),
-                         lambda model: train_on(model, s.train, s.data, victims,
-                                                torch.Generator().manual_seed(int(s.seed) + 104729)),
-                         disk=True)
-
-
 def _victim_pool(s: FedSGDBatchSetup, aux_idx: Tensor) -> Any:
     import torch
 
@@ -182,7 +169,7 @@ def fedsgd_batch(s: FedSGDBatchSetup, generator: torch.Generator, trial: int) ->
     images = images.contiguous()
     models = s.models
     if models is False:
-        model, train_info = _trained(s)
+        model, train_info = pretrained_model(s.model, s.train, s.data, _dataset(s), s.seed)
     else:
         index = int(trial) if models is True else int(trial) % int(models)
         model, train_info = build_model(s.model, _dataset(s), int(s.seed) * 100_003 + index), {}
