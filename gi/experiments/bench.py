@@ -42,7 +42,7 @@ from gi.attack.recon.config import ReconConfig
 from gi.core.config import from_dict, to_dict
 from gi.core.errors import ConfigError
 from gi.core.registry import registrar
-from gi.experiments.config.bench import SCHEMA, BenchConfig
+from gi.experiments.config.bench import BENCH_SCHEMA, BenchConfig
 from gi.experiments.outdir import check_output_file, publish_file
 
 
@@ -343,7 +343,7 @@ def run_bench(cfg: BenchConfig) -> Path:
             print(f"{res['model']:>9s} B={res['batch']:<2d} R={res['restarts']:<2d} {res['device']:>3s}: "
                   f"{1000 * res['sec_per_iteration']:8.1f} ms/it  peak {res['peak_rss_mb']:.0f} MB "
                   f"(+{res['attack_rss_mb']:.0f}){extra}", flush=True)
-    report = {"schema": SCHEMA, "name": cfg.name, "created": stamp, "git": git_commit(),
+    report = {"schema": BENCH_SCHEMA, "name": cfg.name, "created": stamp, "git": git_commit(),
               "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
               "cpus": os.cpu_count(), "load_average": list(os.getloadavg()),
               "config": to_dict(dataclasses.replace(cfg)), "results": results}

@@ -40,7 +40,7 @@ from gi.experiments.config.suite import SET_BY_SUITE, SuiteConfig
 from gi.experiments.outdir import cells_dir, load_cell, save_cell, staged_output
 from gi.experiments.suite_output import OURS, THEIRS, format_suite, write_suite
 
-SCHEMA = 1
+SUITE_SCHEMA = 1  # version of suite.json
 
 
 class MemberFailed(GIError):
@@ -165,7 +165,7 @@ def run_suite(cfg: SuiteConfig) -> Path:
             if e["status"] == "done":
                 os.rename(cache / e["label"], tmp / e["label"])
         failed = [e["label"] for e in entries if e["status"] == "failed"]
-        data = {"schema": SCHEMA, "name": cfg.name, "created": stamp, "git": git_commit(), "only": cfg.only,
+        data = {"schema": SUITE_SCHEMA, "name": cfg.name, "created": stamp, "git": git_commit(), "only": cfg.only,
                 "seconds": time.perf_counter() - start, "failed": failed, "members": entries}
         write_suite(tmp, to_dict(cfg), data)
     shutil.rmtree(cache, ignore_errors=True)

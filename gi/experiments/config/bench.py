@@ -11,7 +11,7 @@ from gi.core.config import require
 from gi.core.errors import ConfigError
 from gi.experiments.outdir import check_run_name
 
-SCHEMA = 1
+BENCH_SCHEMA = 1  # version of the throughput bench's JSON report
 
 
 @dataclass

@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 
 
 PARTITIONS = ("dirichlet", "simplex", "table")
-DTYPES = ("float32", "float64")
+MODEL_DTYPES = ("float32", "float64")
 
 
 @dataclass
@@ -93,7 +93,7 @@ class FedAvgClientSetup(VictimSetup):
     group: str | None = None
 
     def __post_init__(self) -> None:
-        require(self.dtype in DTYPES, "setup.dtype", self.dtype, f"one of {list(DTYPES)}")
+        require(self.dtype in MODEL_DTYPES, "setup.dtype", self.dtype, f"one of {list(MODEL_DTYPES)}")
         require(self.partition in PARTITIONS, "setup.partition", self.partition, f"one of {list(PARTITIONS)}")
         require(self.num_clients >= 1, "setup.num_clients", self.num_clients, ">= 1")
         require(self.samples is None or (self.samples >= self.num_clients and self.partition == "dirichlet"),
