@@ -25,7 +25,9 @@ change ``round`` (or the attack) see the *same* federation: it is simulated once
   pre-training before round 1, as a server that deploys a pre-trained model. One model, initialised with
   ``seed``, is trained once (:func:`gi.world.build.pretrained_model`, the checkpoint the batch scenarios attack
   for the same ``model`` / ``train`` / ``data`` / ``seed``) and every trial's federation starts from it; the
-  trials then differ in their partition and batches. Without it each trial starts from its own initialisation.
+  trials then differ in their partition and batches. It trains on ``train.samples`` of the clients' own split
+  unless ``train.dataset`` / ``train.split`` name another. Without it each trial starts from its own
+  initialisation.
 - ``round`` (captured round, 1 = the initial model, untrained unless ``train`` says otherwise),
   ``federation_rounds`` (how far the cached federation is simulated; default ``round``), ``clients`` (captured
   clients; default all).
