@@ -21,7 +21,7 @@ from gi.analysis.report import (
 )
 from gi.core.config import to_dict
 from gi.experiments.config.labels import LabelBenchConfig, point_label
-from gi.experiments.labels_diagnostics import plot_diagnostics
+from gi.experiments.labels_diagnostics_output import plot_diagnostics
 
 
 def line_axis(cfg: LabelBenchConfig) -> str | None:

@@ -15,16 +15,18 @@ import yaml
 from gi.attack.stages import LabelTable
 from gi.core.config import load
 from gi.core.errors import ConfigError
-from gi.experiments.config.labels import LabelBenchConfig
-from gi.experiments.labels import run_label_bench
-from gi.experiments.labels_diagnostics import (
-    DIAGNOSTICS,
+from gi.experiments.config.diagnostics import (
+    DIAGNOSTIC_OPTIONS,
     LANDSCAPE_KINDS,
     PAPER_LOGIT_PAIRS,
     LabelLandscape,
     LogitHistograms,
     PosteriorBoxes,
 )
+from gi.experiments.config.labels import LabelBenchConfig
+from gi.experiments.labels import run_label_bench
+from gi.experiments.labels_diagnostics import DIAGNOSTICS
+from gi.experiments.labels_diagnostics_output import PLOTS
 from gi.world.data import ImageDataset
 from gi.world.fl.protocol import Protocol
 from gi.world.fl.victim import capture_gradients
@@ -64,6 +66,17 @@ BASE = {"scenario": "test-diagnostics-aux", "labels": {"methods": ["idlg"]}}
 def _cfg(tmp_path, **kwargs) -> LabelBenchConfig:
     return LabelBenchConfig(name="h", scenario="test-diagnostics-aux", trials=2, out=str(tmp_path / "h"),
                             labels=LabelTable(["idlg"]), progress=False, **kwargs)
+
+
+def test_every_diagnostic_has_its_options_data_and_plot():
+    """The three homes of a diagnostic (options schema, data, files) name the same diagnostics, and a name without
+    an options class cannot be registered."""
+    from gi.experiments.labels_diagnostics import Diagnostic, register_diagnostic
+
+    assert set(DIAGNOSTICS) == set(DIAGNOSTIC_OPTIONS) == set(PLOTS)
+    with pytest.raises(ConfigError, match="no options class"):
+        register_diagnostic("no-such-diagnostic")(Diagnostic(lambda *a: None, ()))
+    assert "no-such-diagnostic" not in DIAGNOSTICS
 
 
 def test_every_registered_diagnostic_writes_its_files_and_round_trips_through_config_yaml(tmp_path):
@@ -189,7 +202,7 @@ def test_a_pair_beyond_the_models_classes_is_an_error(tmp_path):
 
 def test_bad_diagnostics_fail_without_torch():
     code = ("import sys\nfrom gi.core.errors import ConfigError\n"
-            "from gi.experiments.labels_diagnostics import LogitHistograms, diagnostic_options\n"
+            "from gi.experiments.config.diagnostics import LogitHistograms, diagnostic_options\n"
             "for bad in (lambda: LogitHistograms(bins=0), lambda: diagnostic_options({'nope': {}}),\n"
             "            lambda: diagnostic_options({'label_landscape': {'points': 1}}),\n"
             "            lambda: diagnostic_options({'logit_histograms': {'bins': 0}})):\n"

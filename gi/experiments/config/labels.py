@@ -11,7 +11,7 @@ from typing import Any
 from gi.attack.stages import LABELS_DOC, RENAMED_LABEL_KEYS, LabelTable
 from gi.core.config import from_dict, refuse_renamed, set_dotted
 from gi.core.errors import ConfigError
-from gi.experiments.labels_diagnostics import diagnostic_options, refuse_replaced_keys
+from gi.experiments.config.diagnostics import diagnostic_options, refuse_replaced_keys
 from gi.experiments.outdir import check_run_name
 from gi.world.setup import MAX_CAPTURES, deprecated, upgrade
 
