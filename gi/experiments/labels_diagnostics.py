@@ -1,11 +1,11 @@
 """The aux diagnostics of ``gi labels`` (its ``diagnostics:`` key): a registry of figures drawn, per grid point,
 from the attacker's aux set run through the first trial's global model.
 
-``diagnostics: {NAME: OPTIONS, ...}`` names entries of :data:`DIAGNOSTICS`. Each entry (:class:`Diagnostic`)
-declares the dataclass its options are read into (checked when the config loads, before any work), whether it
-needs the aux set, ``collect(cfg, point, trial, options)`` (its data of one grid point, from the point's first
-trial, before the label methods run) and ``plot(out, cfg, collected, options)`` (its files in the output
-directory, from ``{point: data}``). The entries:
+``diagnostics: {NAME: OPTIONS, ...}`` names entries of :data:`DIAGNOSTICS`. Each has an options dataclass (read
+when the config loads, before any work), a :class:`Diagnostic` here (whether it needs the aux set, and
+``collect(cfg, point, trial, options)``: its data of one grid point, from the point's first trial, before the label
+methods run) and a ``plot(out, cfg, collected, options)`` (its files in the output directory, from
+``{point: data}``). The entries:
 
 * ``posteriors`` (no options): ``posteriors.png`` / ``posteriors.csv``, the posterior paper's Fig. 2 and the
   premise of its eq. 3: for every class j the box of p_j over the aux samples of class j (positive) and over the
