@@ -28,7 +28,10 @@ def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 
 def test_every_trial_starts_from_the_one_pretrained_model(monkeypatch, tmp_path):
+    from gi.world import build
+
     monkeypatch.setenv("GI_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(build, "TRAINED", build.LRU(4))  # no checkpoint of an earlier test in this process
     scenario = get_scenario("fedavg-client")
     warm = [_start(scenario({**SETUP, "train": TRAIN}, torch.Generator(), trial)) for trial in (0, 1)]
     cold = [_start(scenario(SETUP, torch.Generator(), trial)) for trial in (0, 1)]
