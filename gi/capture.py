@@ -85,6 +85,8 @@ def _read(path: str | os.PathLike, expect: str) -> tuple[dict[str, Tensor], dict
         meta = json.loads(header["gi"])
     except json.JSONDecodeError as exc:
         raise CaptureError(f"{path}: its gi metadata is not valid JSON ({exc.msg} at {exc.pos})") from None
+    except ValueError as exc:  # e.g. an integer literal past Python's digit limit
+        raise CaptureError(f"{path}: its gi metadata holds a value that cannot be read ({exc})") from None
     if not isinstance(meta, dict) or meta.get("type") != expect:
         kind = meta.get("type") if isinstance(meta, dict) else type(meta).__name__
         raise CaptureError(f"{path} holds a {kind!r}, not a {expect!r}")
@@ -657,6 +659,53 @@ class Truth:
         """One line: the batch's shape and labels (the pixels stay out of it)."""
         return f"Truth(images={tuple(self.images.shape)}, labels={self.labels.tolist()})"
 
+    def check(self, num_classes: int | None = None, in_shape: tuple[int, ...] | list[int] | None = None,
+              where: str = "truth") -> Truth:
+        """Refuse a truth that would make a score meaningless, with one line naming the field (returns ``self``).
+
+        Images: (B, C, H, W) float pixels in [0, 1], finite (8-bit or normalised images are refused, not clamped);
+        ``in_shape``: the capture model's input shape they must have. Targets: finite (B, C) rows on the simplex.
+        Labels: B integer class ids in [0, C). Counts: (C,) non-negative integers equal to the labels' histogram.
+        ``num_classes``: the capture's C, which the targets must have. A truth saved without images
+        (``keep_images=False``) holds an empty image tensor and is checked for its labels only."""
+        images, labels, targets, counts = self.images, self.labels, self.targets, self.counts
+        bad = (f"{where}: images must be (B, C, H, W)" if images.ndim != 4 else
+               f"{where}: images are {images.dtype}, not float pixels in [0, 1] (8-bit images: divide by 255)"
+               if not images.is_floating_point() else None)
+        if bad is None and images.numel():
+            if not torch.isfinite(images).all():
+                bad = f"{where}: images contain NaN or Inf"
+            elif images.min() < 0 or images.max() > 1:
+                bad = (f"{where}: image pixels span [{float(images.min()):.4g}, {float(images.max()):.4g}], not "
+                       "[0, 1] (8-bit images: divide by 255; normalised ones: undo the normalisation)")
+            elif in_shape is not None and tuple(images.shape[1:]) != tuple(in_shape):
+                bad = (f"{where}: images are {tuple(images.shape[1:])} but the capture's model takes "
+                       f"{tuple(in_shape)}")
+        if bad is None and (targets.ndim != 2 or not targets.is_floating_point()):
+            bad = f"{where}: targets must be float (B, C) soft labels, got {targets.dtype} {tuple(targets.shape)}"
+        if bad is None and (labels.ndim != 1 or labels.is_floating_point() or labels.dtype == torch.bool):
+            bad = f"{where}: labels must be (B,) integer class ids, got {labels.dtype} {tuple(labels.shape)}"
+        if bad is None:
+            b, c = int(labels.shape[0]), int(targets.shape[1])
+            if num_classes is not None and c != int(num_classes):
+                bad = f"{where}: targets have {c} classes but the capture's model has {num_classes}"
+            elif targets.shape[0] != b or (images.numel() and images.shape[0] != b):
+                bad = (f"{where}: {b} labels, {targets.shape[0]} targets and {images.shape[0]} images; one of each "
+                       "per sample")
+            elif not torch.isfinite(targets).all() or (targets < 0).any() or (
+                    b and ((targets.double().sum(1) - 1).abs() > 1e-3).any()):
+                bad = f"{where}: targets must be finite, non-negative rows that sum to 1 (soft labels)"
+            elif b and (labels.min() < 0 or labels.max() >= c):
+                bad = f"{where}: labels span [{int(labels.min())}, {int(labels.max())}], outside the classes [0, {c})"
+            elif counts.shape != (c,) or counts.is_floating_point() or counts.dtype == torch.bool:
+                bad = f"{where}: counts must be ({c},) integers, got {counts.dtype} {tuple(counts.shape)}"
+            elif not torch.equal(counts.long(), torch.bincount(labels.long(), minlength=c)):
+                bad = (f"{where}: counts {counts.tolist()} disagree with the labels' histogram "
+                       f"{torch.bincount(labels.long(), minlength=c).tolist()}")
+        if bad is not None:
+            raise CaptureError(bad)
+        return self
+
     @property
     def proportions(self) -> Tensor:
         c = self.counts.double()
@@ -674,5 +723,8 @@ class Truth:
         if missing:
             raise CaptureError(f"{path}: truth tensor(s) {missing} are missing; re-save it with Truth.save")
         extra = {k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith("extra/")}
+        inner = meta.get("meta", {})
+        if not isinstance(inner, dict):
+            raise CaptureError(f"{path}: metadata field 'meta' is a {type(inner).__name__}, expected dict")
         return cls(tensors["images"], tensors["labels"], tensors["targets"], tensors["counts"], extra,
-                   meta.get("meta", {}))
+                   inner).check(where=str(path))

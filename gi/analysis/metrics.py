@@ -37,7 +37,8 @@ KL_EPS = 1e-6  # smoothing of the predicted proportions inside prop_kl
 
 
 def _image_pair(rec: Tensor, truth: Tensor, where: str) -> tuple[Tensor, Tensor]:
-    """Check shapes and finiteness, clamp both to [0, 1]."""
+    """Check shapes, dtypes and finiteness; the truth must be float pixels in [0, 1] (a scorer that clamped an 8-bit
+    or normalised truth would report a wrong PSNR as valid); the reconstruction is clamped to [0, 1]."""
     for name, x in (("reconstruction", rec), ("truth", truth)):
         if not isinstance(x, Tensor):
             raise ConfigError(f"{where}: {name} must be a torch.Tensor, got {type(x).__name__}")
@@ -46,9 +47,18 @@ def _image_pair(rec: Tensor, truth: Tensor, where: str) -> tuple[Tensor, Tensor]
     if rec.shape != truth.shape:
         raise ConfigError(f"{where}: reconstruction shape {tuple(rec.shape)} != truth shape {tuple(truth.shape)}; "
                           "pass one reconstruction per truth image at the same resolution")
-    if not (torch.isfinite(rec).all() and torch.isfinite(truth).all()):
-        raise ConfigError(f"{where}: images contain NaN or Inf; check the reconstruction run")
-    return rec.clamp(0, 1), truth.clamp(0, 1).to(rec.device)
+    if not truth.is_floating_point():
+        raise ConfigError(f"{where}: truth images are {truth.dtype}, not float pixels in [0, 1] (8-bit images: "
+                          "divide by 255)")
+    if not torch.isfinite(truth).all():
+        raise ConfigError(f"{where}: the truth images contain NaN or Inf; check the truth file")
+    if truth.numel() and (truth.min() < 0 or truth.max() > 1):
+        raise ConfigError(f"{where}: truth pixels span [{float(truth.min()):.4g}, {float(truth.max()):.4g}], not "
+                          "[0, 1] (8-bit images: divide by 255; normalised ones: undo the normalisation)")
+    if not torch.isfinite(rec).all():
+        raise ConfigError(f"{where}: the reconstruction contains NaN or Inf; check the reconstruction run")
+    # a reconstruction may overshoot [0, 1] (its pixels are optimised); the truth is checked above, never clamped
+    return rec.clamp(0, 1), truth.to(rec.device)
 
 
 def psnr(rec: Tensor, truth: Tensor) -> Tensor:

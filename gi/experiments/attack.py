@@ -94,7 +94,8 @@ def run_attack(cfg: AttackConfig) -> AttackRun:
         if len(truth_files) != len(captures):
             raise ConfigError(f"truth={cfg.truth!r} holds {len(truth_files)} truth file(s) for {len(captures)} "
                               "capture(s)")
-        truths = [Truth.load(f) for f in truth_files]
+        truths = [Truth.load(f).check(c.model_spec["num_classes"], c.model_spec.get("in_shape"), str(f))
+                  for f, c in zip(truth_files, captures, strict=True)]
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(cfg.out or f"runs/{cfg.name}-{stamp}")
     torch.manual_seed(cfg.seed)

@@ -12,7 +12,10 @@ def test_protocol_round_trip_and_update_flag():
 
 @pytest.mark.parametrize("kwargs, key", [({"scheme": "fedsgdd"}, "scheme"), ({"loss": "mse"}, "loss"),
                                          ({"label_aug": "cutmix"}, "label_aug"), ({"batch_size": 0}, "batch_size"),
-                                         ({"label_eps": 1.5}, "label_eps")])
+                                         ({"label_eps": 1.5}, "label_eps"), ({"lr": float("inf")}, "lr"),
+                                         ({"lr": float("nan")}, "lr"), ({"lr": 0.0}, "lr"), ({"lr": 1e-320}, "lr"),
+                                         ({"temperature": float("inf")}, "temperature"),
+                                         ({"weight_decay": float("nan")}, "weight_decay")])
 def test_protocol_rejects_bad_values_naming_the_key(kwargs, key):
     with pytest.raises(ConfigError, match=key):
         Protocol(**kwargs)

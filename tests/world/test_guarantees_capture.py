@@ -163,12 +163,26 @@ def test_header_values_that_size_work_are_bounded_at_the_door(saved, tmp_path, m
 
 @pytest.mark.parametrize("protocol_change,match", [({"local_steps": 10**9}, "local_steps must be an int in"),
                                                    ({"batch_size": 10**9}, "batch_size must be an int in"),
-                                                   ({"local_epochs": 2.5}, "local_epochs=2.5: expected int")])
+                                                   ({"local_epochs": 2.5}, "local_epochs=2.5: expected int"),
+                                                   ({"lr": float("inf")}, r"protocol.lr must be a finite number"),
+                                                   ({"lr": float("nan")}, r"protocol.lr must be a finite number"),
+                                                   ({"lr": 1e-320}, r"protocol.lr must be in \[1e-12, 1e\+06\]"),
+                                                   ({"lr": -0.1}, r"protocol.lr must be in"),
+                                                   ({"momentum": float("nan")}, "protocol.momentum must be a finite"),
+                                                   ({"dp_sigma": float("inf")}, "protocol.dp_sigma must be a finite")])
 def test_protocol_sizes_in_a_header_are_bounded(saved, tmp_path, protocol_change, match):
     capture, _ = saved
     _write(tmp_path / "c.safetensors", _tensors(capture),
            _meta(capture, protocol={**capture.protocol.to_dict(), **protocol_change}))
     with pytest.raises(CaptureError, match=match):
+        Capture.load(tmp_path / "c.safetensors")
+
+
+def test_an_integer_past_the_digit_limit_is_a_capture_error(saved, tmp_path):
+    capture, _ = saved
+    meta = json.dumps(_meta(capture))[:-1] + ', "x": ' + "7" * 100_000 + "}"
+    _write(tmp_path / "c.safetensors", _tensors(capture), meta)
+    with pytest.raises(CaptureError, match="holds a value that cannot be read"):
         Capture.load(tmp_path / "c.safetensors")
 
 
@@ -184,3 +198,53 @@ def test_json_depth_counts_brackets_outside_strings_only():
     from gi.capture import json_depth
 
     assert json_depth('{"a": [1, {"b": "[[[{"}]}') == 3 and json_depth('"\\"[["') == 0 and json_depth("1") == 0
+
+
+def _truth_with(saved, tmp_path, **changes):
+    """The saved truth file with some tensors replaced, written and read back."""
+    _, folder = saved
+    truth = Truth.load(folder / "t.safetensors")
+    tensors = {"images": truth.images, "labels": truth.labels, "targets": truth.targets, "counts": truth.counts}
+    tensors.update(changes)
+    _write(tmp_path / "t.safetensors", tensors, {"type": "truth", "meta": {}})
+    return Truth.load(tmp_path / "t.safetensors")
+
+
+@pytest.mark.parametrize("changes,match", [
+    ({"images": (torch.rand(1, 3, 32, 32) * 255).to(torch.uint8)}, r"images are torch.uint8, not float pixels"),
+    ({"images": torch.rand(1, 3, 32, 32) * 255}, r"pixels span \[.*\], not \[0, 1\]"),
+    ({"images": torch.full((1, 3, 32, 32), float("nan"))}, "images contain NaN"),
+    ({"labels": torch.tensor([-5]), "counts": torch.zeros(10, dtype=torch.long)}, r"labels span \[-5, -5\], outside"),
+    ({"labels": torch.tensor([99])}, r"labels span \[99, 99\], outside the classes \[0, 10\)"),
+    ({"counts": torch.ones(10, dtype=torch.long)}, "disagree with the labels' histogram"),
+    ({"targets": torch.full((1, 10), float("nan"))}, "targets must be finite"),
+    ({"labels": torch.tensor([3.0])}, "labels must be"),
+])
+def test_a_truth_that_would_make_a_score_meaningless_is_refused_at_load(saved, tmp_path, changes, match):
+    with pytest.raises(CaptureError, match=match):
+        _truth_with(saved, tmp_path, **changes)
+
+
+def test_a_truth_is_checked_against_its_capture(saved, tmp_path):
+    truth = _truth_with(saved, tmp_path)  # intact
+    assert truth.check(10, [3, 32, 32]) is truth
+    with pytest.raises(CaptureError, match=r"images are \(3, 32, 32\) but the capture's model takes \(1, 28, 28\)"):
+        truth.check(10, [1, 28, 28])
+    with pytest.raises(CaptureError, match="targets have 10 classes but the capture's model has 100"):
+        truth.check(100)
+
+
+def test_the_scorer_refuses_a_truth_it_would_have_clamped():
+    from gi.analysis.metrics import psnr, score
+    from gi.core.errors import ConfigError
+
+    rec = torch.rand(2, 3, 16, 16)
+    assert torch.isinf(psnr(rec, rec.clone())).all()
+    with pytest.raises(ConfigError, match="truth images are torch.uint8"):
+        score(rec, (rec * 255).to(torch.uint8))
+    with pytest.raises(ConfigError, match=r"truth pixels span \[.*\], not \[0, 1\]"):
+        psnr(rec, rec * 255)
+    with pytest.raises(ConfigError, match="the truth images contain NaN"):
+        psnr(rec, torch.full_like(rec, float("nan")))
+    with pytest.raises(ConfigError, match="the reconstruction contains NaN"):
+        psnr(torch.full_like(rec, float("nan")), rec)

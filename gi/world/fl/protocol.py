@@ -9,6 +9,7 @@ local epochs or steps, which FL scheme (:mod:`gi.world.fl.schemes`) and its hype
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,12 @@ DP_SCALES = ("update", "gradient", "step")
 MAX_BATCH = 1_000_000  # samples in one client batch
 MAX_LOCAL_EPOCHS = 10_000
 MAX_LOCAL_STEPS = 1_000_000  # a client round of a million steps is no FL round; a capture saying so is refused
+# The learning rate sizes every later division (the update-to-gradient view −Δθ/η of the label methods): an lr
+# outside this range (∞, NaN, a denormal whose reciprocal overflows) would make every answer meaningless.
+LR_RANGE = (1e-12, 1e6)
+# Real-valued fields that must be finite numbers (a NaN or ∞ here makes a capture's update unexplainable).
+_FINITE = ("focal_gamma", "temperature", "lr", "momentum", "adadelta_rho", "adadelta_eps", "weight_decay", "prox_mu",
+           "feddyn_alpha", "feddc_alpha", "dp_sigma", "dp_clip", "label_eps")
 _LEGACY_EXTRA = ("local_steps", "dp_scale", "share_bn_stats")
 
 
@@ -92,10 +99,15 @@ class Protocol:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
                 raise ConfigError(f"protocol.{name} must be an int in [1, {most}], got {value!r}")
+        for name in _FINITE:
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                      or not math.isfinite(value)):
+                raise ConfigError(f"protocol.{name} must be a finite number, got {value!r}")
         if self.temperature <= 0:
             raise ConfigError(f"protocol.temperature must be > 0, got {self.temperature!r}")
-        if self.lr <= 0:
-            raise ConfigError(f"protocol.lr must be > 0, got {self.lr!r}")
+        if not LR_RANGE[0] <= self.lr <= LR_RANGE[1]:
+            raise ConfigError(f"protocol.lr must be in [{LR_RANGE[0]:g}, {LR_RANGE[1]:g}], got {self.lr!r}")
         if not 0.0 <= self.adadelta_rho < 1.0 or self.adadelta_eps <= 0:
             raise ConfigError(f"protocol.adadelta_rho must be in [0, 1) and adadelta_eps > 0, got "
                               f"{self.adadelta_rho!r}, {self.adadelta_eps!r}")
