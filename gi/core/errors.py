@@ -22,6 +22,11 @@ class AssetError(GIError):
     """An offline asset (dataset files, backbone weights) is missing; the message names the install command."""
 
 
+class CacheError(GIError):
+    """An entry of the on-disk cache (``$GI_CACHE_DIR``) holds other bytes than its recorded digest: the message
+    names the path and how to rebuild it (docs/guarantees.md, "The cache")."""
+
+
 class OutputError(GIError):
     """An output could not be written while a command wrote it (disk full, a place turned read-only): the message
     names the path; nothing half-written is left (docs/guarantees.md, "Nothing is lost or overwritten")."""

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gi.core.cache import read_entry, remove_entry, write_entry
 from gi.core.config import to_dict
 from gi.core.errors import ConfigError
 from gi.world.setup import DataConfig, ModelConfig, TrainConfig, VictimSetup, check_capture_count
@@ -188,20 +189,20 @@ def trained_model(key: str, build: Callable[[], torch.nn.Module],
     path = _disk_path(key) if disk else None
 
     def make() -> tuple[dict[str, Any], dict[str, Any]]:
-        if path is not None and path.is_file():
-            from safetensors.torch import load_file
-
-            meta = path.with_suffix(".json")
-            return load_file(str(path)), json.loads(meta.read_text()) if meta.is_file() else {}
+        if path is not None:
+            entry = read_entry(path)  # checked against its digest; a damaged one is rebuilt (gi.core.cache)
+            if entry is not None:
+                try:
+                    build().load_state_dict(entry[0])
+                    return entry
+                except RuntimeError as exc:  # the file's tensors are not this model's
+                    log.warning("cache: %s does not fit the model (%s); rebuilt", path, str(exc).splitlines()[0])
+                    remove_entry(path)
         model = build()
         info = train(model)
         state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
         if path is not None:
-            from safetensors.torch import save_file
-
-            path.parent.mkdir(parents=True, exist_ok=True)
-            save_file(state, str(path))
-            path.with_suffix(".json").write_text(json.dumps(info, default=str))
+            write_entry(path, state, info)
         return state, info
 
     state, info = TRAINED.get(key, make, pin=pin)

@@ -2,22 +2,27 @@
 
 Training is deterministic (same initial state, samples, hyper-parameters and generator state: same weights on
 the same machine), so its result can be cached by content: with ``$GI_CACHE_DIR`` set, :func:`train_model` keeps
-the trained state, its record and the generator's final state under ``$GI_CACHE_DIR/train/<hash>`` and a later
-call with identical inputs (any command, any process) loads them instead of training again: a trained ResNet-18
-costs minutes on a 2-core CPU, its cache hit a fraction of a second.
+the trained state, its record and the generator's final state under ``$GI_CACHE_DIR/train/<hash>.safetensors``
+(a checked entry of :mod:`gi.core.cache`: written atomically, its digest verified on load), and a later call with
+identical inputs (any command, any process) loads them instead of training again: a trained ResNet-18 costs
+minutes on a 2-core CPU, its cache hit a fraction of a second.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from gi.core.cache import read_entry, remove_entry, write_entry
 from gi.world.losses import soft_cross_entropy
+
+log = logging.getLogger("gi.train")
 
 Tensor = torch.Tensor
 CACHE_VERSION = 1  # bump when train_model's arithmetic changes: old cache entries then no longer match
@@ -70,9 +75,14 @@ def train_model(
     """
     settings = {"epochs": float(epochs), "batch_size": int(batch_size), "lr": float(lr), "momentum": float(momentum)}
     root = cache_dir() if cache else None
-    path = root / training_key(model, images, labels, settings, generator) if root is not None else None
-    if path is not None and (path / "done").is_file():
-        return _load(model, path, generator)
+    key = training_key(model, images, labels, settings, generator) if root is not None else None
+    path = root / f"{key}.safetensors" if root is not None else None
+    if path is not None:
+        initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        cached = _load(model, path, generator)
+        if cached is not None:
+            return cached
+        model.load_state_dict(initial)  # a half-loaded damaged entry must not leak into the training
     stats = _train(model, images, labels, generator=generator, **settings)
     if path is not None:
         _save(model, path, generator, stats)
@@ -105,34 +115,31 @@ def _train(model: torch.nn.Module, images: Tensor, labels: Tensor, epochs: float
 
 
 def _save(model: torch.nn.Module, path: Path, generator: torch.Generator | None, stats: dict[str, float]) -> None:
-    """Write the entry into a temporary folder and rename it into place (concurrent writers: the first wins)."""
-    from safetensors.torch import save_file
-
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(tmp / "state.safetensors"))
+    """One checked cache entry (:func:`gi.core.cache.write_entry`): the trained state and the generator's state."""
     rng = generator.get_state() if generator is not None else torch.get_rng_state()
-    save_file({"rng": rng}, str(tmp / "rng.safetensors"))
-    (tmp / "stats.json").write_text(json.dumps(stats))
-    (tmp / "done").write_text("")
+    write_entry(path, {**{f"state/{k}": v for k, v in model.state_dict().items()}, "rng": rng}, stats)
+
+
+def _load(model: torch.nn.Module, path: Path, generator: torch.Generator | None) -> dict[str, float] | None:
+    """The cached training, put into ``model`` and ``generator``; ``None`` where there is none or it was damaged
+    (:func:`gi.core.cache.read_entry`) or its tensors are not this model's (removed with a warning)."""
+    entry = read_entry(path)
+    if entry is None:
+        return None
+    tensors, stats = entry
+    state = {k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith("state/")}
+    rng = tensors.get("rng")
     try:
-        tmp.rename(path)
-    except OSError:  # another process cached the same training first
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _load(model: torch.nn.Module, path: Path, generator: torch.Generator | None) -> dict[str, float]:
-    from safetensors.torch import load_file
-
-    state = load_file(str(path / "state.safetensors"))
-    model.load_state_dict(state)  # copies into the model's own tensors (their device and dtype)
-    rng = load_file(str(path / "rng.safetensors"))["rng"]
+        if rng is None or rng.dtype != torch.uint8:
+            raise RuntimeError("no generator state")
+        model.load_state_dict(state)  # copies into the model's own tensors (their device and dtype)
+    except RuntimeError as exc:
+        log.warning("cache: %s does not fit the model (%s); retrained", path, str(exc).splitlines()[0])
+        remove_entry(path)
+        return None
     if generator is not None:
         generator.set_state(rng)
     else:
         torch.set_rng_state(rng)
     model.eval()
-    return {**json.loads((path / "stats.json").read_text()), "cached": True}
-
+    return {**stats, "cached": True}
