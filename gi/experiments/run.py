@@ -101,8 +101,10 @@ shared reconstruction (:func:`gi.experiments.outdir.log_scope`), not the other j
                 dataset, model = build_victim(cfg)
                 check_feature_layer(model, cfg.attack.feature_layer)  # a bad name answers before any capture
                 captures, truths = capture_all(cfg, dataset, model, gen)
-                log.info("captured %s %s of %d capture(s) x %d samples", cfg.model.label,
-                         "update" if captures[0].is_update else "gradients", len(captures), captures[0].num_samples)
+                log.info("captured %s %s of %d capture(s) x %d samples%s", cfg.model.label,
+                         "update" if captures[0].is_update else "gradients", len(captures), captures[0].num_samples,
+                         f" ({captures[0].meta.get('num_steps')} local steps of up to {cfg.protocol.batch_size} "
+                         f"over {cfg.protocol.local_epochs} epoch(s))" if captures[0].is_update else "")
                 # ---- attack side: captures (+ aux) only; the oracle mode alone reads truth, by request
                 aux = make_aux(cfg, dataset, gen, truths)
                 prepared = prepare_attack(cfg.labels, cfg.attack, captures,

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from gi.core.cache import read_entry, remove_entry, write_entry
 from gi.core.config import to_dict
 from gi.core.errors import ConfigError
-from gi.world.setup import DataConfig, ModelConfig, TrainConfig, VictimSetup, check_capture_count
+from gi.world.setup import DataConfig, ModelConfig, TrainConfig, VictimSetup, check_capture_count, client_size
 
 if TYPE_CHECKING:
     import torch
@@ -249,12 +249,13 @@ def draw_aux(dataset: Any, per_class: int, generator: torch.Generator, exclude: 
 # AblateConfig; the world wing does not import the commands' schemas, so it is typed ``Any``).
 def client_batch(cfg: Any, dataset: Any, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The client's images, soft targets (per ``protocol.label_aug``: one-hot, smoothing, mixup) and the dataset
-    indices of every sample they are made of (both images of a mixup pair)."""
+    indices of every sample they are made of (both images of a mixup pair): one batch, or a FedAvg client's N
+    images (:func:`gi.world.setup.client_size`)."""
     import torch
 
     from gi.world import data as gdata
 
-    b, c = cfg.protocol.batch_size, dataset.num_classes
+    (b, key), c = client_size(cfg.protocol), dataset.num_classes
     kind = cfg.protocol.label_aug
     if kind == "mixup":
         i1, i2 = gdata.sample_mixup_pairs(dataset, b, gen)
@@ -264,7 +265,7 @@ def client_batch(cfg: Any, dataset: Any, gen: torch.Generator) -> tuple[torch.Te
         return images, targets, torch.cat([i1, i2])
     if cfg.data.indices is not None:
         if len(cfg.data.indices) != b:
-            raise ConfigError(f"data.indices has {len(cfg.data.indices)} entries but protocol.batch_size={b}")
+            raise ConfigError(f"data.indices has {len(cfg.data.indices)} entries but {key}={b}")
         idx = torch.as_tensor(cfg.data.indices)
         images, labels = gdata.to_batch(dataset, idx)
     else:
@@ -350,17 +351,18 @@ def make_aux(cfg: VictimSetup, dataset: Any, gen: torch.Generator, truths: list[
 
 
 def victim_batches(cfg: Any, dataset: Any) -> list[list[int] | None]:
-    """The dataset indices of every capture's batch: ``data.images`` in chunks of ``protocol.batch_size``, else
+    """The dataset indices of every capture's client: ``data.images`` in chunks of its size (``protocol.batch_size``,
+    or a FedAvg client's ``protocol.num_samples``, :func:`gi.world.setup.client_size`), else
     ``data.indices`` (one batch), else ``trials`` batches drawn with the run seed (None each)."""
-    b = cfg.protocol.batch_size
+    b, key = client_size(cfg.protocol)
     if cfg.data.images is None:
         return [cfg.data.indices] if cfg.data.indices is not None else [None] * cfg.trials
-    check_capture_count(cfg.data, cfg.trials, b, len(dataset))
+    check_capture_count(cfg.data, cfg.trials, b, len(dataset), key)
     images = list(range(len(dataset))) if cfg.data.images == "all" else list(cfg.data.images)
     if max(images) >= len(dataset):
         raise ConfigError(f"data.images has index {max(images)} but {cfg.data.name} holds {len(dataset)} images")
     if len(images) % b:
-        raise ConfigError(f"data.images holds {len(images)} images, not a multiple of protocol.batch_size={b}: "
+        raise ConfigError(f"data.images holds {len(images)} images, not a multiple of {key}={b}: "
                           "every capture is a batch of consecutive entries")
     if cfg.protocol.label_aug == "mixup":
         raise ConfigError("data.images with protocol.label_aug=mixup: mixup draws its pairs; use trials")

@@ -197,10 +197,11 @@ def _cnn(in_shape, activation, channels: Sequence[int] = (8, 16), hidden: int = 
     return nn.Sequential(convs, nn.Linear(_flat_dim(convs, in_shape), hidden), _act(activation))
 
 
-def _convnet(in_shape, activation, width: int = 64, **_):
+def _convnet(in_shape, activation, width: int = 64, batch_norm: bool = True, **_):
     """Inverting Gradients' ConvNet (Geiping et al. 2020; breaching's and LeakPro's ``ConvNet``): eight 3×3
     conv → BatchNorm → act layers of widths w, 2w, 2w, 4w, 4w, 4w, a 3×3 max-pool, 4w, 4w, a 3×3 max-pool
-    (w = ``width``); a 36w-d feature for 32×32 inputs."""
+    (w = ``width``); a 36w-d feature for 32×32 inputs. ``batch_norm=False``: the same net without BatchNorm (the
+    FedAvg client round's CIFAR-10 victim, whose samples must not interact through batch statistics)."""
     widths = (width, 2 * width, 2 * width, 4 * width, 4 * width, 4 * width, None, 4 * width, 4 * width, None)
     layers: list[nn.Module] = []
     c = in_shape[0]
@@ -208,7 +209,7 @@ def _convnet(in_shape, activation, width: int = 64, **_):
         if out is None:
             layers.append(nn.MaxPool2d(3))
             continue
-        layers += [nn.Conv2d(c, out, 3, padding=1), nn.BatchNorm2d(out), _act(activation)]
+        layers += [nn.Conv2d(c, out, 3, padding=1), *([nn.BatchNorm2d(out)] if batch_norm else []), _act(activation)]
         c = out
     return nn.Sequential(*layers, nn.Flatten())
 

@@ -205,6 +205,16 @@ MAX_CAPTURES = 1000  # captures of one gi run (data.max_captures raises it), and
 # ResNet-18), all kept in memory; `data.images: all` on fashion-mnist's train split would be 60 000 of them
 
 
+def client_size(protocol: Any) -> tuple[int, str]:
+    """``(images, key)``: how many images one client of a gi run holds, and the protocol key that says so. FedSGD:
+    one batch of ``protocol.batch_size``. An update-sharing scheme with ``protocol.num_samples`` set: a client's
+    whole round, its N = ``num_samples`` images trained for ``local_epochs`` epochs of reshuffled mini-batches of
+    ``batch_size`` (:func:`gi.world.fl.local.local_schedule`); without it, one batch of ``batch_size`` images."""
+    if getattr(protocol, "is_update", False) and protocol.num_samples is not None:
+        return int(protocol.num_samples), "protocol.num_samples"
+    return int(protocol.batch_size), "protocol.batch_size"
+
+
 def capture_count(data: Any, trials: int, batch_size: int, dataset_size: int | None = None) -> int | None:
     """The number of captures a gi run asks for: ``trials`` batches, ``data.images`` in chunks of ``batch_size``
     (``all``: of the dataset's ``dataset_size`` images, else its fixed size,
@@ -223,7 +233,8 @@ def _size(data: Any, dataset_size: int | None) -> int | None:
     return dataset_size if dataset_size is not None else DATASET_SIZES.get((data.name, data.split))
 
 
-def check_capture_count(data: Any, trials: int, batch_size: int, dataset_size: int | None = None) -> None:
+def check_capture_count(data: Any, trials: int, batch_size: int, dataset_size: int | None = None,
+                        key: str = "protocol.batch_size") -> None:
     """Refuse a gi run of more than ``data.max_captures`` captures (gi run's default:
     :data:`MAX_CAPTURES`) in one line, naming the count and what to do (docs/guarantees.md): at config load for
     ``trials``, ``data.images`` lists and ``data.images: all`` of a dataset of fixed size, once a folder is read
@@ -235,7 +246,7 @@ def check_capture_count(data: Any, trials: int, batch_size: int, dataset_size: i
     asked = (f"trials={trials}" if data.images is None else
              f"data.images=all ({dataset_size} images of {data.name}/{data.split})" if data.images == "all" else
              f"data.images lists {len(data.images)} images")
-    raise ConfigError(f"{asked} asks for {n} captures (batches of protocol.batch_size={batch_size}), more than "
+    raise ConfigError(f"{asked} asks for {n} captures (clients of {key}={batch_size} images), more than "
                       f"data.max_captures={data.max_captures}: every capture keeps the model's gradient and state in "
                       "memory for one packed reconstruction; list the images to attack (data.images=[...]), split "
                       "the job (gi sweep over data.images), or raise data.max_captures")

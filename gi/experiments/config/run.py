@@ -12,7 +12,7 @@ from gi.core.config import refuse_renamed, require, to_dict
 from gi.core.errors import ConfigError
 from gi.experiments.config.attack import with_preset
 from gi.experiments.outdir import check_run_name
-from gi.world.setup import MAX_CAPTURES, DataConfig, VictimSetup, check_capture_count
+from gi.world.setup import MAX_CAPTURES, DataConfig, VictimSetup, check_capture_count, client_size
 
 RENAMED = {"data.captures": "trials"}  # one name in every command for the client batches attacked (docs/usage.md)
 
@@ -95,7 +95,7 @@ class RunConfig(VictimSetup):
                               "(data.indices one batch, data.images one per protocol.batch_size images); leave "
                               "trials out, or leave them out to draw trials random batches")
         self.attack = derived_attack(self.labels, self.attack)  # the loaders refuse an explicit other value
-        check_capture_count(self.data, self.trials, self.protocol.batch_size)  # a folder's images=all: once read
+        check_capture_count(self.data, self.trials, *client_size(self.protocol))  # a folder's images=all: once read
         if (self.attack.regularizers.get("aux-span") or self.attack.init == "aux-mean") and self.aux.per_class <= 0:
             raise ConfigError("attack.regularizers aux-span and attack.init=aux-mean use the attacker's aux images: "
                               "set aux.per_class > 0 (the fc-inputs preset needs it)")
