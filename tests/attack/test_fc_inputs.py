@@ -156,3 +156,60 @@ def test_feature_mismatch_is_zero_for_the_true_images_and_large_for_a_flat_one(f
     assert feature_mismatch(capture, truth.images.flip(0), x, "body.1") > 0.3  # the slots' order matters
     grey = torch.full_like(truth.images, 0.5)
     assert feature_mismatch(capture, grey, x, "body.1") > 0.3
+
+
+def _round(momentum: float = 0.0):
+    """A FedAvg client's round: six Fashion-MNIST images of six classes, one epoch of three SGD steps of two, on a
+    ReLU cnn without normalisation; the capture, its truth and every image's input of ``body.1`` at the parameters
+    of the step that saw it (the client's order replayed with torch.optim.SGD: the generator's first permutation)."""
+    from gi.world.fl.victim import simulate_client
+
+    data = load("fashion-mnist")
+    first: dict[int, int] = {}
+    for i, y in enumerate(data.labels.tolist()):
+        first.setdefault(y, i)
+    idx = [first[c] for c in (7, 2, 5, 0, 9, 3)]
+    images, labels = data.images[idx], data.labels[idx]
+    model = build("cnn", 10, activation="relu", in_shape=(1, 28, 28), seed=0, channels=[16, 32], hidden=64)
+    protocol = Protocol(scheme="fedavg", num_samples=6, batch_size=2, lr=0.01, momentum=momentum)
+    capture, truth = simulate_client(model, (images, labels), protocol, rng=torch.Generator().manual_seed(0))
+    order = torch.randperm(6, generator=torch.Generator().manual_seed(0))
+    replay = build("cnn", 10, activation="relu", in_shape=(1, 28, 28), seed=0, channels=[16, 32], hidden=64)
+    sgd = torch.optim.SGD(replay.parameters(), lr=0.01)
+    x = torch.zeros(6, 32 * 7 * 7, dtype=torch.float64)
+    for step in order.view(3, 2):
+        with torch.no_grad():
+            x[step] = replay.body[0](replay.normalize(images[step])).double()
+        sgd.zero_grad()
+        torch.nn.functional.cross_entropy(replay(images[step]), labels[step]).backward()
+        sgd.step()
+    assert all(torch.allclose(replay.state_dict()[k] - v, capture.update[k], atol=1e-6)
+               for k, v in model.state_dict().items() if k in capture.update)  # the replay is the client's round
+    return capture, truth, x
+
+
+def test_a_plain_sgd_round_gives_every_slot_its_input_and_other_optimisers_none():
+    from gi.attack.recon.problem import sums_gradients
+
+    capture, truth, x = _round()
+    assert sums_gradients(capture.protocol) and capture.num_samples == 6
+    soft = labels_for_slots(oracle(truth), 6, 10)
+    rows = feature_targets(capture, oracle(truth), soft, "first-linear")
+    for slot, cls in enumerate(soft.argmax(1).tolist()):  # each slot's row: its image's input where it was seen
+        image = truth.labels.tolist().index(cls)  # (measured ≤ 3e-4 from the float32 update; other images > 0.5)
+        assert _rel(rows[slot], x[image]) < 1e-2, (slot, cls)
+    momentum, mt, _ = _round(momentum=0.9)
+    assert not sums_gradients(momentum.protocol)
+    assert feature_targets(momentum, oracle(mt), soft, "first-linear") is None  # not a sum of gradients
+
+
+def test_an_update_problem_that_matches_no_layer_runs_the_forward_pass_alone():
+    from gi.attack.recon.simulate import update_simulator
+
+    capture, truth, x = _round()
+    model = capture.model()
+    simulate = update_simulator(model, capture.protocol, [], num_samples=6, features=True, feature_layer="body.1")
+    shared, features = simulate(truth.images, truth.targets)
+    with torch.no_grad():
+        expect = model.body[0](model.normalize(truth.images))
+    assert shared == {} and torch.allclose(features, expect)

@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -237,11 +238,22 @@ def check_feature_layer(model: torch.nn.Module, layer: str | None) -> None:
                           f"{FIRST_LINEAR} or one of {linear}")
 
 
+def sums_gradients(protocol: Any) -> bool:
+    """Whether an update is ``−η Σ_τ g_τ``, a plain sum of the local steps' mean-loss gradients: FedAvg with SGD
+    without momentum or weight decay (no other term enters a step). Its Linear layers' updates then factor like a
+    batch gradient over every (sample, visit): for one local epoch each sample is seen once, at its own step's
+    parameters, and ``−ΔW/η`` has rank N with the samples' inputs spanning its rows; over E epochs the E visits of
+    a sample differ only by the parameters' drift, so the rank is N up to that drift."""
+    return (protocol.scheme == "fedavg" and protocol.optimizer == "sgd" and not protocol.momentum
+            and not protocol.weight_decay)
+
+
 def layer_inputs(capture: Capture, layer: str, soft: Tensor | None, seed: int = 0, draws: int = 1_000_000
                  ) -> Tensor | None:
     """The per-sample inputs (B, n), float64, of the ``nn.Linear`` layer ``layer`` from its shared weight and bias
-    gradients, in slot order; None where the capture does not give them (an update, a layer that is not a Linear
-    with both gradients shared, inputs not sparse and nonnegative enough).
+    gradients, in slot order; None where the capture does not give them (an update that is not a plain sum of
+    gradients, :func:`sums_gradients`; a layer that is not a Linear with both tensors shared; inputs not sparse and
+    nonnegative enough). An update is read as ``−Δθ/η`` over its :func:`image_slots` samples.
 
     One sample: ``∇Wᵀ∇b/‖∇b‖²`` (every row of ∇W is ``∇b_r·x``). A FedSGD batch:
     :func:`fcn_analytic.disaggregate.linear_inputs` (the vertices of the nonnegative cone in ∇W's row space, then
@@ -259,12 +271,14 @@ def layer_inputs(capture: Capture, layer: str, soft: Tensor | None, seed: int = 
     from fcn_analytic.disaggregate import linear_inputs, sample_errors
 
     names = (f"{layer}.weight", f"{layer}.bias")
-    if capture.is_update or not all(n in capture.shared for n in names):
+    if not all(n in capture.shared for n in names) or (capture.is_update and not sums_gradients(capture.protocol)):
         return None
     gw, gb = (capture.shared[n].double() for n in names)
     if gw.dim() != 2:
         return None
-    b = capture.num_samples
+    if capture.is_update:  # −Δθ/η = Σ_τ ∇θ_τ: every row in the span of the inputs the visits saw (sums_gradients)
+        gw, gb = gw / -capture.protocol.lr, gb / -capture.protocol.lr
+    b = image_slots(capture)
     if b == 1:
         return None if not bool(gb.any()) else (gw.T @ gb / gb.dot(gb)).view(1, -1)
     key = (hashlib.sha1(gw.numpy().tobytes() + gb.numpy().tobytes()).hexdigest(), b, seed, draws)

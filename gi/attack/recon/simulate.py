@@ -54,6 +54,16 @@ def _caller(model: nn.Module, feature_layer: str | None = None
     return call
 
 
+def _forward_only(model: nn.Module, call: Callable[[State, Tensor], tuple[Tensor | None, Tensor]],
+                  features: bool) -> Simulator:
+    """No layer is matched: the features alone, one forward pass at the global model and no gradient."""
+    def forward_only(x: Tensor, y: Tensor) -> tuple[State, Tensor | None]:
+        f, _ = call(dict(model.named_parameters()), x)
+        return {}, (f if features else None)
+
+    return forward_only
+
+
 def gradient_simulator(model: nn.Module, protocol: Protocol, names: list[str], features: bool = False,
                        autograd: bool = False, loss: LossFn | None = None, feature_layer: str | None = None,
                        **_: Any) -> Simulator:
@@ -70,11 +80,7 @@ def gradient_simulator(model: nn.Module, protocol: Protocol, names: list[str], f
     # Parameters and buffers are looked up at call time: Lightning moves the module to its device after this.
     call, loss_fn = _caller(model, feature_layer), loss or loss_for(protocol)
     if not names:  # every layer weighs 0: the feature term alone, one forward pass and no gradient
-        def forward_only(x: Tensor, y: Tensor) -> tuple[State, Tensor | None]:
-            f, _ = call(dict(model.named_parameters()), x)
-            return {}, (f if features else None)
-
-        return forward_only
+        return _forward_only(model, call, features)
     if autograd:
         forward = FeaturesAndLogits(model, feature_layer)
         params = dict(model.named_parameters())
@@ -104,14 +110,15 @@ def gradient_simulator(model: nn.Module, protocol: Protocol, names: list[str], f
 
 def update_simulator(model: nn.Module, protocol: Protocol, names: list[str], num_samples: int = 1,
                      history: State | None = None, trained: list[str] | None = None, features: bool = False,
-                     **_: Any) -> Simulator:
+                     feature_layer: str | None = None, **_: Any) -> Simulator:
     """Update-sharing schemes: the client's local training unrolled functionally, ``Δθ = θ_m − θ⁰``.
 
     :func:`gi.world.fl.local.local_train` (the victim's own loop: the protocol's optimiser, weight decay and the
     scheme's
     term, RLU App. A.4–A.9) with every step's gradient ``torch.func.grad`` of the mean loss on the step's dummy
     slots (:func:`gi.world.fl.local.slot_schedule`). ``trained``: the parameters the client trains (default:
-    ``names``); ``features``: also return ``f_{N−1}(x)`` at θ⁰.
+    ``names``); ``features``: also return ``f_{N−1}(x)`` at θ⁰ (or the input of ``feature_layer``). No ``names``
+    (every layer weighs 0): the features alone, one forward pass, nothing unrolled.
     """
     if not protocol.is_update:
         raise ConfigError(f"cannot unroll protocol.scheme={protocol.scheme!r}: it shares a gradient, not an update")
@@ -119,7 +126,9 @@ def update_simulator(model: nn.Module, protocol: Protocol, names: list[str], num
     unknown = sorted(set(trained) - dict(model.named_parameters()).keys())
     if unknown:
         raise ConfigError(f"update_simulator: the model has no parameter(s) {unknown[:3]}")
-    call, loss_fn = _caller(model), loss_for(protocol)
+    call, loss_fn = _caller(model, feature_layer), loss_for(protocol)
+    if not names:
+        return _forward_only(model, call, features)
     steps = slot_schedule(protocol, num_samples)
     history = dict(history or {})
 
