@@ -246,7 +246,8 @@ def check_capture_count(data: Any, trials: int, batch_size: int, dataset_size: i
     asked = (f"trials={trials}" if data.images is None else
              f"data.images=all ({dataset_size} images of {data.name}/{data.split})" if data.images == "all" else
              f"data.images lists {len(data.images)} images")
-    raise ConfigError(f"{asked} asks for {n} captures (clients of {key}={batch_size} images), more than "
+    unit = "batches" if key == "protocol.batch_size" else "clients"
+    raise ConfigError(f"{asked} asks for {n} captures ({unit} of {key}={batch_size}), more than "
                       f"data.max_captures={data.max_captures}: every capture keeps the model's gradient and state in "
                       "memory for one packed reconstruction; list the images to attack (data.images=[...]), split "
                       "the job (gi sweep over data.images), or raise data.max_captures")

@@ -95,7 +95,8 @@ class RunConfig(VictimSetup):
                               "(data.indices one batch, data.images one per protocol.batch_size images); leave "
                               "trials out, or leave them out to draw trials random batches")
         self.attack = derived_attack(self.labels, self.attack)  # the loaders refuse an explicit other value
-        check_capture_count(self.data, self.trials, *client_size(self.protocol))  # a folder's images=all: once read
+        size, key = client_size(self.protocol)
+        check_capture_count(self.data, self.trials, size, key=key)  # a folder's images=all: once read
         if (self.attack.regularizers.get("aux-span") or self.attack.init == "aux-mean") and self.aux.per_class <= 0:
             raise ConfigError("attack.regularizers aux-span and attack.init=aux-mean use the attacker's aux images: "
                               "set aux.per_class > 0 (the fc-inputs preset needs it)")
