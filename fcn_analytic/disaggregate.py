@@ -13,8 +13,9 @@ dense (most units active). The columns of X lie in the span of ∇W's top-B righ
 x_j = V c_j. For B − 1 input coordinates that are all zeros of sample j, the null vector c of those rows of V
 gives x_j's direction. A candidate is kept when x = V c has at least ``min_zeros`` near-zero entries and a single
 sign (a mixture of nonnegative inputs with coefficients of both signs has entries of both signs), and directions
-found twice are kept once. With C = [c_1 … c_B], Δ = ∇W V C⁻ᵀ up to one scale per sample, and ∇b = Δ s gives
-those scales (least squares), so x_j = V c_j / s_j and the output errors come with them.
+found twice are kept once; of more than B, the B that span the space best (:func:`spanning`). With
+C = [c_1 … c_B], Δ = ∇W V C⁻ᵀ up to one scale per sample, and ∇b = Δ s gives those scales (least squares), so
+x_j = V c_j / s_j and the output errors come with them.
 
 Vertices. The same directions are the extreme rays of the cone {x = V c : x ≥ 0} when, as for ReLU maps, no
 sample's support contains another's (then x_j − ε x_k leaves the cone for every k ≠ j): they are the vertices of
@@ -149,15 +150,27 @@ def linear_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, batch: int, *, sam
     if len(found) < batch:
         raise GIError(f"linear_inputs: {len(found)} of {batch} inputs found in {draws} draws; the layer's inputs "
                       f"are not sparse and nonnegative enough for this batch (or raise samples)")
-    if len(found) > batch:  # more one-signed sparse directions than samples: keep the sparsest
-        zeros = ((found @ vn.T).abs() < zero_tol * (found @ vn.T).abs().amax(1, keepdim=True)).sum(1)
-        found = found[zeros.argsort(descending=True)[:batch]]
+    if len(found) > batch:  # more one-signed sparse directions than samples: the B that span the space best
+        found = found[spanning(found, batch)]
     c = found.T
     deltas = grad_w @ v @ torch.linalg.inv(c.T)
     scale = torch.linalg.lstsq(deltas, grad_b[:, None]).solution.squeeze(1)
     inputs = (v @ c / scale).T
     output_errors = (deltas * scale).T
     return LinearInputs(inputs, output_errors, draws, factor_residual(grad_w, grad_b, inputs, output_errors))
+
+
+def spanning(directions: torch.Tensor, count: int) -> torch.Tensor:
+    """Indices of ``count`` rows of ``directions`` (unit coefficient vectors, K × B) chosen greedily for the largest
+    volume: QR with column pivoting (Businger & Golub 1965), each pick the direction farthest from the span of those
+    picked before. The B inputs are a basis of the B-dimensional row space; a near-copy of an input (a vertex of a
+    slightly perturbed cone, e.g. under the float32 rounding of an update) adds almost no volume, so the copies
+    are passed over where keeping the sparsest would keep them (a FedAvg round of 50 images: 48–50 of 50 inputs
+    kept against 20–41)."""
+    from scipy.linalg import qr
+
+    _, _, pivots = qr(directions.T.numpy(), pivoting=True, mode="economic")
+    return torch.as_tensor(pivots[:count].copy(), dtype=torch.long)
 
 
 def factor_residual(grad_w: torch.Tensor, grad_b: torch.Tensor | None, inputs: torch.Tensor,

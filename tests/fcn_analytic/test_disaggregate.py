@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fcn_analytic.disaggregate import factor_residual, linear_inputs
+from fcn_analytic.disaggregate import factor_residual, linear_inputs, spanning
 from gi.core.errors import GIError
 from gi.world.data import load
 from gi.world.fl.protocol import Protocol
@@ -137,3 +137,20 @@ def test_bad_inputs_are_clear_errors():
     dense = torch.rand(3, 120, dtype=torch.float64) + 0.1  # no zeros: nothing for the sampling to find
     with pytest.raises(GIError, match="0 of 3 inputs found"):
         linear_inputs(delta.T @ dense, delta.sum(0), 3, samples=4_000, chunk=2_000)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(2, 12), st.integers(1, 4), st.integers(0, 10_000))
+def test_spanning_keeps_one_direction_of_each_input_and_passes_over_near_copies(b, copies, seed):
+    """B random unit directions (a basis) and ``copies`` near-copies of each (perturbed by 1e-3): the B picked are
+    one per input, whatever the order the candidates come in."""
+    gen = torch.Generator().manual_seed(seed)
+    basis = torch.nn.functional.normalize(torch.randn(b, b, generator=gen, dtype=torch.float64), dim=1)
+    while torch.linalg.svdvals(basis)[-1] < 0.05:  # a well-separated basis (the inputs of a batch)
+        basis = torch.nn.functional.normalize(torch.randn(b, b, generator=gen, dtype=torch.float64), dim=1)
+    near = basis.repeat(copies, 1) + 1e-3 * torch.randn(b * copies, b, generator=gen, dtype=torch.float64)
+    candidates = torch.cat([basis, torch.nn.functional.normalize(near, dim=1)])
+    owner = torch.arange(b).repeat(copies + 1)
+    order = torch.randperm(len(candidates), generator=gen)
+    picked = spanning(candidates[order], b)
+    assert sorted(owner[order][picked].tolist()) == list(range(b))
