@@ -212,7 +212,10 @@ def test_dropout_of_rate_zero_is_no_defence():
 @pytest.mark.parametrize("entries, match", [
     ([{"name": "noise", "strength": 1.0}], "not a defence"),
     ([{"name": "gaussian", "strength": -1.0}], "must be >= 0"),
-    ([{"name": "gaussian", "strength": "big"}], "needs a number"),
+    ([{"name": "gaussian", "strength": "big"}], "needs a finite number"),
+    ([{"name": "gaussian", "strength": float("inf")}], "needs a finite number"),
+    ([{"name": "gaussian", "strength": float("nan")}], "needs a finite number"),
+    ([{"name": "dp-sgd", "strength": 1.0, "params": {"max_grad_norm": float("inf")}}], "expected a finite number"),
     ([{"name": "topk", "strength": 1.0}], r"in \[0, 1\)"),
     ([{"name": "quantize", "strength": 2.5}], "integer"),
     ([{"name": "secagg", "strength": 0}], "integer >= 1"),

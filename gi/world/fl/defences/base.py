@@ -29,6 +29,7 @@ This module loads no torch: the defences import it inside their functions.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,8 +122,8 @@ def check_entries(entries: Any) -> list[dict[str, Any]]:
             raise ConfigError(f"{where}.name={name!r} is not a defence; valid: {sorted(DEFENCES)}")
         d = DEFENCES[name]
         strength = entry.get("strength")
-        if isinstance(strength, bool) or not isinstance(strength, int | float):
-            raise ConfigError(f"{where}.strength={strength!r}: {name} needs a number ({d.strength})")
+        if isinstance(strength, bool) or not isinstance(strength, int | float) or not math.isfinite(strength):
+            raise ConfigError(f"{where}.strength={strength!r}: {name} needs a finite number ({d.strength})")
         if not d.valid(float(strength)):
             raise ConfigError(f"{where}.strength={strength!r}: {name}'s strength ({d.strength}) must be {d.valid_text}")
         params = entry.get("params") or {}
@@ -133,6 +134,8 @@ def check_entries(entries: Any) -> list[dict[str, Any]]:
             raise ConfigError(f"{where}.params has unknown option(s) {bad} for {name}; valid: {sorted(d.params)}")
         for key, value in params.items():
             default = d.params[key]
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{where}.params.{key}={value!r}: expected a finite number")
             if default is not None and not isinstance(value, type(default)) and not (
                     isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool)):
                 raise ConfigError(f"{where}.params.{key}={value!r}: expected a {type(default).__name__} like the "
