@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from gi.core.errors import CaptureError, ConfigError
+from gi.core.errors import CaptureError, ConfigError, as_os_error
 from gi.world.fl.protocol import Protocol
 
 Tensor = torch.Tensor
@@ -36,7 +36,10 @@ def _atomic_save(tensors: dict[str, Tensor], meta: dict[str, Any], path: str | o
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        save_file(flat, tmp, metadata={"gi": json.dumps(meta)})
+        try:
+            save_file(flat, tmp, metadata={"gi": json.dumps(meta)})
+        except Exception as exc:  # a full disk inside safetensors: the OSError it is (docs/guarantees.md)
+            raise as_os_error(exc, tmp) from None
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

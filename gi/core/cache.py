@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gi.core.errors import CacheError
+from gi.core.errors import CacheError, as_os_error
 
 if TYPE_CHECKING:
     import torch
@@ -74,7 +74,10 @@ def write_entry(path: Path, tensors: dict[str, torch.Tensor], record: dict[str, 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp, tmp_record = _temporary(path), _temporary(record_path(path))
     try:
-        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp))
+        try:
+            save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp))
+        except Exception as exc:  # a full disk inside safetensors: the OSError it is
+            raise as_os_error(exc, tmp) from None
         text = json.dumps({"record": record, "sha256": file_digest(tmp), "bytes": tmp.stat().st_size},
                           default=str)
         tmp_record.write_text(text)

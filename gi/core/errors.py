@@ -5,6 +5,12 @@ Messages are one line: what was wrong and how to fix it.
 
 from __future__ import annotations
 
+import os
+import re
+
+# how a Rust library (safetensors) reports an OS error in its message: "… (os error 28)" or "Os { code: 28, … }"
+_OS_CODE = re.compile(r"(?:\(os error |Os \{ code: )(\d+)")
+
 
 class GIError(Exception):
     """Base class of every error the toolkit raises on purpose."""
@@ -40,3 +46,17 @@ class Stopped(BaseException):
     def __init__(self, signum: int, name: str) -> None:
         super().__init__(f"stopped by {name}")
         self.signum, self.name = signum, name
+
+
+def as_os_error(exc: BaseException, path: str | os.PathLike) -> BaseException:
+    """A storage failure that a library reports in its own type (safetensors' ``SafetensorError`` says
+    ``Error while serializing: I/O error: No space left on device (os error 28)`` for a full disk) as the
+    ``OSError`` it is, naming ``path``,
+    so that the output and cache writers treat it like any other failed write; ``exc`` itself otherwise."""
+    if isinstance(exc, OSError):
+        return exc
+    found = _OS_CODE.search(str(exc))
+    if found is None:
+        return exc
+    code = int(found.group(1))
+    return OSError(code, os.strerror(code), os.fspath(path))

@@ -42,6 +42,7 @@ from typing import Any
 
 from gi.core.errors import GIError
 from gi.experiments.config.sweep import Job, SweepConfig, expand_jobs, job_config, pack_key
+from gi.experiments.outdir import write_error
 from gi.experiments.sweep_output import write_aggregate, write_failure, write_sweep_record
 
 log = logging.getLogger("gi.experiments.sweep")
@@ -287,12 +288,17 @@ def run_sweep(cfg: SweepConfig) -> Path:
     """Run (or resume) the sweep and aggregate it; returns the sweep directory. Raises :class:`JobsFailed` after
     the aggregation when any job failed."""
     root = Path(cfg.out or f"runs/sweep-{cfg.name}")
-    root.mkdir(parents=True, exist_ok=True)
     jobs = expand_jobs(cfg)
     accelerator = _accelerator(cfg)
     devices = _devices(cfg, accelerator)
-    (root / "jobs").mkdir(exist_ok=True)
-    write_sweep_record(root, cfg, jobs)
+    try:  # a read-only mount or a full disk: the one-line OutputError of every command (docs/guarantees.md)
+        (root / "jobs").mkdir(parents=True, exist_ok=True)
+        write_sweep_record(root, cfg, jobs)
+    except OSError as exc:
+        error = write_error(exc, root, root)
+        if error is None:
+            raise
+        raise error from None
     if cfg.shards is not None:  # one shard of an array: alone, no rendezvous; a later plain run aggregates all
         if accelerator == "cpu":
             os.environ.setdefault("GI_THREADS", "1")

@@ -241,6 +241,38 @@ def test_gi_run_on_a_full_disk_exits_2_with_one_line_and_publishes_nothing(tmp_p
     assert "\n" not in err and list(tmp_path.iterdir()) == []
 
 
+FULL = "Error while serializing: I/O error: No space left on device (os error 28)"  # safetensors' own words
+
+
+def test_a_library_storage_error_is_the_os_error_it_names():
+    from safetensors import SafetensorError
+
+    from gi.core.errors import as_os_error
+
+    err = as_os_error(SafetensorError(FULL), "/x/capture.safetensors")
+    assert isinstance(err, OSError) and err.errno == errno.ENOSPC and err.filename == "/x/capture.safetensors"
+    other = SafetensorError("Error while deserializing header: HeaderTooLarge")
+    assert as_os_error(other, "/x") is other
+
+
+def test_gi_run_on_a_disk_that_fills_inside_safetensors_exits_2_with_one_line(tmp_path, monkeypatch, capsys):
+    """The disk fills while safetensors writes the capture (its own error type, not an OSError)."""
+    from safetensors import SafetensorError
+
+    import gi.capture
+    from gi.cli import main
+
+    def full(*args, **kwargs):
+        raise SafetensorError(FULL)
+
+    monkeypatch.setattr(gi.capture, "save_file", full)
+    out = tmp_path / "run"
+    assert main(["run", "configs/demo.yaml", *TINY, f"out={out}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"gi run: error: out={out}: cannot write ") and "No space left on device" in err, err
+    assert "\n" not in err and list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("name", ["../../x", "a/b", "..", "a\\b", ""])
 def test_run_names_stay_inside_the_runs_folder(name):
     from gi.core.config import load

@@ -143,3 +143,28 @@ def test_cli_dry_run_prints_the_plan(capsys):
     assert main(["sweep", "configs/sweep/demo-cpu.yaml", "dry_run=true"]) == 0
     out = capsys.readouterr().out
     assert "[rank 1/2] 6 job(s)" in out and "launch (torchrun)" in out and "wrote" not in out
+
+
+def test_a_sweep_into_a_read_only_place_is_one_line_output_error_before_any_job(tmp_path, monkeypatch):
+    import errno
+    import os
+    from pathlib import Path
+
+    from gi.core.errors import OutputError
+
+    real = Path.mkdir
+
+    def read_only(self, *args, **kwargs):  # a read-only mount refuses even root
+        if self.is_relative_to(tmp_path / "ro"):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    ran: list[str] = []
+    monkeypatch.setitem(sweep.JOB_KINDS, "run", _fake_kind(ran))
+    cfg = SweepConfig(name="t", grid={"attack.lr": [1.0]}, out=str(tmp_path / "ro" / "sw"), devices=1,
+                      accelerator="cpu")
+    with pytest.raises(OutputError, match=r"out=.*ro/sw: cannot write .*Read-only file system.*pass another out=") \
+            as exc:
+        run_sweep(cfg)
+    assert "\n" not in str(exc.value) and ran == []
