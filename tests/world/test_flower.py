@@ -59,10 +59,14 @@ class _Client(flwr.client.NumPyClient):
         new = [p - 0.01 for p in parameters]
         if self.bad == "nan":
             new[0] = new[0] * np.nan
+        if self.bad == "missing":
+            new = new[:1]
+        if self.bad == "shape":
+            new[0] = new[0][:, :2]
         return new, 0 if self.bad == "empty" else 4, {}
 
 
-@pytest.mark.parametrize("bad", ["nan", "empty"])
+@pytest.mark.parametrize("bad", ["nan", "empty", "missing", "shape"])
 def test_a_bad_client_is_skipped_and_logged_and_the_round_goes_on(bad, caplog):
     from gi.world.fl.flower import run_in_process
 
@@ -72,8 +76,29 @@ def test_a_bad_client_is_skipped_and_logged_and_the_round_goes_on(bad, caplog):
     run_in_process(strategy, [_Client(), _Client(bad), _Client()], num_rounds=2)
     assert sorted(cid for _, cid, _ in strategy.captures) == ["0", "0", "2", "2"]  # both rounds ran without client 1
     assert [(r, cid) for r, cid, _ in strategy.skipped] == [(1, "1"), (2, "1")]
-    assert ("NaN" if bad == "nan" else "num_examples=0") in strategy.skipped[0][2]
+    why = {"nan": "NaN", "empty": "num_examples=0", "missing": "hold 1 arrays, the model's state_dict 2",
+           "shape": "array 0 has shape (3, 2), the model's is (3, 4)"}[bad]
+    assert why in strategy.skipped[0][2]
     assert "client 1 skipped" in caplog.text
+
+
+def test_a_fit_config_without_the_round_keys_is_warned_about_once_naming_what_is_assumed(caplog):
+    from gi.world.fl.flower import run_in_process
+
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3))
+    strategy = CapturingFedAvg(model, gi.Protocol(scheme="fedavg", lr=0.1, batch_size=4), in_shape=(1, 2, 2),
+                               min_fit_clients=2, min_available_clients=2, fraction_evaluate=0.0,
+                               on_fit_config_fn=lambda r: {"batch_size": 4})
+    run_in_process(strategy, [_Client(), _Client()], num_rounds=2)
+    warned = [r.getMessage() for r in caplog.records if "fit config sets none of" in r.getMessage()]
+    assert len(strategy.captures) == 4 and len(warned) == 1
+    assert "['lr', 'local_epochs']" in warned[0] and "lr=0.1, local_epochs=1" in warned[0]
+    caplog.clear()
+    full = CapturingFedAvg(model, gi.Protocol(scheme="fedavg"), in_shape=(1, 2, 2), min_fit_clients=2,
+                           min_available_clients=2, fraction_evaluate=0.0,
+                           on_fit_config_fn=lambda r: {"batch_size": 4, "lr": 0.1, "local_steps": 1})
+    run_in_process(full, [_Client(), _Client()], num_rounds=1)
+    assert "fit config sets none of" not in caplog.text
 
 
 def test_a_client_whose_capture_fails_still_counts_in_the_mean():

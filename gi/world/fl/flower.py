@@ -79,18 +79,23 @@ def ndarrays_to_state(model: torch.nn.Module, arrays: NDArrays) -> dict[str, Ten
     return state
 
 
+ROUND_KEYS = ("lr", "batch_size", "local_epochs")  # what sizes a client's round (local_steps may replace local_epochs)
+
+
 def protocol_from_config(base: Protocol, config: dict[str, Scalar]) -> Protocol:
     """``base`` with every fit-config key that names a :class:`Protocol` field replaced (typed checks apply);
-    other keys are the application's own and are ignored."""
+    other keys are the application's own and are ignored. A config that sets none of :data:`ROUND_KEYS` is
+    warned about once per strategy by :class:`CapturingFedAvg`, naming the values the attack will assume."""
     names = {f.name for f in dataclasses.fields(Protocol)}
     known = {k: v for k, v in config.items() if k in names}
     return Protocol.from_dict({**base.to_dict(), **known}) if known else base
 
 
 # --------------------------------------------------------------------------- the strategy
-def unusable_result(res: FitRes) -> str | None:
-    """Why a client's ``FitRes`` cannot enter FedAvg's weighted mean (None when it can): no examples, or
-    parameters that are not finite."""
+def unusable_result(res: FitRes, shapes: Sequence[tuple[int, ...]] | None = None) -> str | None:
+    """Why a client's ``FitRes`` cannot enter FedAvg's weighted mean (None when it can): no examples, parameters
+    that are not finite, or (with ``shapes``, the model's ``state_dict()`` shapes in order) arrays missing, extra or
+    of another shape, which would make the mean itself fail and end the round."""
     try:
         n = int(res.num_examples)
     except (TypeError, ValueError):
@@ -101,6 +106,12 @@ def unusable_result(res: FitRes) -> str | None:
         arrays = parameters_to_ndarrays(res.parameters)
     except Exception as exc:  # noqa: BLE001  (any decoding failure of a peer's message)
         return f"parameters cannot be decoded ({type(exc).__name__})"
+    if shapes is not None:
+        if len(arrays) != len(shapes):
+            return f"its parameters hold {len(arrays)} arrays, the model's state_dict {len(shapes)}"
+        bad = next((i for i, (a, s) in enumerate(zip(arrays, shapes)) if tuple(a.shape) != tuple(s)), None)
+        if bad is not None:
+            return f"its array {bad} has shape {tuple(arrays[bad].shape)}, the model's is {tuple(shapes[bad])}"
     if any(not np.all(np.isfinite(a)) for a in arrays if np.issubdtype(a.dtype, np.number)):
         return "its parameters hold NaN or Inf"
     return None
@@ -129,6 +140,8 @@ class CapturingFedAvg(FedAvg):
         self.capture_rounds = None if capture_rounds is None else {int(r) for r in capture_rounds}
         self.capture_clients = None if capture_clients is None else {str(c) for c in capture_clients}
         self.last_layer, self.in_shape = last_layer, in_shape
+        self.shapes = [tuple(v.shape) for v in model.state_dict().values()]
+        self.warned = False  # the fit config's missing round keys: said once
         self.captures: list[tuple[int, str, Capture]] = []
         self.skipped: list[tuple[int, str, str]] = []  # (round, client id, why): left out of the round or not captured
         self._round: dict[int, tuple[NDArrays, dict[str, Scalar]]] = {}
@@ -150,7 +163,7 @@ class CapturingFedAvg(FedAvg):
         """Record the captures of this round's results, then aggregate as FedAvg does."""
         kept, failures = [], list(failures)
         for proxy, res in results:
-            reason = unusable_result(res)
+            reason = unusable_result(res, self.shapes)
             if reason is not None:  # a bad client is left out of the round, which goes on without it
                 log.warning("round %d: client %s skipped: %s", server_round, proxy.cid, reason)
                 self.skipped.append((server_round, str(proxy.cid), reason))
@@ -172,6 +185,13 @@ class CapturingFedAvg(FedAvg):
         if server_round not in self._round:
             raise CaptureError(f"round {server_round} was not configured by this strategy (configure_fit)")
         arrays, config = self._round[server_round]
+        missing = [k for k in ROUND_KEYS if k not in config and not (k == "local_epochs" and "local_steps" in config)]
+        if missing and not self.warned:
+            self.warned = True
+            assumed = ", ".join(f"{k}={getattr(self.protocol, k)!r}" for k in missing)
+            log.warning("round %d: the fit config sets none of %s; the captures assume the strategy's protocol: %s "
+                        "(set them in on_fit_config_fn, or pass protocol=gi.Protocol(...))", server_round, missing,
+                        assumed)
         before = ndarrays_to_state(self.model, arrays)
         after = ndarrays_to_state(self.model, parameters_to_ndarrays(res.parameters))
         protocol = protocol_from_config(self.protocol, config)
