@@ -15,6 +15,8 @@ SMALL_MODEL = 2_000_000  # parameters under which one CPU thread and vmap-batche
 BN_SOURCES = ("shared", "running")
 OUTPUT_ERRORS = ("simulated", "captured", "auto")
 MAX_ALTERNATIVES = 4  # attack.alternatives: each one is a whole further fit of every optimised capture
+MAX_ITERATIONS = 10_000_000  # attack.iterations: days of CPU for the smallest net; more is a typo, not a recipe
+MAX_RESTARTS = 4096  # attack.restarts: every restart holds its own images and optimiser state in memory
 # keys an alternative may not set: what the stages before the fit fixed for the base config (labels, f*, the
 # analytic answers), where it runs and how it is packed, and the alternatives themselves
 FIXED_ACROSS_ALTERNATIVES = ("alternatives", "preset", "labels", "feature_layer", "feature_draws", "analytic",
@@ -201,8 +203,10 @@ class ReconConfig:
             raise ConfigError("attack.output_error=captured reads ∂L/∂z from the capture, so joint labels have "
                               "nothing to fit: use attack.labels=fixed, or attack.output_error=simulated (DLG)")
         compile_mode(self.compile)
-        if self.iterations < 1 or self.restarts < 1:
-            raise ConfigError("attack.iterations and attack.restarts must be >= 1")
+        for key, value, most in (("iterations", self.iterations, MAX_ITERATIONS),
+                                 ("restarts", self.restarts, MAX_RESTARTS)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+                raise ConfigError(f"attack.{key} must be an int in [1, {most}], got {value!r}")
         if self.cull_after < 0:
             raise ConfigError(f"attack.cull_after must be >= 0 (0: no culling), got {self.cull_after}")
         if self.lbfgs_history is not None and self.lbfgs_history < 1:

@@ -6,12 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gi.attack.recon.config import ReconConfig, compile_mode
+from gi.attack.recon.config import MAX_ITERATIONS, MAX_RESTARTS, ReconConfig, compile_mode
 from gi.core.config import require
 from gi.core.errors import ConfigError
 from gi.experiments.outdir import check_run_name
 
 BENCH_SCHEMA = 1  # version of the throughput bench's JSON report
+MAX_BENCH_BATCH = 4096  # images in one timed batch: the bench times a step, not a data set
 
 
 @dataclass
@@ -28,7 +29,8 @@ class PackedConfig:
 
     def __post_init__(self) -> None:
         require(self.captures >= 0, "packed.captures", self.captures, ">= 0 (0: off)")
-        require(self.iterations >= 4, "packed.iterations", self.iterations, ">= 4")
+        require(4 <= self.iterations <= MAX_ITERATIONS, "packed.iterations", self.iterations,
+                f"in [4, {MAX_ITERATIONS}]")
         require(self.rounds >= 1, "packed.rounds", self.rounds, ">= 1")
         compile_mode(self.compile, "packed.compile")
 
@@ -79,12 +81,16 @@ class BenchConfig:
         bad = [m for m in self.models + ([self.packed.model] if self.packed.captures else []) if m not in zoo]
         if bad:
             raise ConfigError(f"models has unknown {bad}; valid: {zoo}")
-        if any(b < 1 for b in self.batch_sizes + self.restart_batch_sizes) or self.timing_iterations < 4:
-            raise ConfigError("batch sizes must be >= 1 and timing_iterations >= 4")
-        counts = {"restarts": self.restarts, "iterations": list(self.iterations.values()),
-                  "timing_repeats": [self.timing_repeats], "threads": [self.threads]}
-        for key, values in counts.items():
-            require(all(v >= 1 for v in values), key, getattr(self, key), "counts >= 1")
+        counts = {"batch_sizes": (self.batch_sizes, MAX_BENCH_BATCH),
+                  "restart_batch_sizes": (self.restart_batch_sizes, MAX_BENCH_BATCH),
+                  "restarts": (self.restarts, MAX_RESTARTS),
+                  "iterations": (list(self.iterations.values()), MAX_ITERATIONS),
+                  "timing_iterations": ([self.timing_iterations], MAX_ITERATIONS),
+                  "timing_repeats": ([self.timing_repeats], 1000), "threads": ([self.threads], 1024)}
+        for key, (values, most) in counts.items():  # at load, before torch: bounds like every command's
+            require(all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= most for v in values), key,
+                    getattr(self, key), f"ints in [1, {most}]")
+        require(self.timing_iterations >= 4, "timing_iterations", self.timing_iterations, ">= 4")
         for d in self.devices:
             if d not in ("auto", "cpu", "gpu"):
                 raise ConfigError(f"devices has {d!r}; valid: auto, cpu, gpu")
