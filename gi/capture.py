@@ -356,8 +356,10 @@ class Capture:
             if provider_of(self.model_spec) != "zoo":
                 raise
             raise CaptureError(f"capture model_spec {self.model_spec} cannot be rebuilt: {exc}") from None
-        except (ConfigError, KeyError, TypeError, ValueError) as exc:
-            raise CaptureError(f"capture model_spec {self.model_spec} cannot be rebuilt: {exc}") from None
+        except (ConfigError, KeyError, TypeError, ValueError, RuntimeError) as exc:  # RuntimeError: torch refusing
+            # a spec whose parts disagree (e.g. in_shape's channels against its norm's)
+            raise CaptureError(f"capture model_spec {self.model_spec} cannot be rebuilt: "
+                               f"{str(exc).splitlines()[0]}") from None
 
     def model(self, device: str | torch.device = "cpu") -> torch.nn.Module:
         """The global model θᵗ, rebuilt from spec (its provider, :data:`gi.world.models.PROVIDERS`, under the capture's

@@ -248,3 +248,12 @@ def test_the_scorer_refuses_a_truth_it_would_have_clamped():
         psnr(rec, torch.full_like(rec, float("nan")))
     with pytest.raises(ConfigError, match="the reconstruction contains NaN"):
         psnr(torch.full_like(rec, float("nan")), rec)
+
+
+def test_a_spec_whose_in_shape_disagrees_with_the_model_is_a_capture_error(saved, tmp_path):
+    capture, _ = saved
+    spec = {**capture.model_spec, "in_shape": [1, 28, 28]}  # a 3-channel LeNet (cifar10 normalisation) said grey
+    _write(tmp_path / "c.safetensors", _tensors(capture), _meta(capture, model_spec=spec))
+    loaded = Capture.load(tmp_path / "c.safetensors")
+    with pytest.raises(CaptureError, match=r"cannot be rebuilt: The expanded size"):
+        loaded.validate()
