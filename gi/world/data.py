@@ -34,6 +34,7 @@ from torch.utils.data import Dataset
 
 from gi.core.errors import AssetError, ConfigError
 from gi.world import assets
+from gi.world.models import MAX_CLASSES
 
 Tensor = torch.Tensor
 Size = int | tuple[int, int] | None
@@ -279,6 +280,7 @@ def _torchvision_source(cls_name: str, name: str) -> Callable[[str, Any], tuple[
 # a user's folder of images ---------------------------------------------------------------------------
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+MAX_PIXELS = 50_000_000  # one image of a folder: 7000 × 7000; its header is read before its pixels
 LABELS_CSV = "labels.csv"
 _GREY_MODES = ("1", "L", "LA", "I", "I;16", "F")
 _SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N")
@@ -303,7 +305,7 @@ def _folder_files(root: Path) -> tuple[list[tuple[Path, str]], bool]:
     if csv_path.is_file():
         import csv
 
-        with open(csv_path, newline="") as f:
+        with open(csv_path, newline="", encoding="utf-8-sig") as f:  # a UTF-8 byte-order mark is not a file name
             reader = csv.reader(f)
             numbered = [(reader.line_num, r) for r in reader if r and any(c.strip() for c in r)]
         if numbered and [c.strip().lower() for c in numbered[0][1][:2]] == ["file", "label"]:
@@ -313,19 +315,36 @@ def _folder_files(root: Path) -> tuple[list[tuple[Path, str]], bool]:
         if not rows or bad:
             raise ConfigError(f"{csv_path}: needs rows 'file,label' (two columns); got {bad[:1] or 'no rows'}")
         files = [(root / r[0].strip(), r[1].strip()) for r in rows]
+        outside = [r[0] for r, (p, _) in zip(rows, files) if not p.resolve().is_relative_to(root.resolve())]
+        if outside:
+            raise ConfigError(f"{csv_path} names file(s) outside {root}: {outside[:3]}; every file lies under "
+                              "data.root")
         missing = [str(p.name) for p, _ in files if not p.is_file()]
         if missing:
             raise ConfigError(f"{csv_path} names file(s) that are not in {root}: {missing[:3]}")
+        seen: dict[Path, int] = {}
+        for (line, _), (p, _) in zip(numbered, files):
+            if p.resolve() in seen:
+                raise ConfigError(f"{csv_path} line {line} names {p.name} again (first on line {seen[p.resolve()]}); "
+                                  "each image once")
+            seen[p.resolve()] = line
         numeric = [_NUMBER.fullmatch(label) is not None for _, label in files]
         if any(numeric):  # class ids: every label a non-negative integer
             for (line, row), (_, label) in zip(numbered, files):
                 if not re.fullmatch(r"[0-9]+", label):
                     raise ConfigError(f"{csv_path} line {line} ({','.join(row)!r}): label {label!r} is not a class "
                                       "id; labels.csv holds class ids (integers >= 0) or class names, not both")
+                if len(label.lstrip("0")) > 6 or int(label) >= MAX_CLASSES:  # no 100 000-digit int() either
+                    raise ConfigError(f"{csv_path} line {line}: class id {label} is beyond the {MAX_CLASSES} classes "
+                                      "a model may have")
         return files, any(numeric)
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     files = [(p, c) for c in classes for p in sorted((root / c).iterdir())
              if p.suffix.lower() in IMAGE_SUFFIXES]
+    empty = [c for c in classes if not any(label == c for _, label in files)]
+    if files and empty:  # torchvision's ImageFolder refuses it too: the classes after it would change their ids
+        raise ConfigError(f"data.root={str(root)!r}: class folder(s) {empty[:3]} hold no image "
+                          f"({', '.join(IMAGE_SUFFIXES)}); remove them or add their images")
     if not files:
         raise ConfigError(f"data.root={str(root)!r} has neither class subfolders of images (torchvision ImageFolder "
                           f"layout: root/<class>/<image>.png) nor a flat folder with {LABELS_CSV} (file,label rows)")
@@ -340,10 +359,13 @@ def _read_folder_cached(root: Path, size: tuple[int, int] | None) -> tuple[Tenso
     pictures = []
     for path, _ in files:
         try:
-            with Image.open(path) as img:
+            with Image.open(path) as img:  # reads the header only: the size is checked before any pixel
+                if img.width * img.height > MAX_PIXELS:
+                    raise ConfigError(f"image {path} claims {img.width}×{img.height} pixels, more than "
+                                      f"{MAX_PIXELS} (a decompression bomb, or not a training image)")
                 img.load()
                 pictures.append(_eight_bit(img))
-        except OSError as exc:
+        except (OSError, Image.DecompressionBombError) as exc:
             raise ConfigError(f"cannot read image {path}: {exc}") from None
     grey = all(p.mode in _GREY_MODES for p in pictures)
     arrays = []

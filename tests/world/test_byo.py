@@ -392,6 +392,52 @@ def test_folder_datasets_imagefolder_csv_grey_rgb_and_sizes(tmp_path):
         load("folder", root=str(tmp_path / "flat"), size=4)
 
 
+def _flat(tmp_path: Path, csv: str, encoding: str = "utf-8") -> Path:
+    import numpy as np
+
+    folder = tmp_path / "flat"
+    _write(folder, [np.full((6, 6), 40 * i, dtype=np.uint8) for i in range(3)], ["x.png", "y.png", "z.png"])
+    (folder / "labels.csv").write_text(csv, encoding=encoding)
+    return folder
+
+
+@pytest.mark.parametrize("csv, match", [
+    ("file,label\nx.png,5000000\ny.png,0\n", r"line 2: class id 5000000 is beyond the 100000 classes"),
+    ("file,label\nx.png,1\ny.png,0\nx.png,1\n", r"line 4 names x.png again \(first on line 2\)"),
+    ("file,label\n../outside.png,1\ny.png,0\n", r"names file\(s\) outside .*\['../outside.png'\]"),
+    ("file,label\n" + "x.png," + "7" * 100_000 + "\ny.png,0\n", r"line 2: class id 7+ is beyond"),
+])
+def test_a_labels_csv_that_would_mislead_is_a_clear_error(tmp_path, csv, match):
+    import numpy as np
+
+    _write(tmp_path, [np.zeros((6, 6), dtype=np.uint8)], ["outside.png"])
+    with pytest.raises(ConfigError, match=match):
+        load("folder", root=str(_flat(tmp_path, csv)))
+
+
+def test_a_labels_csv_with_a_byte_order_mark_reads_its_header(tmp_path):
+    ds = load("folder", root=str(_flat(tmp_path, "file,label\nx.png,1\ny.png,0\nz.png,1\n", "utf-8-sig")))
+    assert ds.labels.tolist() == [1, 0, 1] and ds.num_classes == 2
+
+
+def test_an_empty_class_folder_and_a_bomb_image_are_clear_errors(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    _write(tmp_path / "tree", [np.zeros((6, 6), dtype=np.uint8)] * 2, ["cat/a.png", "zebra/b.png"])
+    (tmp_path / "tree" / "dog").mkdir()
+    with pytest.raises(ConfigError, match=r"class folder\(s\) \['dog'\] hold no image"):
+        load("folder", root=str(tmp_path / "tree"))
+    (tmp_path / "tree" / "dog").rmdir()
+    Image.new("1", (8_000, 8_000)).save(tmp_path / "tree" / "cat" / "big.png")  # 64 Mpx, a few kB on disk
+    with pytest.raises(ConfigError, match=r"big.png claims 8000×8000 pixels, more than 50000000"):
+        load("folder", root=str(tmp_path / "tree"))
+    (tmp_path / "tree" / "cat" / "big.png").unlink()
+    Image.new("1", (20_000, 20_000)).save(tmp_path / "tree" / "cat" / "bomb.png")  # 400 Mpx: Pillow's bomb error
+    with pytest.raises(ConfigError, match=r"cannot read image .*bomb.png"):
+        load("folder", root=str(tmp_path / "tree"))
+
+
 def test_folder_dataset_in_a_victim_setup(tmp_path):
     import numpy as np
 
