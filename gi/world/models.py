@@ -743,12 +743,16 @@ def _zoo(spec: dict[str, Any]) -> nn.Module:
 def call_factory(spec: dict[str, Any], fn: Callable[..., nn.Module]) -> nn.Module:
     """``fn(**spec["kwargs"])`` checked to be an ``nn.Module``; ``fn`` comes from :func:`trusted_factory`."""
     path, kwargs = spec.get("factory"), spec.get("kwargs") or {}
+    ran = f"{getattr(fn, '__module__', None)}:{getattr(fn, '__qualname__', None)}"
     try:
         model = fn(**kwargs)
     except CaptureError:
         raise
     except Exception as exc:
-        raise CaptureError(f"model factory {path!r}(**{kwargs}) failed: {type(exc).__name__}: {exc}") from None
+        other = "" if ran == path else (f" (your factory {ran!r}, given for the capture's {path!r}: the kwargs are the "
+                                        "capture's; pass the factory the capture was made with)")
+        raise CaptureError(f"model factory {path if ran == path else ran!r}(**{kwargs}) failed: "
+                           f"{type(exc).__name__}: {exc}{other}") from None
     if not isinstance(model, nn.Module):
         raise CaptureError(f"model factory {path!r} returned a {type(model).__name__}, not an nn.Module")
     return model

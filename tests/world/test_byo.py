@@ -577,3 +577,17 @@ def test_the_attack_saved_capture_example_reproduces_the_run(tmp_path):
     summary = main(["--iterations", "5", "--out", str(tmp_path)])
     assert summary["same_labels"] and summary["same_images"]
     assert summary["psnr_attack"] == pytest.approx(summary["psnr_run"])
+
+
+def _other_factory(width: int) -> nn.Module:  # a user's factory of another signature than the capture's
+    return nn.Linear(width, 2)
+
+
+def test_a_users_factory_that_fails_on_the_captures_kwargs_is_named_in_the_error():
+    from gi.world.models import factory_spec
+
+    spec = factory_spec("some.pkg:make_net", channels=3)
+    with pytest.raises(CaptureError, match=r"model factory '.*:_other_factory'\(\*\*\{'channels': 3\}\) failed: "
+                                           r"TypeError.*your factory .*_other_factory.*given for the capture's "
+                                           r"'some.pkg:make_net'"):
+        from_spec(spec, factory=_other_factory)
