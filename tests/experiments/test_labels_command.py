@@ -214,3 +214,38 @@ def test_trials_carry_the_scenarios_global_accuracy(tmp_path):
     with open(out / "trials.csv") as f:
         rows = list(csv.DictReader(f))
     assert [float(r["global_acc"]) for r in rows] == [0.25, 0.375]
+
+
+SEEDED = sorted(p for p in __import__("pathlib").Path("configs/labels").glob("*.yaml")
+                if re.search(r"^scenario: (fedavg-client|fedsgd-batch|trained-resnet18)", p.read_text(), re.M))
+
+
+@pytest.mark.parametrize("path", SEEDED, ids=lambda p: p.stem)
+def test_seed_seeds_every_seeded_scenario_or_is_refused(path):
+    """seed=1 either reaches every grid point's setup.seed, or the config is refused naming setup.seed."""
+    from gi.core.config import load
+
+    try:
+        cfg = load(LabelBenchConfig, path, ["seed=1"])
+    except ConfigError as exc:
+        assert "setup.seed" in str(exc) and "would change nothing" in str(exc)
+        return
+    assert all(setup["seed"] == 1 for _, setup in grid_points(cfg))
+    assert all(setup["seed"] == 0 for _, setup in grid_points(load(LabelBenchConfig, path)))
+
+
+def test_two_seeds_give_two_federations():
+    from gi.world.scenarios import get_scenario
+
+    setups = [grid_points(LabelBenchConfig(scenario="fedavg-client", seed=s, labels=LabelTable(["rlu"]),
+                                           setup={"num_clients": 2, "partition": "simplex",
+                                                  "client_size": [20, 20], "aux": {"per_class": 1},
+                                                  "protocol": {"batch_size": 10, "local_steps": 1},
+                                                  "model": {"name": "linear"}, "eval_samples": 0}))[0][1]
+              for s in (0, 1)]
+    first = [get_scenario("fedavg-client")(s, torch.Generator(), 0)[0] for s in setups]
+    assert not torch.equal(first[0].capture.update["fc.weight"], first[1].capture.update["fc.weight"])
+    assert not torch.equal(first[0].truth.counts, first[1].truth.counts) or \
+        not torch.equal(first[0].capture.model_state["fc.weight"], first[1].capture.model_state["fc.weight"])
+    with pytest.raises(ConfigError, match=r"seed=3 would change nothing here: setup.seed=0"):
+        LabelBenchConfig(scenario="fedavg-client", seed=3, labels=LabelTable(["rlu"]), setup={"seed": 0})

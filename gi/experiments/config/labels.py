@@ -4,6 +4,7 @@ command is :mod:`gi.experiments.labels`."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +26,10 @@ class LabelBenchConfig:
     ``{name: options}`` of the aux figures to add per grid point (:mod:`gi.experiments.labels_diagnostics`: the
     posterior paper's Fig. 2 box plots, RLU App. B.3's logit histograms; checked at load). ``timing_repeats``: run
     every method on the same captures that many times and report the median wall and CPU seconds per capture
-    (``median_ms`` / ``median_cpu_ms``; the labels are the first run's), for timings on a shared machine."""
+    (``median_ms`` / ``median_cpu_ms``; the labels are the first run's), for timings on a shared machine.
+    ``seed``: the run's seed: it seeds the trial generators and, for a scenario whose setup has a ``seed``
+    (``fedavg-client``, ``fedsgd-batch``, ``trained-resnet18``), that ``setup.seed`` unless the setup gives it (then
+    a ``seed`` other than 0 that differs from it is a ConfigError: it would change nothing)."""
 
     name: str = "labels"
     scenario: str = ""
@@ -73,6 +77,11 @@ class LabelBenchConfig:
         bad = [m for m in self.metrics if m not in valid]
         if bad or not self.metrics:
             raise ConfigError(f"metrics={self.metrics}: unknown {bad}; valid: {valid}")
+        if scenario.setup is not None and "seed" in {f.name for f in dataclasses.fields(scenario.setup)} and \
+                "seed" in self.setup and self.seed not in (0, self.setup["seed"]) and "seed" not in self.grid:
+            raise ConfigError(f"seed={self.seed} would change nothing here: setup.seed={self.setup['seed']} fixes the "
+                              f"{self.scenario} scenario's models, partitions and batches; set setup.seed (or drop it, "
+                              "and seed= sets it)")
         for point, setup in grid_points(self):  # every grid point's setup is typed and checked now, not mid-run
             try:
                 scenario.resolve(setup)
@@ -90,6 +99,8 @@ def grid_points(cfg: LabelBenchConfig, pooled: bool = False) -> list[tuple[str, 
     base = copy.deepcopy(cfg.setup)
     if scenario.setup is not None:
         upgrade(base, scenario.setup.LEGACY, "setup")
+        if "seed" in {f.name for f in dataclasses.fields(scenario.setup)}:
+            base.setdefault("seed", cfg.seed)  # the run's seed= seeds the scenario unless setup.seed says otherwise
     if not cfg.grid:
         return [("all", base)]
     keys = list(cfg.grid)
