@@ -26,7 +26,7 @@ from gi.core.errors import CaptureError, ConfigError, as_os_error
 from gi.world.fl.protocol import Protocol
 
 Tensor = torch.Tensor
-_KINDS = ("state", "gradients", "update", "history", "bn_stats")
+_KINDS = ("state", "gradients", "update", "history", "bn_stats", "buffers")
 
 
 def _atomic_save(tensors: dict[str, Tensor], meta: dict[str, Any], path: str | os.PathLike) -> None:
@@ -263,6 +263,10 @@ class Capture:
     Scaffold's control variates or FedDyn's state; ``meta`` is free-form JSON (round, client id…).
     ``bn_stats`` maps a BatchNorm module to the client's per-channel batch ``(mean, biased var)`` at its input,
     present only when the threat model grants them (``protocol.share_bn_stats``; the ``bn`` prior reads them).
+    ``buffers``: the client's buffers at the end of its round (BatchNorm running statistics and batch counters),
+    which a FedAvg client sends with its parameters (a ``state_dict``); empty where the capture has none. With
+    ``model_state``'s buffers (before the round) they give the batch statistics of one local step
+    (:func:`fcn_analytic.batchnorm.batch_statistics`).
     ``last_layer_name`` names the model's last ``nn.Linear`` (the logits; :func:`gi.world.models.find_last_layer`),
     whose shared ``<name>.weight`` / ``<name>.bias`` every label method reads (``fc`` for zoo models and for
     files saved before the name was recorded).
@@ -284,6 +288,7 @@ class Capture:
     history: dict[str, Tensor] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
     bn_stats: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)
+    buffers: dict[str, Tensor] = field(default_factory=dict)
     last_layer_name: str = "fc"
     factory: Callable[..., torch.nn.Module] | str | None = field(default=None, repr=False, compare=False)
     trust_factory: bool = field(default=False, repr=False, compare=False)
@@ -474,7 +479,8 @@ class Capture:
             self._check_shared(name, tensor)
         self._check_head()
         bn = {f"{m}.{part}": t for m, pair in self.bn_stats.items() for part, t in zip(("mean", "var"), pair)}
-        for group, tensors in (("model_state", self.model_state), ("history", self.history), ("bn_stats", bn)):
+        for group, tensors in (("model_state", self.model_state), ("history", self.history), ("bn_stats", bn),
+                               ("buffers", self.buffers)):
             for name, tensor in tensors.items():
                 if tensor.is_floating_point():
                     self._checked.finite(group, name, tensor)
@@ -505,6 +511,11 @@ class Capture:
             if name in state and tuple(state[name].shape) != tuple(tensor.shape):
                 raise CaptureError(f"model_state tensor {name!r} has shape {tuple(tensor.shape)}, "
                                    f"model expects {tuple(state[name].shape)}")
+        buffers = dict(model.named_buffers())
+        for name, tensor in self.buffers.items():
+            if name not in buffers or tuple(buffers[name].shape) != tuple(tensor.shape):
+                raise CaptureError(f"buffers tensor {name!r} of shape {tuple(tensor.shape)} is not a buffer of that "
+                                   f"shape of model {self.model_spec.get('name')!r}")
         return self
 
     # ------------------------------------------------------------------ I/O
@@ -518,6 +529,7 @@ class Capture:
         tensors.update({f"history/{k}": v for k, v in self.history.items()})
         for module, (mean, var) in self.bn_stats.items():
             tensors.update({f"bn_stats/{module}.mean": mean, f"bn_stats/{module}.var": var})
+        tensors.update({f"buffers/{k}": v for k, v in self.buffers.items()})
         meta = {"type": "capture", "model_spec": self.model_spec, "protocol": self.protocol.to_dict(),
                 "has_gradients": self.gradients is not None, "has_update": self.update is not None,
                 "last_layer": self.last_layer_name, "meta": self.meta}
@@ -564,6 +576,7 @@ class Capture:
             meta=inner,
             bn_stats=_bn_pairs({**{k.split("/", 1)[1]: v for k, v in parts["history"].items()  # older files kept
                                    if k.startswith("bn_stats/")}, **parts["bn_stats"]}, path),  # them in history
+            buffers=parts["buffers"],
             last_layer_name=last_layer,
             factory=factory,
             trust_factory=trust_factory is True,
@@ -575,7 +588,7 @@ class Capture:
             return None if d is None else {k: v.to(device) for k, v in d.items()}
 
         return dataclasses.replace(self, model_state=move(self.model_state), gradients=move(self.gradients),
-                                   update=move(self.update), history=move(self.history),
+                                   update=move(self.update), history=move(self.history), buffers=move(self.buffers),
                                    bn_stats={k: (m.to(device), v.to(device)) for k, (m, v) in self.bn_stats.items()})
 
     # ------------------------------------------------------------------ from real FL systems
@@ -637,11 +650,13 @@ class Capture:
             raise CaptureError(f"model_before has entries {unknown[:3]} that the model does not have")
         theta = {k: before[k].detach().clone().to(state[k].dtype) if k in before else v for k, v in state.items()}
         update = {k: (after[k].detach().to(theta[k].dtype) - theta[k]) for k in params}
+        buffers = {k: after[k].detach().clone().to(b.dtype) for k, b in arch.named_buffers()  # a state_dict sends them
+                   if k in after and tuple(after[k].shape) == tuple(b.shape)}
         spec, name = describe_model(arch, last_layer, in_shape)
         n = _positive(num_samples)
         proto = dataclasses.replace(protocol, num_samples=n)
         return cls(model_spec=spec, model_state=theta, protocol=proto, update=update, meta={"num_samples": n},
-                   last_layer_name=name, factory=builder_of(arch)).check()
+                   buffers=buffers, last_layer_name=name, factory=builder_of(arch)).check()
 
 
 @dataclass

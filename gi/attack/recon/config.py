@@ -12,7 +12,7 @@ SCHEDULES = ("multistep", "constant", "cosine")
 LABEL_KINDS = ("fixed", "joint")
 BATCHINGS = ("auto", "vmap", "loop")
 SMALL_MODEL = 2_000_000  # parameters under which one CPU thread and vmap-batched restarts are the defaults
-BN_SOURCES = ("shared", "running")
+BN_SOURCES = ("shared", "running", "update")
 OUTPUT_ERRORS = ("simulated", "captured", "auto")
 MAX_ALTERNATIVES = 4  # attack.alternatives: each one is a whole further fit of every optimised capture
 MAX_ITERATIONS = 10_000_000  # attack.iterations: days of CPU for the smallest net; more is a typo, not a recipe
@@ -81,8 +81,9 @@ class ReconConfig:
     ``threads``: torch CPU threads while reconstructing (null: ``$GI_THREADS`` if set, else 1 for models under
     2M parameters on CPU, else torch's default; oversubscribed CPUs run small-op loops 10–20× slower with more
     threads). ``bn_stats``: where the ``bn`` regulariser's targets come from (``shared``: batch statistics in
-    ``capture.history`` when the threat model grants them, ``running``: the model's running statistics,
-    DeepInversion's choice). ``compile``: ``torch.compile`` the vectorised (``vmap``) objective: 1.6× faster
+    ``capture.bn_stats`` when the threat model grants them, ``running``: the model's running statistics,
+    DeepInversion's choice, ``update``: a one-step FedAvg update's buffers, :mod:`fcn_analytic.batchnorm`).
+    ``compile``: ``torch.compile`` the vectorised (``vmap``) objective: 1.6× faster
     steps for 20 packed LeNet captures on a CPU, after a first call that compiles for minutes
     (docs/results/throughput-gpu.md,
     "Throughput"); off by default. ``true`` is torch's ``default`` mode; a string names the mode

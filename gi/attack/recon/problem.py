@@ -353,8 +353,15 @@ def output_errors(captures: Sequence[Capture], mode: str, joint: bool = False) -
 
 def bn_targets(capture: Capture, model: torch.nn.Module, source: str) -> dict[str, tuple[Tensor, Tensor]]:
     """BatchNorm targets the threat model grants: ``shared`` reads ``capture.bn_stats`` (the client's batch
-    statistics, e.g. from FedAvg's shared buffers), ``running`` the model's running stats."""
+    statistics, when the threat model grants them), ``running`` the model's running stats, ``update`` the batch
+    statistics of a one-step FedAvg update's buffers (:func:`fcn_analytic.batchnorm.batch_statistics`; a
+    :class:`CaptureError` says why where it cannot)."""
     out: dict[str, tuple[Tensor, Tensor]] = {}
+    if source == "update":
+        from fcn_analytic.batchnorm import batch_statistics
+
+        return {name: (mean.float().reshape(1, -1), var.float().reshape(1, -1))
+                for name, (mean, var) in batch_statistics(capture).items()}
     for name, m in model.named_modules():
         if not isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
             continue

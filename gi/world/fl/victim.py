@@ -67,6 +67,7 @@ class ClientRun:
     indices_used: Tensor  # dataset indices of the distinct samples used
     epoch_of_step: Tensor  # (S,)
     final_loss: float
+    buffers: State = field(default_factory=dict)  # the buffers after the round (train mode: BatchNorm's running stats)
 
 
 def _targets(labels: Tensor, num_classes: int, protocol: Protocol, dtype: torch.dtype) -> Tensor:
@@ -146,9 +147,11 @@ def _train_client(
     with torch.no_grad(), defences.model_defences(local, ctx):
         theta = local_train(theta0, protocol, len(schedule), gradient, history)
     update = {k: (theta[k] - theta0[k]).cpu() for k in names}
+    # a FedAvg client sends its state_dict: in train mode its BatchNorm buffers moved with the batches it saw
+    buffers = {k: b.detach().clone().cpu() for k, b in local.named_buffers()} if local.training else {}
     return ClientRun(update=update, num_samples=n, step_counts=step_counts, step_bias_grad=bias_grads,
                      indices_used=torch.nonzero(used).flatten(), epoch_of_step=epoch_of_step,
-                     final_loss=float(last_loss[0]))
+                     final_loss=float(last_loss[0]), buffers=buffers)
 
 
 def _history_for(protocol: Protocol, history: State | None, params: State) -> State:
@@ -178,7 +181,7 @@ def _make_capture(model: torch.nn.Module, run: ClientRun, protocol: Protocol, hi
         meta["defences"] = defences.record(proto, steps * int(meta.get("round", 1)), rate)
     return Capture(model_spec=dict(spec), model_state=state, protocol=proto,
                    update=defences.apply("shared", run.update, defences.Context(proto, generator)), history=history,
-                   meta=meta, last_layer_name=last_layer, factory=builder_of(model))
+                   meta=meta, buffers=run.buffers, last_layer_name=last_layer, factory=builder_of(model))
 
 
 def _make_truth(images: Tensor, labels: Tensor, num_classes: int, run: ClientRun, indices: Tensor,
