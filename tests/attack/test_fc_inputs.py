@@ -189,7 +189,7 @@ def _round(momentum: float = 0.0):
 
 
 def test_a_plain_sgd_round_gives_every_slot_its_input_and_other_optimisers_none():
-    from gi.attack.recon.problem import sums_gradients
+    from gi.world.fl.local import sums_gradients
 
     capture, truth, x = _round()
     assert sums_gradients(capture.protocol) and capture.num_samples == 6

@@ -43,10 +43,24 @@ def test_where_it_does_not_apply_it_says_why():
     assert "one sample" in labels.recover(one, "fc-inputs").info["reason"]
     bce, _ = capture_gradients(model, images, y, Protocol(batch_size=4, loss="bce"))
     assert "cross-entropy" in labels.recover(bce, "fc-inputs").info["reason"]
-    update, _ = simulate_client(model, (images, y), Protocol(scheme="fedavg", batch_size=2, local_steps=2),
-                                torch.Generator().manual_seed(0))
-    assert "FedSGD" in labels.recover(update, "fc-inputs").info["reason"]
+    twice, _ = simulate_client(model, (images, y), Protocol(scheme="fedavg", batch_size=2, local_steps=4),
+                               torch.Generator().manual_seed(0))
+    assert "more than one local epoch" in labels.recover(twice, "fc-inputs").info["reason"]
+    momentum, _ = simulate_client(model, (images, y), Protocol(scheme="fedavg", batch_size=2, momentum=0.9),
+                                  torch.Generator().manual_seed(0))
+    assert "not a plain sum" in labels.recover(momentum, "fc-inputs").info["reason"]
     fcn = build("fcn3", 10, in_shape=(1, 28, 28), seed=0)  # its first Linear sees the raw pixels: too dense
     dense, _ = capture_gradients(fcn, images, y, Protocol(batch_size=4))
     result = labels.recover(dense, "fc-inputs", draws=2_000)  # the sampling fallback's budget, kept small
     assert not result.ok and result.info["reason"]
+
+
+def test_a_one_epoch_fedavg_round_gives_every_samples_label():
+    """Two SGD steps of 2 over the client's 4 images: −ΔW/η of the first Linear layer is one batch gradient over
+    the 4 inputs (each at its own step's parameters), and each label follows as for a FedSGD batch."""
+    images, y = _batch(4)
+    update, truth = simulate_client(_cnn(), (images, y), Protocol(scheme="fedavg", batch_size=2, lr=0.01),
+                                    torch.Generator().manual_seed(0))
+    result = labels.recover(update, "fc-inputs")
+    assert result.ok and torch.equal(result.counts, truth.counts)
+    assert sorted(result.soft.argmax(1).tolist()) == sorted(truth.labels.tolist())

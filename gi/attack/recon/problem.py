@@ -13,7 +13,6 @@ import dataclasses
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -238,25 +237,12 @@ def check_feature_layer(model: torch.nn.Module, layer: str | None) -> None:
                           f"{FIRST_LINEAR} or one of {linear}")
 
 
-UPDATE_ZERO_TOL, UPDATE_SIGN_TOL = 1e-3, 1e-2  # layer_inputs of an update (see there)
-
-
-def sums_gradients(protocol: Any) -> bool:
-    """Whether an update is ``−η Σ_τ g_τ``, a plain sum of the local steps' mean-loss gradients: FedAvg with SGD
-    without momentum or weight decay (no other term enters a step). Its Linear layers' updates then factor like a
-    batch gradient over every (sample, visit): for one local epoch each sample is seen once, at its own step's
-    parameters, and ``−ΔW/η`` has rank N with the samples' inputs spanning its rows; over E epochs the E visits of
-    a sample differ only by the parameters' drift, so the rank is N up to that drift."""
-    return (protocol.scheme == "fedavg" and protocol.optimizer == "sgd" and not protocol.momentum
-            and not protocol.weight_decay)
-
-
 def layer_inputs(capture: Capture, layer: str, soft: Tensor | None, seed: int = 0, draws: int = 1_000_000
                  ) -> Tensor | None:
     """The per-sample inputs (B, n), float64, of the ``nn.Linear`` layer ``layer`` from its shared weight and bias
-    gradients, in slot order; None where the capture does not give them (an update that is not a plain sum of
-    gradients, :func:`sums_gradients`; a layer that is not a Linear with both tensors shared; inputs not sparse and
-    nonnegative enough). An update is read as ``−Δθ/η`` over its :func:`image_slots` samples.
+    gradients, in slot order; None where the capture does not give them (:func:`fcn_analytic.disaggregate.summed_layer`:
+    an update that is not a plain sum of gradients, a layer that is not a Linear with both tensors shared; inputs
+    not sparse and nonnegative enough).
 
     One sample: ``∇Wᵀ∇b/‖∇b‖²`` (every row of ∇W is ``∇b_r·x``). A FedSGD batch:
     :func:`fcn_analytic.disaggregate.linear_inputs` (the vertices of the nonnegative cone in ∇W's row space, then
@@ -271,28 +257,19 @@ def layer_inputs(capture: Capture, layer: str, soft: Tensor | None, seed: int = 
     """
     from scipy.optimize import linear_sum_assignment
 
-    from fcn_analytic.disaggregate import linear_inputs, sample_errors
+    from fcn_analytic.disaggregate import linear_inputs, sample_errors, summed_layer
 
-    names = (f"{layer}.weight", f"{layer}.bias")
-    if not all(n in capture.shared for n in names) or (capture.is_update and not sums_gradients(capture.protocol)):
+    summed = summed_layer(capture, layer)
+    if summed is None:
         return None
-    gw, gb = (capture.shared[n].double() for n in names)
-    if gw.dim() != 2:
-        return None
-    if capture.is_update:  # −Δθ/η = Σ_τ ∇θ_τ: every row in the span of the inputs the visits saw (sums_gradients)
-        gw, gb = gw / -capture.protocol.lr, gb / -capture.protocol.lr
-    b = image_slots(capture)
-    # an update is a float32 difference of two models: its smallest directions carry that rounding, so a zero of an
-    # input reads as ~1e-4 of its largest entry (measured: 48 of a round's 50 inputs found at 1e-4 / 1e-3, 49 at
-    # 1e-3 / 1e-2; on a trained model, whose well-fitted images barely move it, 33 of 50 at 1e-4 and 50 at 1e-3)
-    tolerances = {"zero_tol": UPDATE_ZERO_TOL, "sign_tol": UPDATE_SIGN_TOL} if capture.is_update else {}
+    gw, gb, b = summed.weight, summed.bias, summed.samples
     if b == 1:
         return None if not bool(gb.any()) else (gw.T @ gb / gb.dot(gb)).view(1, -1)
     key = (hashlib.sha1(gw.numpy().tobytes() + gb.numpy().tobytes()).hexdigest(), b, seed, draws, capture.is_update)
 
     def search() -> Tensor | None:
         try:
-            return linear_inputs(gw, gb, b, samples=draws, seed=seed, **tolerances).inputs
+            return linear_inputs(gw, gb, b, samples=draws, seed=seed, **summed.tolerances).inputs
         except GIError:
             return None
 
@@ -301,7 +278,7 @@ def layer_inputs(capture: Capture, layer: str, soft: Tensor | None, seed: int = 
         return None
     if soft is None:
         return x
-    delta = sample_errors(capture, layer, x)[1]
+    delta = sample_errors(capture, layer, x, summed.per_mean)[1]
     delta = delta / delta.abs().amax(1, keepdim=True).clamp_min(1e-30)
     rows, cols = linear_sum_assignment((delta @ soft.double().T).numpy())
     order = torch.empty(b, dtype=torch.long)

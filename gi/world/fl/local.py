@@ -58,6 +58,16 @@ def distinct_samples(protocol: Any, num_samples: int | None = None) -> int:
     return min(int(n), int(sum(local_schedule(protocol, n))))
 
 
+def sums_gradients(protocol: Any) -> bool:
+    """Whether an update is ``−η Σ_τ g_τ``, a plain sum of the local steps' mean-loss gradients: FedAvg with SGD
+    without momentum or weight decay (no other term enters a step). Its Linear layers' updates then factor like a
+    batch gradient over every (sample, visit): for one local epoch each sample is seen once, at its own step's
+    parameters, and ``−ΔW/η`` has rank N with the samples' inputs spanning its rows; over E epochs the E visits of
+    a sample differ only by the parameters' drift, so the rank is N up to that drift."""
+    return (protocol.scheme == "fedavg" and protocol.optimizer == "sgd" and not protocol.momentum
+            and not protocol.weight_decay)
+
+
 def slot_schedule(protocol: Any, num_samples: int) -> list[tuple[int, int]]:
     """``(start, size)`` of every local step over ``num_samples`` slots walked in order, from the protocol alone.
 
