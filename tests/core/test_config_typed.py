@@ -108,12 +108,14 @@ def test_value_ranges_are_checked_at_load_time(override, key):
     assert key in text, text
 
 
-@pytest.mark.parametrize("override", ["restarts=[0]", "iterations.lenet=0", "timing_repeats=0", "threads=0"])
+@pytest.mark.parametrize("override", ["restarts=[0]", "iterations.lenet=0", "timing_repeats=0", "threads=0",
+                                      "restarts=[5000]", "iterations.lenet=100000000", "timing_repeats=1001",
+                                      "threads=2000"])
 def test_bench_counts_are_checked_at_load_time(override):
     from gi.core.config import load
     from gi.experiments.config.bench import BenchConfig
 
-    with pytest.raises(ConfigError, match=override.split("=")[0].split(".")[0] + ".*>= 1"):
+    with pytest.raises(ConfigError, match=override.split("=")[0].split(".")[0] + r".*ints in \[1, \d+\]"):
         load(BenchConfig, None, [override])
 
 
