@@ -25,6 +25,7 @@ A bench config's ``kind`` names an entry of :data:`BENCH_KINDS` (default ``throu
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import json
@@ -326,7 +327,26 @@ def run_bench(cfg: BenchConfig) -> Path:
     from gi.analysis.report import write_json
 
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    target = Path(cfg.out or f"runs/bench/{cfg.name}-{stamp}.json").absolute()
+    fresh = [p for p in (target.parent, *target.parent.parents) if not p.exists()]  # folders the check creates
     path = check_report_path(cfg, stamp)
+    try:
+        results = _run_entries(cfg)
+    except BaseException:  # a failed or stopped bench leaves no empty folder of its own behind
+        for folder in fresh:  # deepest first
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
+    report = {"schema": BENCH_SCHEMA, "name": cfg.name, "created": stamp, "git": git_commit(),
+              "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
+              "cpus": os.cpu_count(), "load_average": list(os.getloadavg()),
+              "config": to_dict(dataclasses.replace(cfg)), "results": results}
+    publish_file(path, lambda tmp: write_json(tmp, report), cfg.overwrite)
+    return path
+
+
+def _run_entries(cfg: BenchConfig) -> list[dict[str, Any]]:
+    """Every entry of the bench, one fresh process each, a line printed per result."""
     results = []
     for entry in entries(cfg):
         for res in _in_process(entry):
@@ -343,12 +363,7 @@ def run_bench(cfg: BenchConfig) -> Path:
             print(f"{res['model']:>9s} B={res['batch']:<2d} R={res['restarts']:<2d} {res['device']:>3s}: "
                   f"{1000 * res['sec_per_iteration']:8.1f} ms/it  peak {res['peak_rss_mb']:.0f} MB "
                   f"(+{res['attack_rss_mb']:.0f}){extra}", flush=True)
-    report = {"schema": BENCH_SCHEMA, "name": cfg.name, "created": stamp, "git": git_commit(),
-              "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
-              "cpus": os.cpu_count(), "load_average": list(os.getloadavg()),
-              "config": to_dict(dataclasses.replace(cfg)), "results": results}
-    publish_file(path, lambda tmp: write_json(tmp, report), cfg.overwrite)
-    return path
+    return results
 
 
 def format_report(path: Path) -> str:

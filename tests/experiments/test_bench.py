@@ -62,3 +62,19 @@ def test_report_is_json_with_restart_ratios(tmp_path, monkeypatch):
 def test_bad_bench_configs_raise(over, match):
     with pytest.raises(ConfigError, match=match):
         load(BenchConfig, None, over)
+
+
+def test_a_failed_bench_leaves_no_empty_folder_of_its_own(tmp_path, monkeypatch):
+    def broken(entry):
+        raise RuntimeError("entry failed")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(bench, "_in_process", broken)
+    cfg = BenchConfig(models=["lenet"], batch_sizes=[1], devices=["cpu"], attack=ReconConfig(progress=False))
+    with pytest.raises(RuntimeError, match="entry failed"):
+        run_bench(cfg)
+    assert list(tmp_path.iterdir()) == []  # no runs/bench/ left behind
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(RuntimeError):
+        run_bench(cfg)
+    assert [p.name for p in tmp_path.iterdir()] == ["runs"] and list((tmp_path / "runs").iterdir()) == []
