@@ -3,8 +3,9 @@
 The cache is an input like any file we read (docs/guarantees.md, "The cache"). An entry is two files:
 ``<name>.safetensors`` (the tensors) and ``<name>.json`` (``{"record", "sha256", "bytes"}``: the caller's record
 and the digest of the tensor file's bytes). :func:`write_entry` writes both under temporary names and renames them
-into place, the record last, so a kill or a full disk mid-write leaves no entry (only a temporary file, which the
-next :func:`read_entry` removes with a warning). :func:`read_entry` answers:
+into place, the record last, so a kill or a full disk mid-write leaves no entry (only a temporary file named by
+its writer, :mod:`gi.core.owners`, which the next :func:`read_entry` removes with a warning once that writer is
+gone). :func:`read_entry` answers:
 
 - no entry: ``None`` (the caller builds it);
 - a damaged entry (its tensor file unreadable or truncated, its record missing or unreadable): a warning, the
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gi.core.errors import CacheError, as_os_error
+from gi.core.owners import gone, owner_tag
 
 if TYPE_CHECKING:
     import torch
@@ -50,14 +52,23 @@ def file_digest(path: Path) -> str:
 
 
 def _temporary(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    return path.with_name(f".{path.name}.{owner_tag()}.tmp")
 
 
 def _orphans(path: Path) -> list[Path]:
-    """Temporary files an interrupted :func:`write_entry` of this entry left behind."""
+    """Temporary files that an interrupted :func:`write_entry` of this entry left behind: those of writers known
+    to be dead (:func:`gi.core.owners.gone`), never those a live process, or one of another host sharing
+    ``$GI_CACHE_DIR``, is still writing."""
     if not path.parent.is_dir():
         return []
-    return sorted(p for stem in (path.name, record_path(path).name) for p in path.parent.glob(f".{stem}.*.tmp"))
+    found = []
+    for stem in (path.name, record_path(path).name):
+        for p in path.parent.glob(f".{stem}.*.tmp"):
+            tag = p.name[len(stem) + 2:-len(".tmp")]
+            pid, _, host = tag.partition("@")
+            if pid.isdigit() and gone(int(pid), host):
+                found.append(p)
+    return sorted(found)
 
 
 def remove_entry(path: Path) -> None:

@@ -28,7 +28,6 @@ import logging
 import os
 import re
 import shutil
-import socket
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -36,28 +35,14 @@ from typing import TYPE_CHECKING, Any
 
 from gi.analysis.report import jsonable
 from gi.core.errors import ConfigError, OutputError
+from gi.core.owners import gone, owner_tag
 
 if TYPE_CHECKING:
     pass
 
-_HOST = socket.gethostname()
 _OWNED = (re.compile(r"^\.(?P<name>.+)\.(?P<kind>partial)-(?P<pid>\d+)@(?P<host>.+)-[A-Za-z0-9_]+$"),  # + mkdtemp's
            re.compile(r"^\.(?P<name>.+)\.(?P<kind>old)-(?P<pid>\d+)@(?P<host>.+)$"))  # random part has no "-"
 _LOCK = re.compile(r"^\.(?P<name>.+)\.lock$")
-
-
-def _owner_tag() -> str:
-    return f"{os.getpid()}@{_HOST}"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _libc_renameat2() -> Any:
@@ -110,7 +95,7 @@ def _try_lock(lock: Path) -> int | None:
             same = False
         if same:
             os.ftruncate(fd, 0)
-            os.write(fd, f"{_owner_tag()}\n".encode())
+            os.write(fd, f"{owner_tag()}\n".encode())
             return fd
         os.close(fd)  # the previous holder removed the file between our open and our lock: take the new one
 
@@ -152,7 +137,7 @@ def remove_stale_staging(parent: Path, held: Path | None = None) -> None:
         return
     for entry in entries:
         m = _OWNED[0].match(entry.name) or _OWNED[1].match(entry.name)
-        if m is None or m["host"] != _HOST or _pid_alive(int(m["pid"])):
+        if m is None or not gone(int(m["pid"]), m["host"]):
             continue
         if m["kind"] == "partial":
             _remove(entry)
@@ -231,7 +216,7 @@ def publish_file(path: Path, write: Callable[[Path], None], overwrite: bool = Fa
     replace with ``overwrite``."""
     remove_stale_staging(path.parent)
     with _writing(path, path.parent):
-        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.partial-{_owner_tag()}-")
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.partial-{owner_tag()}-")
     os.close(fd)
     tmp = Path(name)
     try:
@@ -292,7 +277,7 @@ def _writing(final: Path, staging: Path, remove: bool = False) -> Iterator[None]
 def _publish(tmp: Path, final: Path, overwrite: bool) -> None:
     aside = None
     if os.path.lexists(final) and overwrite:
-        aside = final.parent / f".{final.name}.old-{_owner_tag()}"
+        aside = final.parent / f".{final.name}.old-{owner_tag()}"
         _rename_noreplace(final, aside)
     try:
         _rename_noreplace(tmp, final)
@@ -344,7 +329,7 @@ def staged_output(final: str | Path, overwrite: bool = False) -> Iterator[Path]:
         remove_stale_staging(final.parent, held=final)
         check_output_dir(final, overwrite)  # again under the lock: a writer may have finished meanwhile
         with _writing(final, final.parent):
-            tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.partial-{_owner_tag()}-"))
+            tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.partial-{owner_tag()}-"))
         with _writing(final, tmp, remove=True):
             handler = logging.FileHandler(tmp / "log.txt")
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))

@@ -182,3 +182,18 @@ def test_a_damaged_training_entry_is_retrained(tmp_path, monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="gi.cache"):
         stats = train_model(model, x, y, epochs=1, batch_size=4, generator=torch.Generator().manual_seed(1))
     assert "cached" not in stats and "is damaged" in caplog.text and _same(model, reference.state_dict())
+
+
+def test_only_the_temporary_files_of_dead_writers_of_this_host_are_removed(tmp_path):
+    """A writer still at work (alive, or on another host sharing $GI_CACHE_DIR) keeps its temporary file."""
+    from gi.core.owners import HOST
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    path = tmp_path / "e.safetensors"
+    live = tmp_path / f".e.safetensors.{os.getpid()}@{HOST}.tmp"
+    gone = tmp_path / f".e.safetensors.{int(dead.stdout)}@{HOST}.tmp"
+    foreign = tmp_path / f".e.json.{int(dead.stdout)}@another-host.example.tmp"
+    for p in (live, gone, foreign):
+        p.write_bytes(b"half")
+    assert read_entry(path) is None
+    assert live.exists() and foreign.exists() and not gone.exists()

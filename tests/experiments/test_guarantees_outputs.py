@@ -15,6 +15,7 @@ import pytest
 
 import gi.experiments.outdir as report
 from gi.core.errors import ConfigError, OutputError
+from gi.core.owners import HOST
 from gi.experiments.outdir import staged_output
 
 REPO = Path(__file__).resolve().parents[2]
@@ -102,7 +103,7 @@ def test_overwrite_killed_between_the_two_renames_loses_nothing(tmp_path):
 def test_stale_staging_of_dead_processes_is_removed_and_live_ones_are_kept(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    host = getattr(report, "_HOST", "h")
+    host = HOST
     stale = tmp_path / f".other.partial-{dead.pid}@{host}-abc123"
     live = tmp_path / f".other.partial-{os.getpid()}@{host}-def456"
     foreign = tmp_path / f".other.partial-{dead.pid}@another-host.example-ghi789"
@@ -114,7 +115,7 @@ def test_stale_staging_of_dead_processes_is_removed_and_live_ones_are_kept(tmp_p
 
 def test_staging_folder_names_its_owner(tmp_path):
     with staged_output(tmp_path / "run") as tmp:
-        assert tmp.name.startswith(f".run.partial-{os.getpid()}@{getattr(report, '_HOST', 'h')}-")
+        assert tmp.name.startswith(f".run.partial-{os.getpid()}@{HOST}-")
 
 
 def test_out_naming_a_file_or_an_unwritable_place_fails_before_any_work(tmp_path):
