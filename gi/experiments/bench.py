@@ -314,10 +314,15 @@ def git_commit() -> str | None:
         return None
 
 
+def report_path(cfg: BenchConfig, stamp: str = "") -> Path:
+    """The report's path: ``out``, else ``runs/bench/<name>-<stamp>.json``."""
+    return Path(cfg.out or f"runs/bench/{cfg.name}-{stamp}.json")
+
+
 def check_report_path(cfg: BenchConfig, stamp: str = "") -> Path:
-    """The report's path (``out``, else ``runs/bench/<name>-<stamp>.json``), refused before any work when it is a
-    directory, cannot be written, or exists without ``overwrite``."""
-    return check_output_file(cfg.out or f"runs/bench/{cfg.name}-{stamp}.json", cfg.overwrite)
+    """:func:`report_path`, refused before any work when it is a directory, cannot be written, or exists without
+    ``overwrite``."""
+    return check_output_file(report_path(cfg, stamp), cfg.overwrite)
 
 
 def run_bench(cfg: BenchConfig) -> Path:
@@ -327,7 +332,7 @@ def run_bench(cfg: BenchConfig) -> Path:
     from gi.analysis.report import write_json
 
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    target = Path(cfg.out or f"runs/bench/{cfg.name}-{stamp}.json").absolute()
+    target = report_path(cfg, stamp).absolute()
     fresh = [p for p in (target.parent, *target.parent.parents) if not p.exists()]  # folders the check creates
     path = check_report_path(cfg, stamp)
     try:
