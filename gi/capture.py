@@ -659,6 +659,22 @@ class Capture:
                    buffers=buffers, last_layer_name=name, factory=builder_of(arch)).check()
 
 
+def pixel_problem(images: Tensor) -> str | None:
+    """What makes ``images`` unfit to score against (None when nothing does): not float pixels, NaN or Inf, values
+    outside [0, 1]. A truth with such pixels is refused, never clamped: a clamped 8-bit or normalised truth would
+    turn a perfect reconstruction into a wrong PSNR reported as valid."""
+    if not images.is_floating_point():
+        return f"images are {images.dtype}, not float pixels in [0, 1] (8-bit images: divide by 255)"
+    if not images.numel():
+        return None
+    if not torch.isfinite(images).all():
+        return "images contain NaN or Inf"
+    if images.min() < 0 or images.max() > 1:
+        return (f"pixels span [{float(images.min()):.4g}, {float(images.max()):.4g}], not [0, 1] (8-bit images: "
+                "divide by 255; normalised ones: undo the normalisation)")
+    return None
+
+
 @dataclass
 class Truth:
     """Ground truth of a capture, for scoring only (never passed to the attack side).
@@ -689,18 +705,10 @@ class Truth:
         ``num_classes``: the capture's C, which the targets must have. A truth saved without images
         (``keep_images=False``) holds an empty image tensor and is checked for its labels only."""
         images, labels, targets, counts = self.images, self.labels, self.targets, self.counts
-        bad = (f"{where}: images must be (B, C, H, W)" if images.ndim != 4 else
-               f"{where}: images are {images.dtype}, not float pixels in [0, 1] (8-bit images: divide by 255)"
-               if not images.is_floating_point() else None)
-        if bad is None and images.numel():
-            if not torch.isfinite(images).all():
-                bad = f"{where}: images contain NaN or Inf"
-            elif images.min() < 0 or images.max() > 1:
-                bad = (f"{where}: image pixels span [{float(images.min()):.4g}, {float(images.max()):.4g}], not "
-                       "[0, 1] (8-bit images: divide by 255; normalised ones: undo the normalisation)")
-            elif in_shape is not None and tuple(images.shape[1:]) != tuple(in_shape):
-                bad = (f"{where}: images are {tuple(images.shape[1:])} but the capture's model takes "
-                       f"{tuple(in_shape)}")
+        problem = "images must be (B, C, H, W)" if images.ndim != 4 else pixel_problem(images)
+        bad = None if problem is None else f"{where}: {problem}"
+        if bad is None and images.numel() and in_shape is not None and tuple(images.shape[1:]) != tuple(in_shape):
+            bad = f"{where}: images are {tuple(images.shape[1:])} but the capture's model takes {tuple(in_shape)}"
         if bad is None and (targets.ndim != 2 or not targets.is_floating_point()):
             bad = f"{where}: targets must be float (B, C) soft labels, got {targets.dtype} {tuple(targets.shape)}"
         if bad is None and (labels.ndim != 1 or labels.is_floating_point() or labels.dtype == torch.bool):

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 
 from gi.analysis.lpips_offline import CONV_INDEX, get_lpips
+from gi.capture import pixel_problem
 from gi.core.errors import ConfigError
 from gi.core.names import LABEL_METRICS, POOLED_METRICS
 
@@ -47,14 +48,9 @@ def _image_pair(rec: Tensor, truth: Tensor, where: str) -> tuple[Tensor, Tensor]
     if rec.shape != truth.shape:
         raise ConfigError(f"{where}: reconstruction shape {tuple(rec.shape)} != truth shape {tuple(truth.shape)}; "
                           "pass one reconstruction per truth image at the same resolution")
-    if not truth.is_floating_point():
-        raise ConfigError(f"{where}: truth images are {truth.dtype}, not float pixels in [0, 1] (8-bit images: "
-                          "divide by 255)")
-    if not torch.isfinite(truth).all():
-        raise ConfigError(f"{where}: the truth images contain NaN or Inf; check the truth file")
-    if truth.numel() and (truth.min() < 0 or truth.max() > 1):
-        raise ConfigError(f"{where}: truth pixels span [{float(truth.min()):.4g}, {float(truth.max()):.4g}], not "
-                          "[0, 1] (8-bit images: divide by 255; normalised ones: undo the normalisation)")
+    problem = pixel_problem(truth)
+    if problem is not None:
+        raise ConfigError(f"{where}: the truth {problem}")
     if not torch.isfinite(rec).all():
         raise ConfigError(f"{where}: the reconstruction contains NaN or Inf; check the reconstruction run")
     # a reconstruction may overshoot [0, 1] (its pixels are optimised); the truth is checked above, never clamped
