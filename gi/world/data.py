@@ -341,7 +341,8 @@ def _folder_files(root: Path) -> tuple[list[tuple[Path, str]], bool]:
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     files = [(p, c) for c in classes for p in sorted((root / c).iterdir())
              if p.suffix.lower() in IMAGE_SUFFIXES]
-    empty = [c for c in classes if not any(label == c for _, label in files)]
+    present = {label for _, label in files}
+    empty = [c for c in classes if c not in present]
     if files and empty:  # torchvision's ImageFolder refuses it too: the classes after it would change their ids
         raise ConfigError(f"data.root={str(root)!r}: class folder(s) {empty[:3]} hold no image "
                           f"({', '.join(IMAGE_SUFFIXES)}); remove them or add their images")
