@@ -77,8 +77,8 @@ class LabelBenchConfig:
         bad = [m for m in self.metrics if m not in valid]
         if bad or not self.metrics:
             raise ConfigError(f"metrics={self.metrics}: unknown {bad}; valid: {valid}")
-        if scenario.setup is not None and "seed" in {f.name for f in dataclasses.fields(scenario.setup)} and \
-                "seed" in self.setup and self.seed not in (0, self.setup["seed"]) and "seed" not in self.grid:
+        if seeded(scenario) and "seed" in self.setup and self.seed not in (0, self.setup["seed"]) and \
+                "seed" not in self.grid:
             raise ConfigError(f"seed={self.seed} would change nothing here: setup.seed={self.setup['seed']} fixes the "
                               f"{self.scenario} scenario's models, partitions and batches; set setup.seed (or drop it, "
                               "and seed= sets it)")
@@ -87,6 +87,11 @@ class LabelBenchConfig:
                 scenario.resolve(setup)
             except ConfigError as exc:
                 raise ConfigError(f"grid point {point!r}: {exc}" if self.grid else str(exc)) from None
+
+
+def seeded(scenario: Any) -> bool:
+    """Whether a scenario's setup has a ``seed`` of its own (``setup.seed``), which the run's ``seed`` sets."""
+    return scenario.setup is not None and "seed" in {f.name for f in dataclasses.fields(scenario.setup)}
 
 
 def grid_points(cfg: LabelBenchConfig, pooled: bool = False) -> list[tuple[str, dict[str, Any]]]:
@@ -99,7 +104,7 @@ def grid_points(cfg: LabelBenchConfig, pooled: bool = False) -> list[tuple[str, 
     base = copy.deepcopy(cfg.setup)
     if scenario.setup is not None:
         upgrade(base, scenario.setup.LEGACY, "setup")
-        if "seed" in {f.name for f in dataclasses.fields(scenario.setup)}:
+        if seeded(scenario):
             base.setdefault("seed", cfg.seed)  # the run's seed= seeds the scenario unless setup.seed says otherwise
     if not cfg.grid:
         return [("all", base)]
