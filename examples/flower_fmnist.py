@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -28,23 +29,27 @@ from torch import nn
 
 
 class FmnistNet(nn.Module):
-    """conv5×5 → ReLU → pool → conv5×5 → ReLU → pool → fc 128 → ReLU → classifier (10)."""
+    """conv k×k (c₁) → ReLU → pool → conv k×k (c₂) → ReLU → pool → fc ``hidden`` → ReLU → classifier (10); by
+    default k = 5, (c₁, c₂) = (8, 16), hidden 128."""
 
-    def __init__(self, num_classes: int = 10) -> None:
+    def __init__(self, num_classes: int = 10, channels: tuple[int, int] = (8, 16), kernel: int = 5,
+                 hidden: int = 128) -> None:
         super().__init__()
-        self.body = nn.Sequential(nn.Conv2d(1, 8, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-                                  nn.Conv2d(8, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                                  nn.Linear(16 * 7 * 7, 128), nn.ReLU())
-        self.classifier = nn.Linear(128, num_classes)
+        (c1, c2), pad = channels, kernel // 2
+        self.body = nn.Sequential(nn.Conv2d(1, c1, kernel, padding=pad), nn.ReLU(), nn.MaxPool2d(2),
+                                  nn.Conv2d(c1, c2, kernel, padding=pad), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                                  nn.Linear(c2 * 7 * 7, hidden), nn.ReLU())
+        self.classifier = nn.Linear(hidden, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.body(x))
 
 
-def make_net(num_classes: int = 10, seed: int = 0) -> FmnistNet:
-    """The factory the captures record (``examples.flower_fmnist:make_net``)."""
+def make_net(num_classes: int = 10, seed: int = 0, channels: tuple[int, int] = (8, 16), kernel: int = 5,
+             hidden: int = 128) -> FmnistNet:
+    """The factory the captures record (``examples.flower_fmnist:make_net`` and its keyword arguments)."""
     torch.manual_seed(seed)
-    return FmnistNet(num_classes)
+    return FmnistNet(num_classes, tuple(channels), kernel, hidden)
 
 
 class FmnistClient(NumPyClient):
@@ -52,10 +57,10 @@ class FmnistClient(NumPyClient):
     every pass, the last incomplete batch dropped). ``seen[round]`` keeps the labels it trained on (for scoring
     the attack only: the server never sees it)."""
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, seed: int) -> None:
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, seed: int, **net: Any) -> None:
         from gi.world.models import from_factory
 
-        self.model = from_factory("examples.flower_fmnist:make_net")
+        self.model = from_factory("examples.flower_fmnist:make_net", **net)  # net: make_net's keyword arguments
         self.images, self.labels = images, labels
         self.gen = torch.Generator().manual_seed(seed)
         self.seen: dict[int, list[int]] = {}

@@ -1,13 +1,17 @@
 """A Flower federation on Fashion-MNIST, recorded by gi, then the images of every client's whole round.
 
 Each client holds ``--samples`` images and trains one local epoch of reshuffled mini-batches of ``--batch`` with
-``torch.optim.SGD`` (an ordinary Flower ``NumPyClient``, :class:`RoundClient`, whose net :class:`RoundNet` has a
-hidden fully-connected layer of 256 after two conv blocks). :class:`gi.world.fl.flower.CapturingFedAvg` records
-every update as a :class:`gi.Capture`. The attacker then runs ``gi.attack.run`` with the ``fc-inputs`` preset on
-each update: the hidden layer's update −ΔW/η is a sum of batch gradients whose rows span the client's inputs
-(``fcn_analytic.disaggregate.summed_layer``), so each image's input is read off it, and the images are fitted to
-those inputs. Each client's images are then scored (matched one to one) against what it really trained on, beside
-each image's own mean colour. The spread is reported over clients and over initial models (``--seeds``).
+``torch.optim.SGD`` (an ordinary Flower ``NumPyClient``, :class:`examples.flower_fmnist.FmnistClient`, on its net
+with :data:`NET`: 3×3 convs of 32 and 64 channels, each followed by ReLU and a 2×2 max-pool, and a hidden
+fully-connected layer of 256, so the hidden layer sees a 3136-value map of a 784-pixel image; with the 8 and 16
+channels of ``examples/flower_fmnist.py``, a 784-value map, the inputs are read off the update just as exactly, but
+the images fitted to them stay near 13 dB: the map does not pin the pixels).
+:class:`gi.world.fl.flower.CapturingFedAvg` records every update as a :class:`gi.Capture`. The attacker then runs
+``gi.attack.run`` with the ``fc-inputs`` preset on each update: the hidden layer's update −ΔW/η is a sum of batch
+gradients whose rows span the client's inputs (``fcn_analytic.disaggregate.summed_layer``), so each image's input is
+read off it, and the images are fitted to those inputs. Each client's images are then scored (matched one to one)
+against what it really trained on, beside each image's own mean colour. The spread is reported over clients and over
+initial models (``--seeds``).
 
 Run from the repository root::
 
@@ -23,42 +27,10 @@ import logging
 import statistics
 
 import torch
-from torch import nn
 
 from examples.flower_fmnist import FmnistClient
 
-
-class RoundNet(nn.Module):
-    """conv3×3 (32) → ReLU → pool → conv3×3 (64) → ReLU → pool → fc 256 → ReLU → classifier (10): a CNN of the
-    FEMNIST kind whose hidden layer sees a 3136-value map of a 784-pixel image. (With
-    :class:`examples.flower_fmnist.FmnistNet`'s 8 and 16 channels, a 784-value map, the inputs are read off the
-    update just as exactly, but the images fitted to them stay near 13 dB: the map does not pin the pixels.)"""
-
-    def __init__(self, num_classes: int = 10) -> None:
-        super().__init__()
-        self.body = nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                                  nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                                  nn.Linear(64 * 7 * 7, 256), nn.ReLU())
-        self.classifier = nn.Linear(256, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.body(x))
-
-
-def make_round_net(num_classes: int = 10, seed: int = 0) -> RoundNet:
-    """The factory the captures record (``examples.flower_round:make_round_net``)."""
-    torch.manual_seed(seed)
-    return RoundNet(num_classes)
-
-
-class RoundClient(FmnistClient):
-    """:class:`examples.flower_fmnist.FmnistClient` (plain SGD, reshuffled batches) on :class:`RoundNet`."""
-
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, seed: int) -> None:
-        from gi.world.models import from_factory
-
-        super().__init__(images, labels, seed)
-        self.model = from_factory("examples.flower_round:make_round_net")
+NET = {"channels": [32, 64], "kernel": 3, "hidden": 256}  # make_net's keyword arguments: the round's CNN
 
 
 def federate(seed: int, args: argparse.Namespace) -> list[dict]:
@@ -71,10 +43,10 @@ def federate(seed: int, args: argparse.Namespace) -> list[dict]:
     train, test = load("fashion-mnist", "train"), load("fashion-mnist", "test")
     gen = torch.Generator().manual_seed(seed)
     pool = torch.randperm(len(train), generator=gen)[:args.clients * args.samples].view(args.clients, -1)
-    clients = [RoundClient(train.images[p], train.labels[p], seed * 1000 + i) for i, p in enumerate(pool)]
+    clients = [FmnistClient(train.images[p], train.labels[p], seed * 1000 + i, **NET) for i, p in enumerate(pool)]
     aux_idx = torch.cat([torch.nonzero(test.labels == c).flatten()[:args.aux] for c in range(10)])
     aux = test.subset(aux_idx)
-    model = from_factory("examples.flower_round:make_round_net", seed=seed)
+    model = from_factory("examples.flower_fmnist:make_net", seed=seed, **NET)
     steps = args.samples // args.batch  # one local epoch
     strategy = CapturingFedAvg(
         model, in_shape=(1, 28, 28), fraction_evaluate=0.0, min_fit_clients=args.clients,
