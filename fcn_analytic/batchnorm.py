@@ -60,6 +60,7 @@ def batch_statistics(capture: Capture) -> BatchStats:
         raise CaptureError("this capture carries no buffers after the round (a FedAvg client's state_dict sends "
                            "them: Capture.from_update with full state dicts, or gi.simulate_client in train mode)")
     model = capture.model()
+    capture.validate(model)  # the buffers' names and shapes are the model's (a file's are read as they come)
     layers = [n for n, m in model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
               and m.track_running_stats]
     if not layers:

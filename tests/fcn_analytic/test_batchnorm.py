@@ -103,3 +103,16 @@ def test_the_bn_prior_reads_the_statistics_of_the_update():
     targets = bn_targets(capture, capture.model(), "update")
     assert targets.keys() == truth.keys()
     assert all(torch.allclose(targets[k][0].double().flatten(), truth[k][0], atol=1e-5) for k in truth)
+
+
+def test_buffers_that_are_not_the_models_are_a_capture_error():
+    import dataclasses
+
+    images, labels = _images(6)
+    model = build("cnn", 10, in_shape=(3, 16, 16), seed=0, batch_norm=True, channels=[4], hidden=0)
+    capture, _ = simulate_client(model, (images, labels), Protocol(scheme="fedavg", batch_size=6, model_mode="train"),
+                                 rng=torch.Generator().manual_seed(0))
+    (counter,) = [k for k in capture.buffers if k.endswith("num_batches_tracked")]
+    bad = dataclasses.replace(capture, buffers={**capture.buffers, counter: torch.ones(5, dtype=torch.long)})
+    with pytest.raises(CaptureError, match=f"buffers tensor '{counter}' of shape \\(5,\\) is not a buffer"):
+        batch_statistics(bad)
