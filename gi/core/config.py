@@ -293,7 +293,9 @@ def from_dict(cls: type[T], data: dict[str, Any] | None, where: str = "") -> T:
     unknown = sorted(set(data) - set(fields))
     if unknown:
         prefix = f"{where}." if where else ""
-        raise ConfigError(f"unknown config key(s) {[prefix + str(k) for k in unknown]}; valid keys"
+        moved = getattr(cls, "KEY_HINTS", {})  # keys a user may expect here, and the key that does their job
+        hint = "".join(f"; {prefix}{k} is not a key here: {moved[k]}" for k in unknown if k in moved)
+        raise ConfigError(f"unknown config key(s) {[prefix + str(k) for k in unknown]}{hint}; valid keys"
                           f"{' of ' + where if where else ''}: {sorted(fields)}")
     hints = _hints(cls)
     kwargs: dict[str, Any] = {}

@@ -200,6 +200,14 @@ class VictimSetup:
         return setup
 
 
+def check_seed_reaches(seed: int, pinned: Any, key: str, fixes: str) -> None:
+    """Refuse a run's ``seed`` (other than the default 0) that a pinned ``key`` (= ``pinned``) keeps from reaching
+    what that key ``fixes``: the run would repeat those random choices while the user believes them redrawn."""
+    if pinned is not None and seed not in (0, pinned):
+        raise ConfigError(f"seed={seed} would not reach {fixes}: {key}={pinned} fixes them; set {key} (or drop it, "
+                          "and seed= sets it)")
+
+
 MAX_CAPTURES = 1000  # captures of one gi run (data.max_captures raises it), and trials per grid point of gi labels:
 # each holds the model's gradient or update and its state (float32: 0.13 MB for the DLG LeNet, 89 MB for a
 # ResNet-18), all kept in memory; `data.images: all` on fashion-mnist's train split would be 60 000 of them

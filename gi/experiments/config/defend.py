@@ -21,7 +21,7 @@ from gi.experiments.config.attack import with_preset
 from gi.experiments.config.run import MetricConfig
 from gi.experiments.outdir import check_run_name
 from gi.world.fl.protocol import Protocol
-from gi.world.setup import AuxConfig, DataConfig, ModelConfig, VictimSetup, section
+from gi.world.setup import AuxConfig, DataConfig, ModelConfig, VictimSetup, check_seed_reaches, section
 
 BASELINE = "none"
 
@@ -128,6 +128,7 @@ class DefendConfig(VictimSetup):
 
     def __post_init__(self) -> None:
         check_run_name(self.name)
+        check_seed_reaches(self.seed, self.model.seed, "model.seed", "the federation's initial model")
         if not self.protocol.is_update:
             raise ConfigError(f"protocol.scheme={self.protocol.scheme!r}: gi defend trains a federation; use an "
                               "update scheme (fedavg, fedprox, ...); image leakage is measured on FedSGD gradients")

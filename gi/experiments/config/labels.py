@@ -14,7 +14,7 @@ from gi.core.config import from_dict, refuse_renamed, set_dotted
 from gi.core.errors import ConfigError
 from gi.experiments.config.diagnostics import diagnostic_options, refuse_replaced_keys
 from gi.experiments.outdir import check_run_name
-from gi.world.setup import MAX_CAPTURES, deprecated, upgrade
+from gi.world.setup import MAX_CAPTURES, check_seed_reaches, deprecated, upgrade
 
 MAX_TIMING_REPEATS = 100  # timing_repeats: every repeat re-runs every method on every capture
 
@@ -77,11 +77,9 @@ class LabelBenchConfig:
         bad = [m for m in self.metrics if m not in valid]
         if bad or not self.metrics:
             raise ConfigError(f"metrics={self.metrics}: unknown {bad}; valid: {valid}")
-        if seeded(scenario) and "seed" in self.setup and self.seed not in (0, self.setup["seed"]) and \
-                "seed" not in self.grid:
-            raise ConfigError(f"seed={self.seed} would change nothing here: setup.seed={self.setup['seed']} fixes the "
-                              f"{self.scenario} scenario's models, partitions and batches; set setup.seed (or drop it, "
-                              "and seed= sets it)")
+        if seeded(scenario) and "seed" not in self.grid:
+            check_seed_reaches(self.seed, self.setup.get("seed"), "setup.seed",
+                               f"the {self.scenario} scenario's models, partitions and batches")
         for point, setup in grid_points(self):  # every grid point's setup is typed and checked now, not mid-run
             try:
                 scenario.resolve(setup)

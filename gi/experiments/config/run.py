@@ -12,7 +12,7 @@ from gi.core.config import refuse_renamed, require, to_dict
 from gi.core.errors import ConfigError
 from gi.experiments.config.attack import with_preset
 from gi.experiments.outdir import check_run_name
-from gi.world.setup import MAX_CAPTURES, DataConfig, VictimSetup, check_capture_count, client_size
+from gi.world.setup import MAX_CAPTURES, DataConfig, VictimSetup, check_capture_count, check_seed_reaches, client_size
 
 RENAMED = {"data.captures": "trials"}  # one name in every command for the client batches attacked (docs/usage.md)
 
@@ -89,6 +89,7 @@ class RunConfig(VictimSetup):
 
     def __post_init__(self) -> None:
         check_run_name(self.name)
+        check_seed_reaches(self.seed, self.model.seed, "model.seed", "the model's initialisation")
         require(self.trials >= 1, "trials", self.trials, ">= 1 (client batches, each one capture)")
         if self.trials != 1 and (self.data.images is not None or self.data.indices is not None):
             raise ConfigError(f"trials={self.trials} with data.images or data.indices: they give the captures "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from gi.core.config import from_dict, load, load_yaml, parse_override, require
 from gi.core.errors import ConfigError
@@ -37,6 +37,8 @@ class SuiteConfig:
     ``out``: the suite's output directory (default ``runs/bench/<name>-<stamp>``)."""
 
     kind: str = "suite"
+    KEY_HINTS: ClassVar[dict[str, str]] = {"seed": "each member's seed is in its overrides "
+                                                   "(members.LABEL.overrides)"}
     name: str = "suite"
     members: dict[str, SuiteMember] = field(default_factory=dict)
     only: list[str] | None = None

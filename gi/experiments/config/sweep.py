@@ -8,7 +8,7 @@ import hashlib
 import itertools
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from gi.core.config import format_override, from_dict, load, parse_override, to_dict
 from gi.core.errors import ConfigError, GIError
@@ -28,6 +28,7 @@ class SweepConfig:
     time)."""
 
     name: str = "sweep"
+    KEY_HINTS: ClassVar[dict[str, str]] = {"seed": "seeds=[0,1] runs one job per seed"}
     command: str = "run"
     base: str = "configs/demo.yaml"
     overrides: list[str] = field(default_factory=list)

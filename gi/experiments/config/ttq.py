@@ -4,7 +4,7 @@ the measurement is :mod:`gi.experiments.ttq`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from gi.core.config import from_dict, load, require
 from gi.core.errors import ConfigError
@@ -46,6 +46,8 @@ class TTQConfig:
     which needs ``clock: wall``, since a process's CPU seconds do not measure GPU work)."""
 
     kind: str = "time-to-quality"
+    KEY_HINTS: ClassVar[dict[str, str]] = {"seed": "the job's seed is job_overrides' seed=N, breaching's start "
+                                                   "breaching.seed"}
     name: str = "ttq"
     job: str = "configs/default.yaml"
     job_overrides: list[str] = field(default_factory=list)
