@@ -197,3 +197,17 @@ def test_captures_of_other_buffers_are_not_packed_when_decoupled():
     assert same_model(a, b) and not same_model(a, b, buffers=True) and same_model(a, a, buffers=True)
     with pytest.raises(ConfigError, match="also the buffers"):
         build_problem([a, b], [None, None], ReconConfig(bn_stats="decoupled", labels="joint", iterations=1))
+
+
+@pytest.mark.parametrize("path", ["configs/batchnorm/stats.yaml", "configs/batchnorm/groupnorm.yaml"])
+def test_the_batchnorm_configs_load(path):
+    from gi.core.config import load
+    from gi.experiments.config.run import RunConfig
+
+    cfg = load(RunConfig, path, [])
+    assert cfg.protocol.model_mode == "train" and cfg.model.name == "resnet32" and cfg.attack.preset == "resnet"
+    if path.endswith("stats.yaml"):  # one local step over the client's 8 images: the buffers give its statistics
+        assert cfg.attack.decoupled_bn and cfg.protocol.scheme == "fedavg"
+        assert cfg.protocol.num_samples == cfg.protocol.batch_size == 8 and cfg.protocol.local_epochs == 1
+    else:
+        assert cfg.model.options == {"norm_layer": "group"} and not cfg.attack.decoupled_bn
