@@ -13,13 +13,13 @@ batch_statistics`). This module builds the attack's simulated model with them (L
 so each image's forward is eval-mode-like and samples do not interact, and the backward is the train-mode one
 (Ioffe & Szegedy 2015, §3, the chain rule through μ_B(x) and σ²_B(x)):
 
-    ∂L/∂x = (γ / σ) (g − mean(g) − x̂ · mean(g x̂)),   g = ∂L/∂x̂ = γ-free ∂L/∂y,
+    ∂L/∂x = (1 / σ) (g − mean(g) − x̂ · mean(g x̂)),   g = ∂L/∂x̂ = γ ∂L/∂y,
     ∂L/∂γ = Σ ∂L/∂y · x̂,   ∂L/∂β = Σ ∂L/∂y,
 
 with the means over the batch and spatial dimensions of the current (simulated) batch. Where the fixed statistics
 are the batch's own (the truth), the forward values equal the client's and so does every parameter gradient, also
-of the layers before a BatchNorm (:mod:`tests.attack.test_batchnorm_decoupled` checks it to float64 rounding). A
-plain fixed-statistics forward would give (γ/σ)·g there instead.
+of the layers before a BatchNorm (1e-14 relative in float64 on the zoo's ResNet-32, docs/results/batchnorm.md). A
+plain fixed-statistics (eval-mode) backward would give (γ/σ)·g there instead.
 
 The backward is written with differentiable torch ops, so the attack's objective, which differentiates the
 simulated gradient with respect to the images, gets its second derivatives (``create_graph``, ``torch.func.grad``
