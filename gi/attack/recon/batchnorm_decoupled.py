@@ -19,7 +19,8 @@ so each image's forward is eval-mode-like and samples do not interact, and the b
 with the means over the batch and spatial dimensions of the current (simulated) batch. Where the fixed statistics
 are the batch's own (the truth), the forward values equal the client's and so does every parameter gradient, also
 of the layers before a BatchNorm (1e-14 relative in float64 on the zoo's ResNet-32, docs/results/batchnorm.md). A
-plain fixed-statistics (eval-mode) backward would give (γ/σ)·g there instead.
+plain fixed-statistics (eval-mode) backward would give (γ/σ)·g there instead. Off the truth, on S2's untrained
+ResNet-32, the decoupled objective is as steep as the train-mode one (docs/results/batchnorm.md, "The landscape").
 
 The backward is written with differentiable torch ops, so the attack's objective, which differentiates the
 simulated gradient with respect to the images, gets its second derivatives (``create_graph``, ``torch.func.grad``
