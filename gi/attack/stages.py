@@ -635,7 +635,7 @@ def can_pack(a: PreparedAttack, b: PreparedAttack) -> bool:
 
     return bool(a.captures) and bool(b.captures) and a.attack == b.attack and a.inversions is None and \
         b.inversions is None and (a.matched[0] is None) == (b.matched[0] is None) and \
-        same_model(a.captures[0], b.captures[0]) and _same_aux(a.aux_images, b.aux_images)
+        same_model(a.captures[0], b.captures[0], a.attack.decoupled_bn) and _same_aux(a.aux_images, b.aux_images)
 
 
 def _same_aux(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:

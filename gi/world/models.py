@@ -20,6 +20,7 @@ import functools
 import importlib
 import inspect
 import json
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -97,6 +98,20 @@ class GIModel(nn.Module):
 
 def _act(name: str) -> nn.Module:
     return ACTIVATIONS[name]()
+
+
+GROUPS = 8  # GroupNorm's groups per layer (fewer where the channels are not a multiple: their gcd)
+NORM_LAYERS: dict[str, Callable[[int], nn.Module]] = {
+    # a conv body's normalisation layer of C channels (the ResNet-32's ``norm_layer`` option)
+    "batch": nn.BatchNorm2d,
+    "group": lambda channels: nn.GroupNorm(math.gcd(GROUPS, channels), channels),  # Wu & He 2018: per sample
+}
+
+
+def _norm_layer(name: str, channels: int) -> nn.Module:
+    if name not in NORM_LAYERS:
+        raise ConfigError(f"unknown norm_layer {name!r}; valid: {sorted(NORM_LAYERS)}")
+    return NORM_LAYERS[name](channels)
 
 
 def _swap_activations(module: nn.Module, activation: str) -> nn.Module:
@@ -215,31 +230,34 @@ def _convnet(in_shape, activation, width: int = 64, batch_norm: bool = True, **_
 
 
 class _BasicBlock(nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int, activation: str) -> None:
+    def __init__(self, cin: int, cout: int, stride: int, activation: str, norm_layer: str = "batch") -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
+        self.bn1 = _norm_layer(norm_layer, cout)
         self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
+        self.bn2 = _norm_layer(norm_layer, cout)
         self.act1, self.act2 = _act(activation), _act(activation)
         self.shortcut = nn.Sequential()
         if stride != 1 or cin != cout:
-            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), _norm_layer(norm_layer, cout))
 
     def forward(self, x):
         out = self.act1(self.bn1(self.conv1(x)))
         return self.act2(self.bn2(self.conv2(out)) + self.shortcut(x))
 
 
-def _resnet32(in_shape, activation, width: int = 16, **_):
-    """CIFAR ResNet-32 (He et al. 2016): 3 stages × 5 basic blocks, widths 16/32/64 (× width/16)."""
-    layers: list[nn.Module] = [nn.Conv2d(in_shape[0], width, 3, 1, 1, bias=False), nn.BatchNorm2d(width),
+def _resnet32(in_shape, activation, width: int = 16, norm_layer: str = "batch", **_):
+    """CIFAR ResNet-32 (He et al. 2016): 3 stages × 5 basic blocks, widths 16/32/64 (× width/16). ``norm_layer``:
+    ``batch`` (BatchNorm, the paper's) or ``group`` (GroupNorm of :data:`GROUPS` groups, Wu & He 2018: every
+    sample normalised on its own, so a client's batch does not couple its samples in either mode;
+    docs/results/batchnorm.md). The module names are the same for both."""
+    layers: list[nn.Module] = [nn.Conv2d(in_shape[0], width, 3, 1, 1, bias=False), _norm_layer(norm_layer, width),
                                _act(activation)]
     cin = width
     for stage, mult in enumerate((1, 2, 4)):
         for block in range(5):
             stride = 2 if stage > 0 and block == 0 else 1
-            layers.append(_BasicBlock(cin, width * mult, stride, activation))
+            layers.append(_BasicBlock(cin, width * mult, stride, activation, norm_layer))
             cin = width * mult
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
     return nn.Sequential(*layers)
@@ -663,13 +681,13 @@ def _option_kind(name: str, option: str) -> str:
     p = inspect.signature(BODIES[name][0]).parameters[option]
     ann = p.annotation if p.annotation is not inspect.Parameter.empty else None
     if isinstance(ann, str):
-        return {"int": "int", "bool": "bool", "Sequence[int]": "ints", "str | None": "str"}[ann]
+        return {"int": "int", "bool": "bool", "Sequence[int]": "ints", "str | None": "str", "str": "str"}[ann]
     default = p.default
     return ("bool" if isinstance(default, bool) else "int" if isinstance(default, int)
             else "ints" if isinstance(default, tuple | list) else "str")
 
 
-OPTION_CHOICES: dict[str, tuple[str, ...]] = {"stem": ("cifar", "imagenet")}
+OPTION_CHOICES: dict[str, tuple[str, ...]] = {"stem": ("cifar", "imagenet"), "norm_layer": tuple(NORM_LAYERS)}
 
 
 def check_zoo_spec(spec: dict[str, Any]) -> None:

@@ -81,3 +81,24 @@ def test_unknown_model_options_are_config_errors_listing_the_valid_ones():
         build("fcn4", 10, width=3)
     assert body_options("resnet18") == ["stem"] and body_options("lenet") == []
     assert build("resnet18", 10, stem="cifar").spec["stem"] == "cifar"
+
+
+def test_resnet32_with_group_norm_normalises_each_sample_alone():
+    """``norm_layer: group``: the same ResNet-32 with GroupNorm in place of every BatchNorm (same module names), so a
+    sample's output in train mode does not depend on the rest of its batch; the option is checked at build and in a
+    capture's spec."""
+    from gi.core.errors import CaptureError
+    from gi.world.models import check_zoo_spec
+
+    batch, group = build("resnet32", 10, seed=0), build("resnet32", 10, seed=0, norm_layer="group")
+    norms = {n for n, m in group.named_modules() if isinstance(m, torch.nn.GroupNorm)}
+    assert norms == {n for n, m in batch.named_modules() if isinstance(m, torch.nn.BatchNorm2d)} and len(norms) == 33
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in group.modules())
+    assert {m.num_groups for m in group.modules() if isinstance(m, torch.nn.GroupNorm)} == {8}
+    x = torch.rand(3, 3, 32, 32)
+    torch.testing.assert_close(group.train()(x)[:1], group(x[:1]))
+    assert from_spec(group.spec).spec["norm_layer"] == "group"
+    with pytest.raises(ConfigError, match="unknown norm_layer 'layer'; valid: \\['batch', 'group'\\]"):
+        build("resnet32", 10, norm_layer="layer")
+    with pytest.raises(CaptureError, match="norm_layer='layer'"):
+        check_zoo_spec({**group.spec, "norm_layer": "layer"})

@@ -160,7 +160,7 @@ def fit_many(captures: Sequence[Capture], label_results: Sequence[LabelResult | 
             for i, rec in zip(idx, part):
                 out[i] = rec
         return out  # type: ignore[return-value]
-    if not all(same_model(captures[0], c) for c in captures[1:]):
+    if not all(same_model(captures[0], c, cfg.decoupled_bn) for c in captures[1:]):
         return [fit_many([c], [label_result], [f], cfg, callbacks, stage, [i], [pr], aux_images)[0]
                 for c, label_result, f, i, pr in zip(captures, label_results, features, ids, priors)]
     auto = cfg.pack == "auto"

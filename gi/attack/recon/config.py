@@ -12,7 +12,7 @@ SCHEDULES = ("multistep", "constant", "cosine")
 LABEL_KINDS = ("fixed", "joint")
 BATCHINGS = ("auto", "vmap", "loop")
 SMALL_MODEL = 2_000_000  # parameters under which one CPU thread and vmap-batched restarts are the defaults
-BN_SOURCES = ("shared", "running", "update")
+BN_SOURCES = ("shared", "running", "update", "decoupled")
 OUTPUT_ERRORS = ("simulated", "captured", "auto")
 MAX_ALTERNATIVES = 4  # attack.alternatives: each one is a whole further fit of every optimised capture
 MAX_ITERATIONS = 10_000_000  # attack.iterations: days of CPU for the smallest net; more is a typo, not a recipe
@@ -82,7 +82,11 @@ class ReconConfig:
     2M parameters on CPU, else torch's default; oversubscribed CPUs run small-op loops 10–20× slower with more
     threads). ``bn_stats``: where the ``bn`` regulariser's targets come from (``shared``: batch statistics in
     ``capture.bn_stats`` when the threat model grants them, ``running``: the model's running statistics,
-    DeepInversion's choice, ``update``: a one-step FedAvg update's buffers, :mod:`fcn_analytic.batchnorm`).
+    DeepInversion's choice, ``update``: a one-step FedAvg update's buffers, :mod:`fcn_analytic.batchnorm`;
+    ``decoupled``: the statistics of ``update``, and the simulated client's BatchNorm layers normalise with them,
+    fixed, and back-propagate as in train mode, so the dummy images do not interact through the batch
+    (:mod:`gi.attack.recon.batchnorm_decoupled`; docs/architecture.md, "BatchNorm in train mode"; captures whose
+    buffers differ are then never packed into one problem).
     ``compile``: ``torch.compile`` the vectorised (``vmap``) objective: 1.6× faster
     steps for 20 packed LeNet captures on a CPU, after a first call that compiles for minutes
     (docs/results/throughput-gpu.md,
@@ -166,6 +170,12 @@ class ReconConfig:
     feature_relative: bool = False
     feature_draws: int = 1_000_000
     alternatives: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def decoupled_bn(self) -> bool:
+        """Whether the simulated model normalises with the update's fixed batch statistics (``bn_stats:
+        decoupled``, :mod:`gi.attack.recon.batchnorm_decoupled`)."""
+        return self.bn_stats == "decoupled"
 
     @property
     def feature_layer_name(self) -> str | None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gi.attack.recon.batchnorm_decoupled import decoupled_model
 from gi.attack.recon.config import SMALL_MODEL, ReconConfig
 from gi.attack.recon.terms import term_weights
 from gi.capture import Capture
@@ -335,17 +336,29 @@ def output_errors(captures: Sequence[Capture], mode: str, joint: bool = False) -
                       "use attack.output_error=auto (falls back to simulated) or simulated")
 
 
+def update_statistics(capture: Capture, source: str = "update") -> dict[str, tuple[Tensor, Tensor]]:
+    """Every BatchNorm layer's batch ``(mean, biased var)`` (C,) of a one-step FedAvg update's buffers
+    (:func:`fcn_analytic.batchnorm.batch_statistics`), for ``attack.bn_stats=source``; where the capture cannot
+    give them, a one-line :class:`CaptureError` saying why and what to use instead."""
+    from fcn_analytic.batchnorm import batch_statistics
+
+    try:
+        return batch_statistics(capture)
+    except CaptureError as exc:
+        raise CaptureError(f"attack.bn_stats={source} reads the client's batch statistics from a one-step FedAvg "
+                           f"update's BatchNorm buffers (protocol.scheme=fedavg, one local step, "
+                           f"protocol.model_mode=train), but {exc}; or set attack.bn_stats=shared") from None
+
+
 def bn_targets(capture: Capture, model: torch.nn.Module, source: str) -> dict[str, tuple[Tensor, Tensor]]:
     """BatchNorm targets the threat model grants: ``shared`` reads ``capture.bn_stats`` (the client's batch
-    statistics, when the threat model grants them), ``running`` the model's running stats, ``update`` the batch
-    statistics of a one-step FedAvg update's buffers (:func:`fcn_analytic.batchnorm.batch_statistics`; a
+    statistics, when the threat model grants them), ``running`` the model's running stats, ``update`` and
+    ``decoupled`` the batch statistics of a one-step FedAvg update's buffers (:func:`update_statistics`; a
     :class:`CaptureError` says why where it cannot)."""
     out: dict[str, tuple[Tensor, Tensor]] = {}
-    if source == "update":
-        from fcn_analytic.batchnorm import batch_statistics
-
+    if source in ("update", "decoupled"):
         return {name: (mean.float().reshape(1, -1), var.float().reshape(1, -1))
-                for name, (mean, var) in batch_statistics(capture).items()}
+                for name, (mean, var) in update_statistics(capture, source).items()}
     for name, m in model.named_modules():
         if not isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
             continue
@@ -391,12 +404,17 @@ def check_inputs(captures: Sequence[Capture], label_results: Sequence[LabelResul
     return captures, label_results, features
 
 
-def same_model(a: Capture, b: Capture) -> bool:
-    """Whether two captures can be rows of one Problem: same model, state, protocol, history and batch size."""
+def same_model(a: Capture, b: Capture, buffers: bool = False) -> bool:
+    """Whether two captures can be rows of one Problem: same model, state, protocol, history and batch size;
+    ``buffers``: also the buffers after the round (``attack.bn_stats=decoupled`` builds the model from the batch
+    statistics they give, :attr:`gi.attack.recon.config.ReconConfig.decoupled_bn`)."""
     if a.model_spec != b.model_spec or a.protocol != b.protocol or a.num_samples != b.num_samples \
             or a.last_layer_name != b.last_layer_name:
         return False
     if a.is_update != b.is_update or set(a.shared) != set(b.shared) or set(a.model_state) != set(b.model_state):
+        return False
+    if buffers and (set(a.buffers) != set(b.buffers) or
+                    not all(torch.equal(a.buffers[k], b.buffers[k]) for k in a.buffers)):
         return False
     return all(torch.equal(a.model_state[k], b.model_state[k]) for k in a.model_state) and \
         all(torch.equal(a.history.get(k, torch.zeros(0)), b.history.get(k, torch.zeros(0))) for k in a.history)
@@ -473,13 +491,16 @@ def build_problem(captures: Sequence[Capture], label_results: Sequence[LabelResu
     """
     captures, label_results, features = check_inputs(captures, label_results, features)
     first = captures[0]
-    if not all(same_model(first, c) for c in captures[1:]):
+    if not all(same_model(first, c, config.decoupled_bn) for c in captures[1:]):
         raise ConfigError("build_problem needs captures of one global model (spec, state, protocol, history, batch "
-                          "size); reconstruct_many reconstructs other captures one by one")
+                          "size; with attack.bn_stats=decoupled also the buffers); reconstruct_many reconstructs "
+                          "other captures one by one")
     cfg = config
     model = first.model()
     for c in captures:
         c.validate(model)
+    if cfg.decoupled_bn:  # the client's batch statistics fixed, its train-mode backward (docs/architecture.md)
+        model = decoupled_model(model, update_statistics(first, cfg.bn_stats))
     classes = first.num_classes
     b = image_slots(first)
     joint_random = cfg.labels == "joint" and all(result is None for result in label_results)
