@@ -267,10 +267,12 @@ class Summary:
 
     @property
     def verdict(self) -> dict[str, Any]:
+        """metrics.json's ``verdict``: with truth per image (``images``) and the run's word, ``gradient`` beside."""
         return self.metrics["verdict"]
 
     @property
     def sentence(self) -> str:
+        """The verdict line (:func:`gi.analysis.verdict.verdict_line`)."""
         from gi.analysis.verdict import verdict_line
 
         return verdict_line(self.verdict)
