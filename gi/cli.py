@@ -66,9 +66,9 @@ def _print_summary(m: dict) -> None:
               f"LPIPS-alex {m['lpips_alex_mean']:.3f}  labels {m['labels']['mode']}/{m['labels']['method']} "
               f"ins_acc {m['final_labels']['ins_acc']:.3f}")
     if "verdict" in m:
-        from gi.analysis.outputs import verdict_line
+        from gi.analysis.verdict import verdict_line
 
-        print(verdict_line(m))
+        print(verdict_line(m["verdict"]))
     for warning in m.get("warnings", []):
         print(f"warning: {warning}")
 

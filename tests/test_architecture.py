@@ -20,9 +20,9 @@ LAYERS = [
     ("gi.analysis", 3),
     ("labels", 4), ("fcn_analytic.disaggregate", 4),  # captures only: the fc-inputs label method builds on it
     ("fcn_analytic", 5),
-    ("gi.attack", 7), ("gi.attack.recon", 6),
+    ("gi.attack", 8), ("gi.attack.stages", 7), ("gi.attack.recon", 6),
     ("gi.world.scenarios", 7),
-    ("gi.analysis.outputs", 8),
+    ("gi.analysis.outputs", 8), ("gi.attack.api", 8),  # the Python entry scores and saves: outputs, outdir
     ("gi.experiments", 8),
     ("gi.cli", 9), ("gi", 9),
 ]
@@ -77,5 +77,6 @@ def test_no_private_name_is_imported_across_modules():
 def test_the_layer_table_rejects_what_it_should():
     assert layer("gi.world.fl.schemes.feddyn") == 1 and layer("gi.world.fl.victim") == 3
     assert layer("gi.experiments.sweep") == 8 and layer("gi.attack.recon.api") == 6 and layer("gi.attack.stages") == 7
+    assert layer("gi.attack.api") == 8 and layer("gi.attack") == 8
     assert layer("labels.rlu") == 4 and layer("gi") == 9 and layer("gi.core.config") == 0
     assert layer("gi.world.build") == 3 and layer("gi.experiments.config.run") == 8  # schema and builders

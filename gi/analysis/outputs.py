@@ -12,8 +12,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gi.analysis.report import save_caption_grid, save_line_plot, write_csv, write_json, write_yaml
-from gi.attack.stages import AttackResult, LabelConfig, final_counts, used_labels
+from gi.analysis.report import (
+    save_caption_grid,
+    save_line_plot,
+    save_png,
+    write_csv,
+    write_json,
+    write_yaml,
+)
+from gi.attack.stages import AttackResult, LabelConfig, final_counts, mismatch_of, used_labels
 
 if TYPE_CHECKING:
     from gi.capture import Capture, Truth
@@ -106,12 +113,6 @@ class Table:
     random_psnr: list[float] = field(default_factory=list)
     label_scores: list[dict[str, float]] = field(default_factory=list)
     final_label_scores: list[dict[str, float]] = field(default_factory=list)
-
-
-def mismatch_of(rec: Any) -> float:
-    """A reconstruction's relative mismatch of the shared tensors (NaN when it was not computed)."""
-    value = rec.history.get("gradient_mismatch")
-    return float("nan") if value is None else float(value)
 
 
 def truth_table(outcome: AttackResult, truths: Sequence[Truth], lcfg: LabelConfig, seed: int,
@@ -220,24 +221,20 @@ def label_summary(outcome: AttackResult, lcfg: LabelConfig, table: Table, truths
     return out
 
 
-def verdict_summary(table: Table, outcome: AttackResult, captures: Sequence[Capture], truths: Sequence[Truth] | None
-                    ) -> dict[str, Any]:
-    """metrics.json's ``verdict`` (:mod:`gi.analysis.verdict`): with truth, per image against the best trivial
-    guess, with the attack's own mismatch verdict under ``gradient``; without, the mismatch verdict alone. Where
-    the attack matched features, ``features`` (:func:`gi.analysis.verdict.feature_summary`) in both."""
-    from gi.analysis.verdict import feature_summary, image_summary, mismatch_summary
+def verdict_summary(table: Table, outcome: AttackResult, truths: Sequence[Truth] | None) -> dict[str, Any]:
+    """metrics.json's ``verdict`` (:mod:`gi.analysis.verdict`): without truth, the attack's own
+    (:attr:`gi.attack.stages.AttackResult.verdict`'s ``record``: the mismatch verdict, the labels); with truth, per
+    image against the best trivial guess, with the mismatch verdict under ``gradient``. Where the attack matched
+    features, ``features`` (:func:`gi.analysis.verdict.feature_summary`) in both."""
+    from gi.analysis.verdict import image_summary
 
-    what = "update" if captures and captures[0].is_update else "gradient"
-    gradient = mismatch_summary([mismatch_of(r) for r in outcome.reconstructions], what)
-    stage = next((s for s in outcome.stages if s.get("name") == "features" and "target_residual" in s), None)
-    features = {} if stage is None else {"features": feature_summary(
-        stage["feature_layer"], stage["target_residual"],
-        [r.history.get("feature_mismatch") for r in outcome.reconstructions])}
+    own = outcome.verdict
     if truths is None:
-        return {**gradient, **features}
+        return own.record
     rows = table.rows
     return {**image_summary([r["psnr"] for r in rows], [r["grey_psnr"] for r in rows],
-                            [r["mean_colour_psnr"] for r in rows]), "gradient": gradient, **features}
+                            [r["mean_colour_psnr"] for r in rows]), "gradient": own.gradient,
+            **({"features": own.features} if own.features is not None else {})}
 
 
 def attack_summary(outcome: AttackResult, num_images: int) -> dict[str, Any]:
@@ -253,26 +250,41 @@ def attack_summary(outcome: AttackResult, num_images: int) -> dict[str, Any]:
             "seconds_per_100_iterations": 100 * seconds / iterations if iterations else None}
 
 
-def verdict_line(metrics: dict[str, Any]) -> str:
-    """The verdict for the summary line of ``gi run`` / ``gi attack``: ``verdict: <word>: <sentence>``, and with
-    truth the mismatch sentence after it."""
-    verdict = metrics["verdict"]
-    line = f"verdict: {verdict['overall']}: {verdict['summary']}"
-    if "gradient" in verdict:
-        line += f"; {verdict['gradient']['summary']}"
-    if "features" in verdict:
-        line += f"; {verdict['features']['summary']}"
-    return line
+@dataclass
+class Summary:
+    """What an output directory of ``gi run`` / ``gi attack`` says of an attack, before it is written
+    (:func:`summarise`): the per-image :class:`Table` (``rows``: results.csv) and ``metrics`` (metrics.json, less
+    the run's timing and platform). ``verdict`` is metrics.json's ``verdict`` (docs/usage.md, "Verdict"), ``sentence``
+    the verdict line ``gi run`` / ``gi attack`` print."""
+
+    table: Table
+    metrics: dict[str, Any]
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per image: with truth its PSNR / SSIM / LPIPS, the trivial guesses and its ``verdict``."""
+        return self.table.rows
+
+    @property
+    def verdict(self) -> dict[str, Any]:
+        """metrics.json's ``verdict``: with truth per image (``images``) and the run's word, ``gradient`` beside."""
+        return self.metrics["verdict"]
+
+    @property
+    def sentence(self) -> str:
+        """The verdict line (:func:`gi.analysis.verdict.verdict_line`)."""
+        from gi.analysis.verdict import verdict_line
+
+        return verdict_line(self.verdict)
 
 
-def write_outputs(tmp: Path, name: str, config: dict[str, Any], captures: Sequence[Capture],
-                  truths: Sequence[Truth] | None, outcome: AttackResult, lcfg: LabelConfig, seed: int,
-                  metric_options: dict[str, Any], monitor: Any = None, t0: float | None = None) -> dict[str, Any]:
-    """Write the self-contained output directory of ``gi run`` / ``gi attack``: config.yaml, metrics.json (with
-    ``stages`` and the ``verdict``; scores, baselines and their mean/median/min over every image when truths are
-    given), results.csv (one row per image), grid.png, plots, the captures (and truths). Returns the metrics."""
-    import torch
-
+def summarise(name: str, captures: Sequence[Capture], truths: Sequence[Truth] | None, outcome: AttackResult,
+              lcfg: LabelConfig, seed: int, metric_options: dict[str, Any]) -> Summary:
+    """The rows and metrics of an attack's output directory: with ``truths`` (one per capture) every image scored
+    (:func:`truth_table`, :func:`score_summary`), without them the reconstruction slots (:func:`plain_table`); the
+    labels (:func:`label_summary`), the verdict (:func:`verdict_summary`), the attack, its stages and warnings.
+    ``seed`` draws the uniform-noise baseline; ``metric_options``: ``match`` (pixel matching of a batch) and
+    ``lpips_vgg``."""
     from gi.attack.recon.problem import image_slots
 
     table = truth_table(outcome, truths, lcfg, seed, metric_options) if truths is not None else plain_table(outcome)
@@ -281,10 +293,25 @@ def write_outputs(tmp: Path, name: str, config: dict[str, Any], captures: Sequen
     if truths is not None:
         metrics.update(score_summary(table, metric_options))
     metrics.update(label_summary(outcome, lcfg, table, truths))
-    metrics["verdict"] = verdict_summary(table, outcome, captures, truths)
+    metrics["verdict"] = verdict_summary(table, outcome, truths)
     metrics["attack"] = attack_summary(outcome, metrics["num_images"])
     metrics["stages"] = outcome.stages
     metrics["warnings"] = outcome.warnings
+    return Summary(table, metrics)
+
+
+def write_outputs(tmp: Path, name: str, config: dict[str, Any], captures: Sequence[Capture],
+                  truths: Sequence[Truth] | None, outcome: AttackResult, lcfg: LabelConfig, seed: int,
+                  metric_options: dict[str, Any], monitor: Any = None, t0: float | None = None) -> dict[str, Any]:
+    """Write the self-contained output directory of ``gi run`` / ``gi attack`` (and of
+    :meth:`gi.attack.Attack.save`): config.yaml, metrics.json (:func:`summarise`: ``stages`` and the ``verdict``;
+    scores, baselines and their mean/median/min over every image when truths are given), results.csv (one row per
+    image), grid.png, plots, the reconstructed images (:func:`save_reconstructions`: reconstructions.safetensors,
+    images/*.png), the captures (and truths). Returns the metrics."""
+    import torch
+
+    summary = summarise(name, captures, truths, outcome, lcfg, seed, metric_options)
+    table, metrics = summary.table, summary.metrics
     if t0 is not None:
         metrics["total_seconds"] = time.perf_counter() - t0
     metrics["device"] = "cuda" if torch.cuda.is_available() and config.get("attack", {}).get("device") != "cpu" \
@@ -299,8 +326,46 @@ def write_outputs(tmp: Path, name: str, config: dict[str, Any], captures: Sequen
                       torch.cat(table.shown_truth) if table.shown_truth else None, table.captions,
                       title=name + legend)
     write_plots(tmp, name, outcome, monitor, len(captures))
+    save_reconstructions(tmp, outcome, truths, table)
     save_captures(tmp, captures, truths)
     return metrics
+
+
+RECONSTRUCTIONS = "reconstructions.safetensors"
+
+
+def save_reconstructions(tmp: Path, outcome: AttackResult, truths: Sequence[Truth] | None, table: Table) -> None:
+    """The reconstructed images as data: ``reconstructions.safetensors`` holds, per capture k, ``capture{k}`` (its
+    images (B, C, H, W), float32 pixels in [0, 1], exactly as the attack returned them) and ``labels{k}`` (the label
+    of each slot, int64); ``images/c{k}_i{i}.png`` is slot i of capture k (8-bit), and with truth
+    ``images/c{k}_i{i}_truth.png`` the truth image paired with that slot by pixels (results.csv's ``matched_slot``).
+    A storage failure inside safetensors is raised as the ``OSError`` it is (:func:`gi.core.errors.as_os_error`),
+    which the output directory's writer reports as an ``OutputError``."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from gi.core.errors import as_os_error
+
+    recs = outcome.reconstructions
+    tensors = {}
+    for k, rec in enumerate(recs):
+        tensors[f"capture{k}"] = rec.images.detach().float().cpu().contiguous()
+        tensors[f"labels{k}"] = rec.labels.detach().argmax(1).cpu().contiguous()
+    path = tmp / RECONSTRUCTIONS
+    meta = {"kind": "reconstructions", "captures": len(recs), "images": "capture{k}: (B, C, H, W) float32 in [0, 1]",
+            "labels": "labels{k}: (B,) the label of each slot"}
+    try:
+        save_file(tensors, str(path), metadata={"gi": json.dumps(meta)})
+    except Exception as exc:  # a full disk inside safetensors: the OSError it is
+        raise as_os_error(exc, path) from None
+    (tmp / "images").mkdir()
+    for k, rec in enumerate(recs):
+        paired = {} if truths is None else {int(slot): i for i, slot in enumerate(table.scores[k]["perm"])}
+        for i in range(rec.images.shape[0]):
+            save_png(tmp / "images" / f"c{k}_i{i}.png", rec.images[i])
+            if i in paired:
+                save_png(tmp / "images" / f"c{k}_i{i}_truth.png", truths[k].images[paired[i]])
 
 
 def write_plots(tmp: Path, name: str, outcome: AttackResult, monitor: Any, num_captures: int) -> None:

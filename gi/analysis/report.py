@@ -86,6 +86,16 @@ def save_grid(path: Path, rows: Sequence[torch.Tensor], pad: int = 2, scale: int
     vutils.save_image(grid, str(path))
 
 
+def save_png(path: Path, image: torch.Tensor) -> None:
+    """One image (C, H, W) of pixels in [0, 1] as an 8-bit PNG (grey for one channel, RGB for three): each pixel
+    rounded to the nearest of 256 levels, values outside [0, 1] clipped."""
+    import torch
+    from PIL import Image
+
+    pixels = image.detach().float().cpu().clamp(0, 1).mul(255).round().to(torch.uint8)
+    Image.fromarray((pixels[0] if pixels.shape[0] == 1 else pixels.permute(1, 2, 0).contiguous()).numpy()).save(path)
+
+
 def save_caption_grid(path: Path, reconstructions: torch.Tensor, truths: torch.Tensor | None = None,
                       captions: Sequence[str] = (), columns: int = 10, title: str = "") -> None:
     """A readable grid: one column per image (``columns`` per band, more bands below), rows truth (when given) and

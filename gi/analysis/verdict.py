@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -212,6 +213,79 @@ def mismatch_summary(mismatches: Sequence[float], what: str = "gradient") -> dic
             "captures": verdicts, "gradient_mismatch": list(mismatches), "rule": MISMATCH_RULE}
 
 
+MAX_LABELS_SHOWN = 8  # captures whose labels the verdict line names; the rest are in metrics.json
+
+
+def labels_phrase(labels: Sequence[Sequence[int] | None]) -> str:
+    """The labels the reconstructions carry, in words, per capture in slot order (a batch's recovered counts as
+    one label per slot), e.g. ``recovered label 3``, ``recovered labels 0, 0, 2, 7`` or, for several captures,
+    ``recovered labels per capture: 0: 3; 1: 5, 7``; None (a capture that shares nothing) reads ``none``. At most
+    :data:`MAX_LABELS_SHOWN` captures are named."""
+    def said(slots: Sequence[int] | None) -> str:
+        return "none (the capture shares nothing)" if slots is None else ", ".join(str(int(c)) for c in slots)
+
+    if len(labels) == 1:
+        slots = labels[0]
+        return f"recovered label{'' if slots is not None and len(slots) == 1 else 's'} {said(slots)}"
+    shown = "; ".join(f"{k}: {said(slots)}" for k, slots in enumerate(labels[:MAX_LABELS_SHOWN]))
+    more = len(labels) - MAX_LABELS_SHOWN
+    return (f"recovered labels per capture: {shown}"
+            + (f"; {more} more capture(s) in metrics.json (verdict.labels)" if more > 0 else ""))
+
+
+@dataclass(frozen=True)
+class AttackVerdict:
+    """The verdict an attack gives without truth (module docstring, "Without truth" and "Features"): per capture
+    the mismatch verdict of the shared gradient or update (``gradient``: :func:`mismatch_summary`'s record), the
+    feature record where features were matched (``features``: :func:`feature_summary`'s, else None) and the labels
+    each reconstruction slot carries (``labels``: per capture, slot order; None for a capture that shares
+    nothing). ``record`` is ``metrics.json``'s ``verdict`` of a run without truth, ``sentence`` its summary line."""
+
+    gradient: dict[str, Any]
+    features: dict[str, Any] | None
+    labels: list[list[int] | None]
+
+    @property
+    def mismatch(self) -> list[str]:
+        """Per capture: ``explains`` / ``partly explains`` / ``does not explain`` (:func:`mismatch_verdict`)."""
+        return list(self.gradient["captures"])
+
+    @property
+    def overall(self) -> str:
+        """The run's word (:func:`overall` of :attr:`mismatch`)."""
+        return self.gradient["overall"]
+
+    @property
+    def counts(self) -> list[dict[int, int] | None]:
+        """Per capture: how many slots carry each label (only the labels present)."""
+        return [None if slots is None else {c: slots.count(c) for c in sorted(set(slots))} for slots in self.labels]
+
+    @property
+    def record(self) -> dict[str, Any]:
+        """``metrics.json``'s ``verdict`` without truth: the mismatch record, ``features`` and ``labels``."""
+        return {**self.gradient, **({"features": self.features} if self.features is not None else {}),
+                "labels": self.labels}
+
+    @property
+    def sentence(self) -> str:
+        """The one-line verdict (:func:`verdict_line` of :attr:`record`), labels included."""
+        return verdict_line(self.record)
+
+
+def verdict_line(verdict: dict[str, Any]) -> str:
+    """The verdict line of ``gi run`` / ``gi attack`` from ``metrics.json``'s ``verdict`` record: ``verdict:
+    <word>: <sentence>``, with truth the mismatch sentence after it, then the feature sentence where features were
+    matched, and without truth the labels (:func:`labels_phrase`)."""
+    line = f"verdict: {verdict['overall']}: {verdict['summary']}"
+    if "gradient" in verdict:
+        line += f"; {verdict['gradient']['summary']}"
+    if "features" in verdict:
+        line += f"; {verdict['features']['summary']}"
+    if "labels" in verdict:
+        line += f"; {labels_phrase(verdict['labels'])}"
+    return line
+
+
 def trivial_guesses(images: torch.Tensor) -> dict[str, torch.Tensor]:
     """The two trivial guesses of ``images`` (B, C, H, W) in [0, 1]: ``grey`` (0.5 everywhere) and
     ``mean_colour`` (each image's per-channel mean, constant over the pixels)."""
@@ -235,9 +309,10 @@ def trivial_baselines(images: torch.Tensor) -> dict[str, list[float]]:
 
 
 __all__ = [
-    "DOES_NOT_EXPLAIN", "EXPLAINED_BELOW", "EXPLAINS", "IMAGE_VERDICTS", "MISMATCH_VERDICTS", "NOT_RECOVERED",
-    "NOT_RECOVERED_MARGIN_DB", "PARTIAL", "PARTLY_EXPLAINS", "RECOVERED", "RECOVERED_MARGIN_DB",
-    "RECOVERED_MIN_PSNR_DB", "UNEXPLAINED_FROM", "best_guess", "feature_summary", "image_sentence", "image_summary",
-    "image_verdict", "mismatch_phrase", "mismatch_sentence", "mismatch_summary", "mismatch_verdict", "overall", "tally",
-    "trivial_baselines", "trivial_guesses",
+    "AttackVerdict", "DOES_NOT_EXPLAIN", "EXPLAINED_BELOW", "EXPLAINS", "IMAGE_VERDICTS", "MAX_LABELS_SHOWN",
+    "MISMATCH_VERDICTS", "NOT_RECOVERED", "NOT_RECOVERED_MARGIN_DB", "PARTIAL", "PARTLY_EXPLAINS", "RECOVERED",
+    "RECOVERED_MARGIN_DB", "RECOVERED_MIN_PSNR_DB", "UNEXPLAINED_FROM", "best_guess", "feature_summary",
+    "image_sentence", "image_summary", "image_verdict", "labels_phrase", "mismatch_phrase", "mismatch_sentence",
+    "mismatch_summary", "mismatch_verdict", "overall", "tally", "trivial_baselines", "trivial_guesses",
+    "verdict_line",
 ]

@@ -1,7 +1,8 @@
 """The label-first attack as a library: labels → features → image (docs/architecture.md "Data flow").
 
-:func:`run` is the one call (the same stages as ``gi attack``); :mod:`gi.attack.stages` holds the stages and the
-label modes, :mod:`gi.attack.recon` the optimisation loop (Lightning). Light imports only: they load on first use.
+:func:`run` is the one call (the same stages as ``gi attack``; it returns an :class:`Attack`, which scores and
+saves itself); :mod:`gi.attack.stages` holds the stages and the label modes, :mod:`gi.attack.recon` the
+optimisation loop (Lightning). Light imports only: they load on first use.
 """
 
 from __future__ import annotations
@@ -9,12 +10,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gi.attack.api import run
+    from gi.attack.api import Attack, run
     from gi.attack.stages import AttackResult, LabelConfig
 
-__all__ = ["AttackResult", "LabelConfig", "run"]
+__all__ = ["Attack", "AttackResult", "LabelConfig", "run"]
 
-_LAZY = {"run": ("gi.attack.api", "run"), "AttackResult": ("gi.attack.stages", "AttackResult"),
+_LAZY = {"run": ("gi.attack.api", "run"), "Attack": ("gi.attack.api", "Attack"),
+         "AttackResult": ("gi.attack.stages", "AttackResult"),
          "LabelConfig": ("gi.attack.stages", "LabelConfig")}
 
 

@@ -23,6 +23,7 @@ from gi.core.errors import ConfigError
 if TYPE_CHECKING:
     import torch
 
+    from gi.analysis.verdict import AttackVerdict
     from gi.attack.recon import Reconstruction
     from gi.capture import Capture, Truth
     from gi.label_result import LabelResult
@@ -203,7 +204,8 @@ def derived_attack(lcfg: LabelConfig, attack: ReconConfig) -> ReconConfig:
 class AttackResult:
     """What the attack stages produced for N captures: the label results (None per capture for joint labels from
     a random start), the label kind, the feature targets used (None when not matched), one Reconstruction per
-    capture and the stage records."""
+    capture, the stage records, the warnings and the captures attacked (in the same order). :attr:`verdict` is
+    what the attack says of itself without truth (docs/usage.md, "Verdict")."""
 
     label_results: list[LabelResult | None]
     label_kind: str
@@ -211,6 +213,32 @@ class AttackResult:
     reconstructions: list[Reconstruction]
     stages: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
+    captures: list[Capture] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> AttackVerdict:
+        """The verdict without truth (:class:`gi.analysis.verdict.AttackVerdict`): per capture the mismatch
+        verdict of each reconstruction's ``history["gradient_mismatch"]`` (the shared update's for update
+        captures), the feature record where the features stage measured its target (``target_residual``), and
+        the labels each reconstruction slot carries (None for a capture that shares nothing). Its ``record`` is
+        ``metrics.json``'s ``verdict`` of ``gi attack`` without truth."""
+        from gi.analysis.verdict import AttackVerdict, feature_summary, mismatch_summary
+
+        recs = self.reconstructions
+        what = "update" if self.captures and self.captures[0].is_update else "gradient"
+        stage = next((s for s in self.stages if s.get("name") == "features" and "target_residual" in s), None)
+        features = None if stage is None else feature_summary(
+            stage["feature_layer"], stage["target_residual"], [r.history.get("feature_mismatch") for r in recs])
+        silent = [bool(self.captures) and self.captures[k].silent for k in range(len(recs))]
+        labels = [None if quiet else [int(c) for c in r.labels.argmax(1)] for r, quiet in zip(recs, silent)]
+        return AttackVerdict(mismatch_summary([mismatch_of(r) for r in recs], what), features, labels)
+
+
+def mismatch_of(rec: Reconstruction) -> float:
+    """A reconstruction's relative mismatch of the shared tensors, ``history["gradient_mismatch"]`` (NaN when it
+    was not computed)."""
+    value = rec.history.get("gradient_mismatch")
+    return float("nan") if value is None else float(value)
 
 
 def label_stage(lcfg: LabelConfig, captures: Sequence[Capture], truths: Sequence[Truth | None], aux: Any
@@ -531,6 +559,14 @@ class PreparedAttack:
         return label_results, matched, out
 
     @property
+    def job_captures(self) -> list[Capture]:
+        """Every capture of the job in its order: :attr:`captures` with the :attr:`silent` ones put back."""
+        out = list(self.captures)
+        for i in sorted(self.silent):
+            out.insert(i, self.silent[i])
+        return out
+
+    @property
     def optimises(self) -> bool:
         """Whether its reconstruct stage optimises a capture (one that its analytic inversion does not answer,
         :func:`answers`); otherwise the stage runs no fit (and needs no Lightning)."""
@@ -671,7 +707,8 @@ def reconstruct_prepared(prepared: Sequence[PreparedAttack], callbacks: Sequence
         if p.silent:
             warnings.append(silent_warning(sorted(p.silent), len(p.captures) + len(p.silent)))
         label_results, features, mine = p.splice(mine)
-        out.append(AttackResult(label_results, p.label_kind, features, mine, [*p.stages, dict(rrec)], warnings))
+        out.append(AttackResult(label_results, p.label_kind, features, mine, [*p.stages, dict(rrec)], warnings,
+                                p.job_captures))
     return out
 
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gi.analysis.outputs import truth_monitor, verdict_line, write_outputs
+from gi.analysis.outputs import truth_monitor, write_outputs
+from gi.analysis.verdict import verdict_line
 from gi.attack.stages import AttackResult, check_models, prepare_attack, reconstruct_prepared
 from gi.core.config import to_dict
 from gi.core.errors import ConfigError
@@ -113,5 +114,5 @@ def run_attack(cfg: AttackConfig) -> AttackRun:
         config = {**to_dict(cfg)}
         metrics = write_outputs(tmp, cfg.name, config, captures, truths, outcome, cfg.labels, cfg.seed,
                                 {"match": True, "lpips_vgg": cfg.lpips_vgg}, monitor, t0)
-        log.info("%s", verdict_line(metrics))
+        log.info("%s", verdict_line(metrics["verdict"]))
     return AttackRun(out, metrics, outcome)

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gi.analysis.outputs import truth_monitor, verdict_line, write_outputs
+from gi.analysis.outputs import truth_monitor, write_outputs
+from gi.analysis.verdict import verdict_line
 from gi.attack.stages import (
     PreparedAttack,
     can_pack,
@@ -134,7 +135,7 @@ shared reconstruction (:func:`gi.experiments.outdir.log_scope`), not the other j
                              "colour %.2f, grey %.2f, random image %.2f dB); %s", metrics["psnr_mean"],
                              metrics["psnr_median"], metrics["psnr_min"], metrics["num_images"],
                              metrics["mean_colour_psnr_mean"], metrics["grey_psnr_mean"],
-                             metrics["random_image_psnr_mean"], verdict_line(metrics))
+                             metrics["random_image_psnr_mean"], verdict_line(metrics["verdict"]))
                 recs = outcome.reconstructions
                 by_job[i] = RunResult(job.out, metrics, job.captures[0], job.truths[0], recs[0], job.captures,
                                       job.truths, recs)

@@ -136,3 +136,15 @@ def test_feature_words():
     unshared = feature_summary("fc", [None], [None])
     assert unshared["targets"] == [None] and "not shared" in unshared["summary"]
     assert "reproduce" not in unshared["summary"]
+
+
+def test_the_labels_phrase_names_each_capture_s_slot_labels_up_to_a_bound():
+    from gi.analysis.verdict import MAX_LABELS_SHOWN, labels_phrase
+
+    assert labels_phrase([[3]]) == "recovered label 3"
+    assert labels_phrase([[0, 0, 2, 7]]) == "recovered labels 0, 0, 2, 7"
+    many = [[k] for k in range(MAX_LABELS_SHOWN + 2)]
+    phrase = labels_phrase(many)
+    assert phrase.startswith("recovered labels per capture: 0: 0; 1: 1; ")
+    assert f"{MAX_LABELS_SHOWN - 1}: {MAX_LABELS_SHOWN - 1}; 2 more capture(s)" in phrase
+    assert f"{MAX_LABELS_SHOWN}: " not in phrase

@@ -77,6 +77,11 @@ def test_a_capture_with_an_all_zero_gradient_is_answered_by_a_grey_guess_and_doe
     assert int(result.label_results[1].counts.argmax()) == int(live_truth.labels[0])
     assert any("1 of 2 capture(s) (0) not attacked" in w for w in result.warnings)
     assert result.stages[0]["silent_captures"] == [0]
+    # the verdict without truth names no label for the capture that shares nothing
+    verdict = result.verdict
+    assert verdict.labels == [None, [int(live_truth.labels[0])]] and verdict.mismatch[1] == "explains"
+    assert verdict.sentence.endswith(f"recovered labels per capture: 0: none (the capture shares nothing); "
+                                     f"1: {int(live_truth.labels[0])}")
 
 
 def test_a_run_of_only_silent_captures_reconstructs_nothing_and_says_why():

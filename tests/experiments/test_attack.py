@@ -237,7 +237,10 @@ def test_bad_image_lists_are_config_errors():
         run(cfg)
 
 
-def test_gi_attack_on_a_saved_capture_gives_the_run_s_labels_and_images(tmp_path):
+def test_gi_attack_on_a_saved_capture_gives_the_run_s_labels_and_images(tmp_path, caplog):
+    from safetensors.torch import load_file
+
+    caplog.set_level(logging.INFO, logger="gi")
     first = run(load(RunConfig, "configs/demo.yaml", FAST + [f"out={tmp_path / 'run'}"]))
     again = run_attack(load_attack_config(str(tmp_path / "run"), ["attack.iterations=30", "attack.restarts=1",
                                                                   "attack.progress=false", "attack.log_every=10",
@@ -257,8 +260,20 @@ def test_gi_attack_on_a_saved_capture_gives_the_run_s_labels_and_images(tmp_path
     assert (m["verdict"]["basis"], m["verdict"]["overall"]) == ("gradient mismatch", "explains")
     assert m["verdict"]["summary"].startswith("the reconstruction explains the gradient (relative mismatch ")
     assert m["verdict"]["gradient_mismatch"][0] < 1e-4
-    for name in ("config.yaml", "results.csv", "grid.png", "capture.safetensors"):
+    for name in ("config.yaml", "results.csv", "grid.png", "capture.safetensors", "reconstructions.safetensors",
+                 "images/c0_i0.png"):
         assert (tmp_path / "attack" / name).is_file(), name
+    # without truth gi attack names the labels it recovered, in metrics.json and in the verdict line it prints
+    label = int(rec.labels.argmax(1)[0])
+    assert m["verdict"]["labels"] == [[label]]
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("verdict: explains: ")]
+    assert lines[-1].endswith(f"; recovered label {label}")
+    # both directories hold the images as data, exactly as reconstructed, and gi run the truth beside each
+    for out in ("run", "attack"):
+        stored = load_file(tmp_path / out / "reconstructions.safetensors")
+        assert torch.equal(stored["capture0"], rec.images) and stored["labels0"].tolist() == [label]
+    assert (tmp_path / "run" / "images" / "c0_i0_truth.png").is_file()
+    assert not (tmp_path / "attack" / "images" / "c0_i0_truth.png").exists()
     scored = run_attack(load_attack_config(str(tmp_path / "run" / "capture.safetensors"), [
         "attack.iterations=30", "attack.restarts=1", "attack.progress=false", "attack.log_every=10",
         f"truth={tmp_path / 'run' / 'truth.safetensors'}", f"out={tmp_path / 'scored'}"]))
