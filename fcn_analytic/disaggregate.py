@@ -207,13 +207,21 @@ UPDATE_TOLERANCES = {"zero_tol": 1e-3, "sign_tol": 1e-2}
 class SummedLayer:
     """A Linear layer's shared tensors read as one batch gradient (:func:`summed_layer`): ``weight`` (m × n) and
     ``bias`` (m,), float64; ``samples`` the inputs behind them; ``per_mean`` the samples each mean-loss gradient
-    averages (the batch: ``∇W = (1/per_mean) Σ_i δ_i x_iᵀ``); ``tolerances`` for :func:`linear_inputs`."""
+    averages (the batch: ``∇W = (1/per_mean) Σ_i δ_i x_iᵀ``); ``tolerances`` for :func:`linear_inputs`;
+    ``visits`` the (sample, step) pairs summed: ``samples`` for a FedSGD batch or a round that sees each sample at
+    most once, more over several local epochs, whose visits of one sample differ by the parameters' drift."""
 
     weight: torch.Tensor
     bias: torch.Tensor
     samples: int
     per_mean: int
     tolerances: dict[str, float]
+    visits: int
+
+    @property
+    def once(self) -> bool:
+        """Whether each sample entered the sum at most once, so the rows span exactly ``samples`` inputs."""
+        return self.visits <= self.samples
 
 
 def summed_layer(capture: Capture, layer: str) -> SummedLayer | None:
@@ -230,10 +238,11 @@ def summed_layer(capture: Capture, layer: str) -> SummedLayer | None:
     if gw.dim() != 2:
         return None
     if not capture.is_update:
-        return SummedLayer(gw, gb, capture.num_samples, capture.num_samples, {})
+        return SummedLayer(gw, gb, capture.num_samples, capture.num_samples, {}, capture.num_samples)
     scale = -1.0 / capture.protocol.lr
-    return SummedLayer(gw * scale, gb * scale, distinct_samples(capture.protocol, capture.num_samples),
-                       local_schedule(capture.protocol, capture.num_samples)[0], dict(UPDATE_TOLERANCES))
+    schedule = local_schedule(capture.protocol, capture.num_samples)
+    return SummedLayer(gw * scale, gb * scale, distinct_samples(capture.protocol, capture.num_samples), schedule[0],
+                       dict(UPDATE_TOLERANCES), int(sum(schedule)))
 
 
 def first_linear(model: torch.nn.Module) -> str | None:

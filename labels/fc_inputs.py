@@ -35,13 +35,8 @@ def recover_fc_inputs(capture: Capture, aux=None, layer: str | None = None, draw
     one epoch, one sample, a loss other than cross-entropy, a layer without shared weight and bias gradients,
     inputs not found."""
     from fcn_analytic.disaggregate import first_linear, linear_inputs, sample_errors, summed_layer
-    from gi.world.fl.local import local_schedule
 
     c = capture.num_classes
-    if capture.is_update and len(local_schedule(capture.protocol, capture.num_samples)) > max(
-            1, capture.num_samples // capture.protocol.batch_size):
-        return LabelResult.failure("fc-inputs", c, "an update of more than one local epoch: each sample's visits "
-                                                   "differ by the parameters' drift, so they are not one input each")
     if capture.protocol.loss != "ce":
         return LabelResult.failure("fc-inputs", c, f"y = softmax(z) − δ holds for the cross-entropy loss, not "
                                                    f"protocol.loss={capture.protocol.loss!r}")
@@ -51,6 +46,9 @@ def recover_fc_inputs(capture: Capture, aux=None, layer: str | None = None, draw
         return LabelResult.failure("fc-inputs", c, f"no fully-connected layer before the last with shared weight "
                                                    f"and bias gradients, or an update that is not a plain sum of "
                                                    f"SGD steps (layer {name!r})")
+    if not summed.once:
+        return LabelResult.failure("fc-inputs", c, "an update of more than one local epoch: each sample's visits "
+                                                   "differ by the parameters' drift, so they are not one input each")
     if summed.samples < 2:
         return LabelResult.failure("fc-inputs", c, "one sample: its layer input is ∇Wᵀ∇b/‖∇b‖²; use soft-lambda")
     try:

@@ -64,3 +64,17 @@ def test_a_one_epoch_fedavg_round_gives_every_samples_label():
     result = labels.recover(update, "fc-inputs")
     assert result.ok and torch.equal(result.counts, truth.counts)
     assert sorted(result.soft.argmax(1).tolist()) == sorted(truth.labels.tolist())
+
+
+def test_a_one_epoch_round_with_a_short_last_batch_is_one_epoch():
+    """N = 5, B = 2 without drop_last: steps of 2, 2, 1 (three steps, more than N // B = 2) still see each sample
+    once, so its labels follow; two epochs of it (ten visits of five samples) are refused."""
+    images, y = _batch(5)
+    update, truth = simulate_client(_cnn(), (images, y), Protocol(scheme="fedavg", batch_size=2, lr=0.01, drop_last=False),
+                                    torch.Generator().manual_seed(0))
+    assert update.meta["num_steps"] == 3
+    result = labels.recover(update, "fc-inputs")
+    assert result.ok and torch.equal(result.counts, truth.counts)
+    twice, _ = simulate_client(_cnn(), (images, y), Protocol(scheme="fedavg", batch_size=2, lr=0.01,
+                                                             drop_last=False, local_epochs=2), torch.Generator().manual_seed(0))
+    assert "more than one local epoch" in labels.recover(twice, "fc-inputs").info["reason"]
