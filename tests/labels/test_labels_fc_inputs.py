@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -70,11 +72,11 @@ def test_a_one_epoch_round_with_a_short_last_batch_is_one_epoch():
     """N = 5, B = 2 without drop_last: steps of 2, 2, 1 (three steps, more than N // B = 2) still see each sample
     once, so its labels follow; two epochs of it (ten visits of five samples) are refused."""
     images, y = _batch(5)
-    update, truth = simulate_client(_cnn(), (images, y), Protocol(scheme="fedavg", batch_size=2, lr=0.01, drop_last=False),
-                                    torch.Generator().manual_seed(0))
+    protocol = Protocol(scheme="fedavg", batch_size=2, lr=0.01, drop_last=False)
+    update, truth = simulate_client(_cnn(), (images, y), protocol, torch.Generator().manual_seed(0))
     assert update.meta["num_steps"] == 3
     result = labels.recover(update, "fc-inputs")
     assert result.ok and torch.equal(result.counts, truth.counts)
-    twice, _ = simulate_client(_cnn(), (images, y), Protocol(scheme="fedavg", batch_size=2, lr=0.01,
-                                                             drop_last=False, local_epochs=2), torch.Generator().manual_seed(0))
+    twice, _ = simulate_client(_cnn(), (images, y), dataclasses.replace(protocol, local_epochs=2),
+                               torch.Generator().manual_seed(0))
     assert "more than one local epoch" in labels.recover(twice, "fc-inputs").info["reason"]
