@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -49,8 +50,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     _apply_threads()
     result = run(cfg)
     _print_summary(result.metrics)
-    print(f"wrote {result.out}")
+    _print_wrote(result.out, result.latest)
+    out = shlex.quote(str(result.out))
+    print(f"attack its capture: gi attack {out} truth={out}")
     return 0
+
+
+def _print_wrote(out: os.PathLike, latest: os.PathLike | None) -> None:
+    """``wrote DIR``, and the ``<name>-latest`` link that names it too (gi.experiments.outdir.link_latest)."""
+    print(f"wrote {out}" + (f" ({latest} links to it)" if latest is not None else ""))
 
 
 def _print_summary(m: dict) -> None:
@@ -81,7 +89,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     _apply_threads()
     result = run_attack(cfg)
     _print_summary(result.metrics)
-    print(f"wrote {result.out}")
+    _print_wrote(result.out, result.latest)
     return 0
 
 
