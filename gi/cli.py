@@ -237,7 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("overrides", nargs="*", help="key.sub=value overrides")
         elif isinstance(takes_config, str):
             p.add_argument("config", metavar=takes_config.upper(),
-                           help=f"the {takes_config}: a .safetensors file or a gi run output directory")
+                           help=f"the {takes_config}: a .safetensors file or a gi run output directory "
+                           "(runs/demo-latest: the newest demo run)")
             p.add_argument("overrides", nargs="*", help="key.sub=value overrides")
         elif takes_config:
             p.add_argument("config", help="YAML config file")

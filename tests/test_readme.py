@@ -90,13 +90,13 @@ def readme_commands() -> list[str]:
 
 
 def help_commands(capsys) -> list[str]:
-    """The example lines of ``gi --help`` and of every ``gi <command> --help``: a line that starts with ``gi ``,
-    up to the first gap of two spaces (the description column)."""
+    """The example lines of ``gi --help`` and of every ``gi <command> --help``: a line indented by two spaces that
+    starts with ``gi ``, up to the first gap of two spaces (the description column)."""
     from gi.cli import COMMANDS
 
     texts = [_gi(["--help"], capsys)[1]] + [_gi([name, "--help"], capsys)[1] for name in COMMANDS]
     return [re.split(r"\s{2,}", line.strip())[0] for text in texts for line in text.splitlines()
-            if line.strip().startswith("gi ")]
+            if re.match(r"  gi \S", line)]
 
 
 def make_targets() -> set[str]:
