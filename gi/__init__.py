@@ -1,7 +1,8 @@
 """Label-first gradient inversion: the pipeline package (docs/architecture.md).
 
 Light imports only (no torch): captures, the Lightning-driven reconstruction and the FL simulator load on first
-use, so ``gi --help`` and config errors answer at once.
+use, so ``gi --help`` and config errors answer at once. Importing it checks that the toolkit's own ``labels`` and
+``fcn_analytic`` packages are the ones Python finds (:func:`gi.core.packages.check_own_packages`).
 """
 
 from __future__ import annotations
@@ -10,8 +11,11 @@ from typing import TYPE_CHECKING
 
 from gi.core.devices import env_threads
 from gi.core.errors import AssetError, CaptureError, ConfigError, GIError, OutputError
+from gi.core.packages import check_own_packages
 from gi.core.registry import lazy_names
 from gi.world.fl.protocol import Protocol
+
+check_own_packages()  # a user's labels.py beside their script: one line naming it, before anything needs ours
 
 if TYPE_CHECKING:
     from gi.analysis import metrics

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -14,30 +15,32 @@ from gi.core.config import load
 from gi.core.devices import env_threads
 from gi.core.errors import ConfigError, GIError, Stopped
 
-EPILOG = """examples:
-  gi run configs/demo.yaml                      end-to-end reconstruction of one CIFAR-10 sample
+EPILOG = """examples (each runs as written from the repository root; runs/demo-latest exists once the first has run):
+  gi run configs/demo.yaml                      end-to-end reconstruction of one CIFAR-10 sample: writes
+                                                runs/demo-<YYYYmmdd-HHMMSS>, links runs/demo-latest to it
   gi run configs/demo.yaml labels.mode=truth    the same with oracle labels
   gi run configs/default.yaml                   the default job over all 20 bundled CIFAR-10 samples
   gi run configs/default.yaml attack.analytic=false   ... without the analytic inversion: the optimisation alone
-  gi attack runs/demo/capture.safetensors       the label-first attack on a saved capture (no truth needed)
-  gi attack runs/demo truth=runs/demo           ... scored against the truth gi run saved
-  gi attack CAPTURE model=mypkg.nets:make       ... a capture of your own model: rebuilt by your factory; a
-                                                capture file never imports or runs code on its own word
-                                                (trust_factory=true runs the factory the file names: only
-                                                for files from a trusted source)
-  gi labels configs/labels/<table>.yaml         label-recovery benchmark table
-  gi ablate configs/ablate/<table>.yaml         label-knowledge ablation (soft-label paper Tables 3, 4)
-  gi ablate CONFIG out=runs/t3                  ... interrupted? the same command again reuses finished rows
+  gi attack runs/demo-latest                    the label-first attack on the last demo run's capture (no truth)
+  gi attack runs/demo-latest truth=runs/demo-latest   ... scored against the truth gi run saved
+  gi labels configs/labels/softlabel-table1.yaml      a label-recovery benchmark table (configs/labels/)
+  gi ablate configs/ablate/table3.yaml out=runs/t3    label-knowledge ablation (soft-label paper Table 3);
+                                                interrupted? the same command again reuses finished rows
   gi defend configs/defend/fmnist.yaml          defences x strengths: label/image leakage vs utility; re-run resumes
-  gi sweep configs/sweep/<grid>.yaml            grid of jobs over devices/machines; re-run resumes
-  gi bench [configs/bench/<name>.yaml]          speed/quality benchmark as JSON (LeNet, ResNet-18; B = 1, 8);
+  gi sweep configs/sweep/demo-cpu.yaml          grid of jobs over devices/machines; re-run resumes
+  gi bench configs/bench/default.yaml           speed/quality benchmark as JSON (LeNet, ResNet-18; B = 1, 8);
                                                 kind: time-to-quality (ttq-*.yaml): PSNR vs seconds, vs breaching
                                                 kind: suite (realistic.yaml): several bench configs, one table
+  gi run configs/default.yaml --check           load and check a config (every key and type), run nothing
   gi methods                                    list the registered label-recovery methods
 
+A capture of your own model is rebuilt only by model=pkg.mod:fn (your factory; gi attack --help): a capture
+file never imports or runs code on its own word (trust_factory=true runs the factory the file names: only for
+files from a trusted source).
 The default job is labels -> last-layer features -> the analytic inversion where the net allows it (fully
 connected, or convs with invertible activations such as the DLG LeNet) -> gradient matching otherwise.
-Every run writes one output directory (config.yaml, metrics.json, results.csv, PNG grid, plots, log).
+Every run writes one output directory (config.yaml, metrics.json, results.csv, PNG grid, plots, log); without
+out= it is runs/<name>-<YYYYmmdd-HHMMSS>, and runs/<name>-latest links to the newest.
 Overrides use dotted keys (attack.iterations=500); unknown keys are errors that list the valid keys."""
 
 
@@ -46,11 +49,28 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from gi.experiments.run import run
 
     cfg = load(RunConfig, args.config, args.overrides)
+    if _checked(args):
+        return 0
     _apply_threads()
     result = run(cfg)
     _print_summary(result.metrics)
-    print(f"wrote {result.out}")
+    _print_wrote(result.out, result.latest)
+    out = shlex.quote(str(result.out))
+    print(f"attack its capture: gi attack {out} truth={out}")
     return 0
+
+
+def _print_wrote(out: os.PathLike, latest: os.PathLike | None) -> None:
+    """``wrote DIR``, and the ``<name>-latest`` link that names it too (gi.experiments.outdir.link_latest)."""
+    print(f"wrote {out}" + (f" ({latest} links to it)" if latest is not None else ""))
+
+
+def _checked(args: argparse.Namespace) -> bool:
+    """``--check``: the config has loaded (the file, the overrides, every key and type checked; no torch): say so
+    and stop before any work."""
+    if args.check:
+        print(f"gi {args.command}: the config loads ({args.config or 'defaults'}); --check runs nothing")
+    return args.check
 
 
 def _print_summary(m: dict) -> None:
@@ -78,10 +98,18 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     from gi.experiments.config.attack import load_attack_config
 
     cfg = load_attack_config(args.config, args.overrides)
+    if args.check:  # and the files it names exist
+        from gi.experiments.attack import capture_files
+
+        capture_files(cfg.capture)
+        if cfg.truth is not None:
+            capture_files(cfg.truth, "truth")
+    if _checked(args):
+        return 0
     _apply_threads()
     result = run_attack(cfg)
     _print_summary(result.metrics)
-    print(f"wrote {result.out}")
+    _print_wrote(result.out, result.latest)
     return 0
 
 
@@ -90,6 +118,8 @@ def _cmd_labels(args: argparse.Namespace) -> int:
     from gi.experiments.labels import run_label_bench
 
     cfg = load(LabelBenchConfig, args.config, args.overrides)
+    if _checked(args):
+        return 0
     _apply_threads()
     out = run_label_bench(cfg)
     print(f"wrote {out}")
@@ -101,6 +131,8 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
     from gi.experiments.config.ablate import AblateConfig
 
     cfg = load(AblateConfig, args.config, args.overrides)
+    if _checked(args):
+        return 0
     _apply_threads()
     out = run_ablation(cfg)
     print(f"wrote {out}")
@@ -112,6 +144,8 @@ def _cmd_defend(args: argparse.Namespace) -> int:
     from gi.experiments.defend import run_defend
 
     cfg = load(DefendConfig, args.config, args.overrides)
+    if _checked(args):
+        return 0
     _apply_threads()
     out = run_defend(cfg)
     print(f"wrote {out}")
@@ -123,6 +157,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     from gi.experiments.sweep import run_sweep
 
     cfg = load(SweepConfig, args.config, args.overrides)
+    if _checked(args):
+        return 0
     if cfg.dry_run:
         from gi.experiments.sweep import dry_run
 
@@ -143,6 +179,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         config, overrides = None, [config] + overrides
     cfg = load(BenchConfig, config, overrides)
     kind = bench_kind(cfg)
+    if _checked(args):
+        return 0
     _apply_threads()
     path = kind.run(cfg)
     print(kind.format(path))
@@ -199,11 +237,15 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("overrides", nargs="*", help="key.sub=value overrides")
         elif isinstance(takes_config, str):
             p.add_argument("config", metavar=takes_config.upper(),
-                           help=f"the {takes_config}: a .safetensors file or a gi run output directory")
+                           help=f"the {takes_config}: a .safetensors file or a gi run output directory "
+                           "(runs/demo-latest: the newest demo run)")
             p.add_argument("overrides", nargs="*", help="key.sub=value overrides")
         elif takes_config:
             p.add_argument("config", help="YAML config file")
             p.add_argument("overrides", nargs="*", help="key.sub=value overrides")
+        if takes_config:
+            p.add_argument("--check", action="store_true",
+                           help="load and check the config and overrides (every key and type), then stop: no work")
     return parser
 
 

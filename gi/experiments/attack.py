@@ -12,8 +12,9 @@ Every stage appends a record to ``metrics.json``'s ``stages``: ``{"name": "label
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
+import glob
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ from gi.attack.stages import AttackResult, check_models, prepare_attack, reconst
 from gi.core.config import to_dict
 from gi.core.errors import ConfigError
 from gi.experiments.config.attack import AttackConfig
-from gi.experiments.outdir import staged_output
+from gi.experiments.outdir import link_latest, staged_output, stamped_out
 
 if TYPE_CHECKING:
 
@@ -56,7 +57,9 @@ def in_model_order(capture: Capture) -> Capture:
 
 def capture_files(path: str | Path, what: str = "capture") -> list[Path]:
     """The capture (or truth) files of ``path``: a ``.safetensors`` file, or a ``gi run`` / ``gi attack`` output
-    directory (its ``capture.safetensors``, or ``captures/*.safetensors``)."""
+    directory (its ``capture.safetensors``, or ``captures/*.safetensors``), also through its ``<name>-latest`` link.
+    A path that does not exist is an error naming the folders that start with it (``runs/demo``: the stamped
+    ``runs/demo-<YYYYmmdd-HHMMSS>`` folders and ``runs/demo-latest``)."""
     path = Path(path)
     if path.is_file():
         return [path]
@@ -66,6 +69,11 @@ def capture_files(path: str | Path, what: str = "capture") -> list[Path]:
         found = sorted((path / f"{what}s").glob("*.safetensors"))
         if found:
             return found
+    elif not os.path.lexists(path):
+        near = sorted(glob.glob(glob.escape(str(path)) + "*"))
+        if near:
+            shown = near if len(near) <= 6 else ["...", *near[-6:]]
+            raise ConfigError(f"{what}={str(path)!r}: no such {what} file or folder; found {', '.join(shown)}")
     raise ConfigError(f"{what}={str(path)!r}: no such {what} file, nor an output directory holding "
                       f"{what}.safetensors or {what}s/*.safetensors (gi run writes them)")
 
@@ -75,6 +83,7 @@ class AttackRun:
     out: Path
     metrics: dict[str, Any]
     outcome: AttackResult
+    latest: Path | None = None  # the runs/<name>-latest link made to ``out`` (without out=), else None
 
 
 def run_attack(cfg: AttackConfig) -> AttackRun:
@@ -97,8 +106,7 @@ def run_attack(cfg: AttackConfig) -> AttackRun:
                               "capture(s)")
         truths = [Truth.load(f).check(c.model_spec["num_classes"], c.model_spec.get("in_shape"), str(f))
                   for f, c in zip(truth_files, captures, strict=True)]
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = Path(cfg.out or f"runs/{cfg.name}-{stamp}")
+    out = Path(cfg.out) if cfg.out else stamped_out(cfg.name)
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     with staged_output(out, overwrite=cfg.overwrite) as tmp:
@@ -115,4 +123,4 @@ def run_attack(cfg: AttackConfig) -> AttackRun:
         metrics = write_outputs(tmp, cfg.name, config, captures, truths, outcome, cfg.labels, cfg.seed,
                                 {"match": True, "lpips_vgg": cfg.lpips_vgg}, monitor, t0)
         log.info("%s", verdict_line(metrics["verdict"]))
-    return AttackRun(out, metrics, outcome)
+    return AttackRun(out, metrics, outcome, None if cfg.out else link_latest(out, cfg.name))

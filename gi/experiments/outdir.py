@@ -14,6 +14,11 @@ Guarantees of :func:`staged_output`:
   processes of this host in its output folder;
 - a write that fails (a full disk, a quota, a place that turned read-only) is a one-line :class:`OutputError`
   naming the path, and the staging folder is removed: nothing is published (:func:`write_error`).
+
+A run without ``out=`` writes ``runs/<name>-<YYYYmmdd-HHMMSS>`` (:func:`stamped_out`; never an existing folder), and
+``runs/<name>-latest`` is a link to the newest of them (:func:`link_latest`: replaced atomically, never a real
+folder or file of that name; skipped where the filesystem has no symlinks), so ``gi attack runs/demo-latest`` names
+the last ``gi run configs/demo.yaml`` (docs/usage.md, "Configs and outputs").
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import ctypes
+import datetime as _dt
 import errno
 import fcntl
 import json
@@ -40,6 +46,7 @@ from gi.core.owners import gone, owner_tag
 if TYPE_CHECKING:
     pass
 
+log = logging.getLogger("gi.outdir")
 _OWNED = (re.compile(r"^\.(?P<name>.+)\.(?P<kind>partial)-(?P<pid>\d+)@(?P<host>.+)-[A-Za-z0-9_]+$"),  # + mkdtemp's
            re.compile(r"^\.(?P<name>.+)\.(?P<kind>old)-(?P<pid>\d+)@(?P<host>.+)$"))  # random part has no "-"
 _LOCK = re.compile(r"^\.(?P<name>.+)\.lock$")
@@ -294,6 +301,65 @@ def _publish(tmp: Path, final: Path, overwrite: bool) -> None:
         raise
     if aside is not None:
         _remove(aside)
+
+
+STAMP = "%Y%m%d-%H%M%S"  # the time stamp of a default output folder's name
+
+
+def stamped_out(name: str, parent: str | Path = "runs") -> Path:
+    """The default output directory of a run named ``name``: ``<parent>/<name>-<YYYYmmdd-HHMMSS>``, or with ``-2``,
+    ``-3``, ... appended when that exists (two runs in one second); :func:`staged_output` still refuses a folder
+    that appears meanwhile."""
+    base = Path(parent) / f"{name}-{_dt.datetime.now().strftime(STAMP)}"
+    out, n = base, 1
+    while os.path.lexists(out) or os.path.lexists(_lock_path(out)):
+        n += 1
+        out = base.with_name(f"{base.name}-{n}")
+    return out
+
+
+def latest_name(name: str) -> str:
+    """The link's name beside a run's stamped folders: ``<name>-latest``."""
+    return f"{name}-latest"
+
+
+def stamped_runs(parent: Path, name: str) -> list[Path]:
+    """The stamped output folders of runs named ``name`` in ``parent`` (:func:`stamped_out`), oldest first."""
+    pattern = re.compile(rf"^{re.escape(name)}-(\d{{8}}-\d{{6}})(?:-(\d+))?$")
+    try:
+        entries = list(Path(parent).iterdir())
+    except OSError:
+        return []
+    found = [(m[1], int(m[2] or 1), e) for e in entries if (m := pattern.match(e.name)) and e.is_dir()
+             and not e.is_symlink()]
+    return [e for *_, e in sorted(found)]
+
+
+def link_latest(final: Path, name: str) -> Path | None:
+    """Point ``<final's folder>/<name>-latest`` at the newest stamped run of ``name`` there (:func:`stamped_runs`),
+    by a relative link: made under a staging name, then ``os.replace``d over the old link (atomic). A real folder
+    or file of that name is left as it is (logged), and so is everything where the filesystem has no symlinks.
+    Returns the link, or None when none was made."""
+    parent = Path(final).parent
+    runs = stamped_runs(parent, name)
+    if not runs:
+        return None
+    link = parent / latest_name(name)
+    if os.path.lexists(link) and not link.is_symlink():
+        log.warning("%s is not a link: left as it is (the newest run of %s is %s)", link, name, runs[-1])
+        return None
+    tmp = parent / f".{link.name}.partial-{owner_tag()}-link"  # a dead writer's is removed like any staging name
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        os.symlink(runs[-1].name, tmp, target_is_directory=True)
+        os.replace(tmp, link)
+    except (OSError, NotImplementedError) as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        log.info("no %s link made (%s)", link, exc)
+        return None
+    return link
 
 
 # which staged outputs' log.txt the current log records go to (None: every open one); set by log_scope

@@ -7,7 +7,6 @@ oracle LabelResult when ``labels.mode: truth`` is asked for explicitly, and to s
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import logging
 import time
 from collections.abc import Sequence
@@ -24,7 +23,7 @@ from gi.attack.stages import (
     reconstruct_prepared,
 )
 from gi.experiments.config.run import RunConfig
-from gi.experiments.outdir import log_scope, staged_output
+from gi.experiments.outdir import link_latest, log_scope, staged_output, stamped_out
 from gi.world.build import build_victim, capture_all, make_aux
 
 if TYPE_CHECKING:  # torch, the data, models and Lightning load on first use: config errors answer at once
@@ -44,6 +43,7 @@ class RunResult:
     captures: list[Capture] = field(default_factory=list)
     truths: list[Truth] = field(default_factory=list)
     reconstructions: list[Reconstruction] = field(default_factory=list)
+    latest: Path | None = None  # the runs/<name>-latest link made to ``out`` (without out=), else None
 
 
 def run(cfg: RunConfig) -> RunResult:
@@ -89,11 +89,10 @@ shared reconstruction (:func:`gi.experiments.outdir.log_scope`), not the other j
 
     from gi.attack.recon.problem import check_feature_layer
 
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     with contextlib.ExitStack() as stack:
         jobs: list[_Job] = []
         for cfg in cfgs:
-            out = Path(cfg.out or f"runs/{cfg.name}-{stamp}")
+            out = Path(cfg.out) if cfg.out else stamped_out(cfg.name)
             tmp = stack.enter_context(staged_output(out, overwrite=cfg.overwrite))
             with log_scope(out):  # this job's victim and label / feature stages go to its own log.txt only
                 t0 = time.perf_counter()
@@ -139,4 +138,7 @@ shared reconstruction (:func:`gi.experiments.outdir.log_scope`), not the other j
                 recs = outcome.reconstructions
                 by_job[i] = RunResult(job.out, metrics, job.captures[0], job.truths[0], recs[0], job.captures,
                                       job.truths, recs)
-    return [by_job[i] for i in range(len(jobs))]  # published: the staged outputs closed without an error
+    for i, job in enumerate(jobs):  # published: the staged outputs closed without an error
+        if not job.cfg.out:
+            by_job[i].latest = link_latest(job.out, job.cfg.name)
+    return [by_job[i] for i in range(len(jobs))]
