@@ -41,8 +41,8 @@ def test_batch_rows_give_the_matched_slot_s_label_and_whether_the_true_label_was
     assert all(r["verdict"] == RECOVERED and r["psnr"] > 40 for r in table.rows)
     assert all(r["mean_colour_psnr"] >= r["grey_psnr"] for r in table.rows)
     assert all(r["gradient_mismatch"] == 0.5 and r["mismatch_verdict"] == "does not explain" for r in table.rows)
-    assert table.captions[0].endswith(" dB recovered\nslot 6 / true 3")
-    assert table.captions[2].endswith("\nslot 6 / true 7 (no slot)")
+    assert table.captions[0].endswith(" dB recovered\nslot: 6\ntrue: 3")
+    assert table.captions[2].endswith("\nslot: 6\ntrue: 7 (no slot)")
 
 
 def test_rows_without_truth_give_the_slot_label_and_the_capture_s_mismatch():
