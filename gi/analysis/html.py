@@ -31,7 +31,7 @@ th { background: #f2f2f2; }
 figure { display: inline-block; margin: .3rem; text-align: center; vertical-align: top; }
 figcaption { font-size: .75rem; max-width: 14rem; white-space: pre-line; }
 img.pixels { width: 96px; height: 96px; image-rendering: pixelated; border: 1px solid #ccc; }
-figure.plot { max-width: 34rem; } img.plot { max-width: 100%; }
+figure.plot { max-width: 47%; } img.plot { max-width: 100%; }
 p.caption { font-size: .75rem; white-space: pre-line; margin: .2rem; max-width: 15rem; }
 .card { display: inline-block; border: 1px solid #ddd; border-radius: 4px; margin: .3rem; padding: .3rem; }
 pre { background: #f6f6f6; padding: .6rem; overflow: auto; font-size: .75rem; }
