@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gi.analysis.report import (
+    Curve,
     save_caption_grid,
+    save_curves,
     save_line_plot,
     save_png,
     write_csv,
@@ -23,66 +25,117 @@ from gi.analysis.report import (
 from gi.attack.stages import AttackResult, LabelConfig, final_counts, mismatch_of, used_labels
 
 if TYPE_CHECKING:
+    from gi.attack.recon import Reconstruction
     from gi.capture import Capture, Truth
 
 
 def truth_monitor(truths: Sequence[Truth], every: int) -> Any:
     """A Lightning callback that logs the PSNR of every capture's current best iterate against its truth every
-    ``every`` steps, from outside the attack module: ``.steps`` and ``.psnr`` (the mean over captures at the steps
-    every capture was scored at), ``.per_capture``. It follows the captures by ``Problem.capture_ids`` through
-    every problem of a split fit (``attack.pack``); a capture's retry (``attack.retries``) is not drawn, its first
-    fit is."""
+    ``every`` steps, from outside the attack module: ``.curves[capture][fit][step]``, one curve per fit of each
+    capture (``fit``: :attr:`gi.attack.recon.module.GradientInversion.fit_id`, which the reconstruction's
+    ``history["fit"]`` names), so the plots draw the fit that was returned and the ones a retry replaced
+    (:func:`psnr_curves`). It follows the captures by ``Problem.capture_ids`` through every problem of a split fit
+    (``attack.pack``), every retry (``attack.retries``) and every alternative (``attack.alternatives``)."""
+    import itertools
+
     import lightning as L
-    import torch
+
+    own_ids = itertools.count(-1, -1)  # a module without a fit_id (a test's stand-in): numbers of the monitor's own
 
     class TruthMonitor(L.Callback):
-        def __init__(self, curves: dict[int, dict[int, float]] | None = None, ids: list[int] | None = None) -> None:
+        def __init__(self, curves: dict[int, dict[int, dict[int, float]]] | None = None,
+                     ids: list[int] | None = None) -> None:
             self.truth, self.every = [t.images for t in truths], every
             self.ids = list(range(len(truths))) if ids is None else ids
-            self.curves: dict[int, dict[int, float]] = {} if curves is None else curves  # capture -> step -> PSNR
-            self.fitting: set[int] = set()
+            # capture -> fit -> step -> PSNR
+            self.curves: dict[int, dict[int, dict[int, float]]] = {} if curves is None else curves
+            self.fit: int = 0
 
         def on_train_start(self, trainer, pl_module) -> None:
-            self.fitting = {i for i in pl_module.problem.capture_ids if i not in self.curves}  # first fits only
+            self.fit = getattr(pl_module, "fit_id", None)
+            self.fit = next(own_ids) if self.fit is None else self.fit
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
             if batch_idx % self.every and batch_idx != trainer.max_steps - 1:
                 return
             ids = pl_module.problem.capture_ids
-            if not self.fitting or max(ids) >= len(self.truth):
+            if max(ids) >= len(self.truth):
                 return
             from gi.analysis.metrics import match_images, psnr
 
             batch_now = pl_module.current_batch().cpu()
             for k, rec in zip(ids, batch_now):
-                if k in self.fitting:
-                    truth = self.truth[k]
-                    perm = match_images(rec, truth) if rec.shape[0] > 1 else [0]
-                    self.curves.setdefault(k, {})[batch_idx] = float(psnr(rec[perm], truth).clamp(max=100).mean())
-
-        @property
-        def fitted(self) -> list[int]:
-            """The captures with a curve: those optimised (an analytically answered capture has none)."""
-            return [k for k in self.ids if k in self.curves]
-
-        @property
-        def steps(self) -> list[int]:
-            fitted = self.fitted
-            return sorted(set.intersection(*(set(self.curves[k]) for k in fitted))) if fitted else []
-
-        @property
-        def per_capture(self) -> list[list[float]]:
-            return [[self.curves[k][step] for k in self.fitted] for step in self.steps]
-
-        @property
-        def psnr(self) -> list[float]:
-            return [float(torch.tensor(row).mean()) for row in self.per_capture]
+                truth = self.truth[k]
+                perm = match_images(rec, truth) if rec.shape[0] > 1 else [0]
+                self.curves.setdefault(k, {}).setdefault(self.fit, {})[batch_idx] = float(
+                    psnr(rec[perm], truth).clamp(max=100).mean())
 
         def part(self, lo: int, hi: int) -> Any:
-            """The curve of captures ``lo:hi`` alone (a job packed with others: :func:`reconstruct_prepared`)."""
+            """The curves of captures ``lo:hi`` alone (a job packed with others: :func:`reconstruct_prepared`)."""
             return TruthMonitor(self.curves, self.ids[lo:hi])
 
     return TruthMonitor()
+
+
+def fit_name(attempt: int) -> str:
+    """A fit of ``attack.retries`` by its attempt: 0 the first fit, k the k-th retry."""
+    return "first fit" if attempt == 0 else f"retry {attempt}"
+
+
+def psnr_curves(curves: dict[int, dict[int, dict[int, float]]], ids: Sequence[int],
+                recs: Sequence[Reconstruction]) -> list[Curve]:
+    """What psnr.png draws, from the truth monitor's ``curves`` (capture -> fit -> step -> PSNR) of the captures
+    ``ids`` (in the order of ``recs``): the PSNR of the fit each reconstruction was returned from
+    (``history["fit"]``), averaged over the optimised captures at the steps all were scored at; and, dashed, each
+    fit a retry replaced (``history["replaced"]``, :func:`gi.attack.recon.api.replaced_record`). A capture
+    answered by the analytic inversion has no fit and no curve."""
+    returned: list[dict[int, float]] = []
+    replaced: list[Curve] = []
+    for pos, (k, rec) in enumerate(zip(ids, recs)):
+        fits = curves.get(k, {})
+        if rec.history.get("fit") in fits:
+            returned.append(fits[rec.history["fit"]])
+        for entry in rec.history.get("replaced", []):
+            if entry.get("fit") in fits:
+                steps = sorted(fits[entry["fit"]])
+                who = f"capture {pos}: " if len(recs) > 1 else ""
+                replaced.append(Curve(f"{who}replaced ({fit_name(entry['attempt'])})", steps,
+                                      [fits[entry["fit"]][t] for t in steps], style="replaced"))
+    if not returned:
+        return []
+    steps = sorted(set.intersection(*(set(c) for c in returned)))
+    answered = len(recs) - len(returned)
+    label = "PSNR of the returned fit (best restart)" + (
+        f", mean of the {len(returned)} optimised captures" if len(returned) > 1 else "") + (
+        f" ({answered} answered analytically)" if answered else "")
+    mean = [sum(c[t] for c in returned) / len(returned) for t in steps]
+    return [Curve(label, steps, mean), *replaced]
+
+
+MANY_RESTARTS = 10  # objective.png: above this many restarts, a min-max band and the best restart's curve
+
+
+def objective_curves(rec: Reconstruction) -> list[Curve]:
+    """What objective.png draws for one reconstruction: its returned fit's restarts (one curve each, or above
+    :data:`MANY_RESTARTS` their min-max band and the best restart's curve; a restart culled early,
+    ``attack.cull_after``, ends there), and, dashed, the best restart of each fit a retry replaced
+    (``history["replaced"]``)."""
+    import math
+
+    steps, logged = list(rec.history.get("step", [])), rec.history.get("objective", [])
+    restarts, best = len(rec.objective), rec.best_restart
+    if not steps:
+        return []
+    if restarts <= MANY_RESTARTS:
+        out = [Curve(f"restart {r}" + (" (returned)" if r == best and restarts > 1 else ""), steps,
+                     [o[r] for o in logged]) for r in range(restarts)]
+    else:
+        alive = [[v for v in o if not math.isnan(v)] or [math.nan] for o in logged]
+        out = [Curve(f"{restarts} restarts: min to max", steps, [max(v) for v in alive], style="band",
+                     lower=[min(v) for v in alive]),
+               Curve(f"restart {best} (returned)", steps, [o[best] for o in logged])]
+    return out + [Curve(f"replaced ({fit_name(e['attempt'])}): its best restart", e["step"], e["objective"],
+                        style="replaced") for e in rec.history.get("replaced", [])]
 
 
 def _mean_dicts(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -115,12 +168,19 @@ class Table:
     final_label_scores: list[dict[str, float]] = field(default_factory=list)
 
 
+def label_name(label: int, classes: Sequence[str] = ()) -> str:
+    """A label as a page or a caption shows it: its number and, where the dataset names its classes
+    (:func:`gi.world.data.class_names`), its name."""
+    return f"{label} {classes[label]}" if 0 <= label < len(classes) else str(label)
+
+
 def truth_table(outcome: AttackResult, truths: Sequence[Truth], lcfg: LabelConfig, seed: int,
-                metric_options: dict[str, Any]) -> Table:
+                metric_options: dict[str, Any], classes: Sequence[str] = ()) -> Table:
     """Every truth image scored against its pixel-matched reconstruction slot (one row each), beside the trivial
     guesses and a uniform-noise image, with the verdict (:func:`gi.analysis.verdict.image_verdict`). A row's
     ``slot_label`` is the label that slot was reconstructed with; ``true_label_in_slots`` says whether the true
-    label is among the capture's slot labels at all (in a batch the pixel matching need not pair equal labels)."""
+    label is among the capture's slot labels at all (in a batch the pixel matching need not pair equal labels).
+    ``classes``: the dataset's class names, for the grid's captions (:func:`label_name`)."""
     import torch
 
     from gi.analysis.metrics import label_metrics, score
@@ -153,16 +213,16 @@ def truth_table(outcome: AttackResult, truths: Sequence[Truth], lcfg: LabelConfi
                 "matched_slot": s["perm"][i], "answered_by": rec.history.get("answered_by", "optimisation"),
                 "analytic_residual": rec.history.get("analytic_residual"), "gradient_mismatch": mismatch,
                 "mismatch_verdict": mismatch_verdict(mismatch)})
-            table.captions.append(f"{s['psnr'][i]:.1f} dB {verdict}\nslot {slot} / true {true}"
-                                  + ("" if true in slots else " (no slot)"))
+            table.captions.append(f"{s['psnr'][i]:.1f} dB {verdict}\nslot: {label_name(slot, classes)}\n"
+                                  f"true: {label_name(true, classes)}" + ("" if true in slots else " (no slot)"))
         table.shown_truth.append(truth.images)
         table.shown_rec.append(rec.images[torch.as_tensor(s["perm"])])
     return table
 
 
-def plain_table(outcome: AttackResult) -> Table:
-    """Without truth: one row per reconstruction slot, with its label and its capture's mismatch verdict
-    (:func:`gi.analysis.verdict.mismatch_verdict`)."""
+def plain_table(outcome: AttackResult, classes: Sequence[str] = ()) -> Table:
+    """Without truth: one row per reconstruction slot, with its label (named by ``classes``, :func:`label_name`, in
+    the captions) and its capture's mismatch verdict (:func:`gi.analysis.verdict.mismatch_verdict`)."""
     from gi.analysis.verdict import mismatch_verdict
 
     table = Table()
@@ -174,7 +234,7 @@ def plain_table(outcome: AttackResult) -> Table:
                                "mismatch_verdict": mismatch_verdict(mismatch),
                                "answered_by": rec.history.get("answered_by", "optimisation"),
                                "analytic_residual": rec.history.get("analytic_residual")})
-            table.captions.append(f"slot label {label}\nmismatch {mismatch:.2g}")
+            table.captions.append(f"slot label {label_name(label, classes)}\nmismatch {mismatch:.2g}")
         table.shown_rec.append(rec.images)
     return table
 
@@ -279,15 +339,16 @@ class Summary:
 
 
 def summarise(name: str, captures: Sequence[Capture], truths: Sequence[Truth] | None, outcome: AttackResult,
-              lcfg: LabelConfig, seed: int, metric_options: dict[str, Any]) -> Summary:
+              lcfg: LabelConfig, seed: int, metric_options: dict[str, Any], classes: Sequence[str] = ()) -> Summary:
     """The rows and metrics of an attack's output directory: with ``truths`` (one per capture) every image scored
     (:func:`truth_table`, :func:`score_summary`), without them the reconstruction slots (:func:`plain_table`); the
     labels (:func:`label_summary`), the verdict (:func:`verdict_summary`), the attack, its stages and warnings.
     ``seed`` draws the uniform-noise baseline; ``metric_options``: ``match`` (pixel matching of a batch) and
-    ``lpips_vgg``."""
+    ``lpips_vgg``; ``classes``: the dataset's class names (the captions)."""
     from gi.attack.recon.problem import image_slots
 
-    table = truth_table(outcome, truths, lcfg, seed, metric_options) if truths is not None else plain_table(outcome)
+    table = (truth_table(outcome, truths, lcfg, seed, metric_options, classes) if truths is not None
+             else plain_table(outcome, classes))
     metrics: dict[str, Any] = {"name": name, "num_captures": len(captures),
                                "num_images": sum(image_slots(c) for c in captures)}
     if truths is not None:
@@ -307,10 +368,11 @@ def write_outputs(tmp: Path, name: str, config: dict[str, Any], captures: Sequen
     :meth:`gi.attack.Attack.save`): config.yaml, metrics.json (:func:`summarise`: ``stages`` and the ``verdict``;
     scores, baselines and their mean/median/min over every image when truths are given), results.csv (one row per
     image), grid.png, plots, the reconstructed images (:func:`save_reconstructions`: reconstructions.safetensors,
-    images/*.png), the captures (and truths). Returns the metrics."""
+    images/*.png), report.html (:func:`write_report`), the captures (and truths). Returns the metrics."""
     import torch
 
-    summary = summarise(name, captures, truths, outcome, lcfg, seed, metric_options)
+    classes = dataset_classes(config, captures)
+    summary = summarise(name, captures, truths, outcome, lcfg, seed, metric_options, classes)
     table, metrics = summary.table, summary.metrics
     if t0 is not None:
         metrics["total_seconds"] = time.perf_counter() - t0
@@ -327,8 +389,105 @@ def write_outputs(tmp: Path, name: str, config: dict[str, Any], captures: Sequen
                       title=name + legend)
     write_plots(tmp, name, outcome, monitor, len(captures))
     save_reconstructions(tmp, outcome, truths, table)
+    write_report(tmp, name, config, summary, classes)
     save_captures(tmp, captures, truths)
     return metrics
+
+
+def dataset_classes(config: dict[str, Any], captures: Sequence[Capture]) -> list[str]:
+    """The class names of the dataset a config names (``gi run``'s ``data``, else ``gi attack``'s ``aux_data``;
+    :func:`gi.world.data.class_names`) when they are as many as every capture's classes; else none."""
+    from gi.world.data import class_names
+
+    for key in ("data", "aux_data"):
+        section = config.get(key)
+        if isinstance(section, dict) and isinstance(section.get("name"), str):
+            names = class_names(section["name"])
+            if names and all(c.model_spec.get("num_classes") == len(names) for c in captures):
+                return names
+    return []
+
+
+REPORT = "report.html"
+REPORT_PLOTS = ("psnr.png", "objective.png", "analytic.png")
+
+
+def image_cards(tmp: Path, table: Table, classes: Sequence[str]) -> list[str]:
+    """One card per reconstructed image of ``images/`` (:func:`save_reconstructions`), each once: with truth, per
+    results.csv row its pixel-matched slot beside the truth image, its verdict, PSNR, SSIM and labels; without, per
+    slot its label and its capture's mismatch verdict."""
+    from gi.analysis import html
+
+    cards = []
+    for row in table.rows:
+        k = row["capture"]
+        slot = row.get("matched_slot", row["image"])
+        figures = [html.image(tmp / "images" / f"c{k}_i{slot}.png", f"reconstruction: capture {k}, slot {slot}",
+                              "reconstruction", css="pixels")]
+        if "psnr" in row:
+            figures.append(html.image(tmp / "images" / f"c{k}_i{slot}_truth.png", f"truth: capture {k}, image "
+                                      f"{row['image']}", "truth", css="pixels"))
+            words = (f"{row['verdict']}\nPSNR {row['psnr']:.2f} dB, SSIM {row['ssim']:.3f}\n"
+                     f"slot label: {label_name(row['slot_label'], classes)}\n"
+                     f"true label: {label_name(row['true_label'], classes)}"
+                     + ("" if row["true_label_in_slots"] else " (in no slot)"))
+        else:
+            words = (f"slot label: {label_name(row['slot_label'], classes)}\n"
+                     f"gradient: {row['mismatch_verdict']} (mismatch {row['gradient_mismatch']:.2g})")
+        cards.append(html.card(*figures, html.paragraph(f"capture {k}, image {row['image']}\n{words}", "caption")))
+    return cards
+
+
+def label_tables(metrics: dict[str, Any], classes: Sequence[str]) -> list[str]:
+    """The label stage on the page: its record (mode, method, why, scores) and, per class with a sample, the
+    recovered, true and final counts (one column per capture when several)."""
+    from gi.analysis import html
+
+    info, final = metrics["labels"], metrics.get("final_labels", {})
+    keys = [key for key in dict.fromkeys([*info, *final]) if "counts" not in key]
+    record = [{"": key, "label stage": info.get(key), **({"final labels": final.get(key)} if final else {})}
+              for key in keys]
+    columns = {"recovered": info["counts"], "true": info.get("true_counts"), "final": final.get("counts")}
+    several = metrics["num_captures"] > 1
+    per = {f"{what} (capture {k})" if several else what: counts
+           for what, all_counts in columns.items() if all_counts is not None
+           for k, counts in enumerate(all_counts if several else [all_counts])}
+    rows = [{"class": label_name(c, classes), **{col: counts[c] for col, counts in per.items()}}
+            for c in range(len(next(iter(per.values()))))
+            if any(counts[c] for counts in per.values())]
+    return [html.table(record), html.paragraph("Counts per class (classes with a sample):"), html.table(rows)]
+
+
+def write_report(tmp: Path, name: str, config: dict[str, Any], summary: Summary, classes: Sequence[str] = ()
+                 ) -> Path:
+    """``report.html``, the output directory on one self-contained page (:mod:`gi.analysis.html`): the verdict
+    sentence (docs/usage.md, "Verdict"), every reconstructed image beside its truth with its verdict, PSNR and
+    labels (:func:`image_cards`), the trivial guesses, the labels (:func:`label_tables`), the plots, warnings,
+    every row of results.csv and the config. Written after the images and plots it embeds."""
+    import yaml
+
+    from gi.analysis import html
+    from gi.analysis.report import jsonable
+
+    table, metrics = summary.table, summary.metrics
+    parts = [html.paragraph(summary.sentence, "verdict"), html.section("Images", *image_cards(tmp, table, classes))]
+    if "psnr_mean" in metrics:
+        guesses = [{"capture": r["capture"], "image": r["image"], "PSNR [dB]": r["psnr"],
+                    "mean colour [dB]": r["mean_colour_psnr"], "grey [dB]": r["grey_psnr"], "verdict": r["verdict"]}
+                   for r in table.rows]
+        parts.append(html.section("Trivial guesses", html.paragraph(
+            "An image counts as recovered only well above the better of two guesses that need no attack: a flat "
+            f"grey image and the image's mean colour. Means: reconstruction {metrics['psnr_mean']:.2f} dB, mean "
+            f"colour {metrics['mean_colour_psnr_mean']:.2f} dB, grey {metrics['grey_psnr_mean']:.2f} dB, uniform "
+            f"noise {metrics['random_image_psnr_mean']:.2f} dB."), html.table(guesses)))
+    parts.append(html.section("Labels", *label_tables(metrics, classes)))
+    parts.append(html.plot_section(tmp, REPORT_PLOTS))
+    if metrics.get("warnings"):
+        parts.append(html.section("Warnings", *(html.paragraph(str(w)) for w in metrics["warnings"])))
+    parts.append(html.section("Every image (results.csv)", html.table(table.rows), folded=True))
+    parts.append(html.section("Config (config.yaml)", html.preformatted(yaml.safe_dump(jsonable(config),
+                                                                                        sort_keys=False))))
+    return html.write_page(tmp / REPORT, html.page(f"{name}: gradient inversion report", *parts))
 
 
 RECONSTRUCTIONS = "reconstructions.safetensors"
@@ -369,20 +528,20 @@ def save_reconstructions(tmp: Path, outcome: AttackResult, truths: Sequence[Trut
 
 
 def write_plots(tmp: Path, name: str, outcome: AttackResult, monitor: Any, num_captures: int) -> None:
-    """psnr.png (the truth monitor's curve), objective.png (the first capture's restarts) and analytic.png (the
-    analytic inversion's residual per layer), each when there is something to draw."""
+    """psnr.png (the truth monitor's curves: :func:`psnr_curves`), objective.png (the first capture's restarts:
+    :func:`objective_curves`) and analytic.png (the analytic inversion's residual per layer), each when there is
+    something to draw."""
     import torch
 
     recs = outcome.reconstructions
-    if monitor is not None and monitor.steps:
-        answered = len(monitor.ids) - len(monitor.fitted)  # a mixed run: the optimised captures' mean alone
-        label = "PSNR (best restart)" + (f", mean of the {len(monitor.fitted)} optimised captures ({answered} "
-                                         "answered analytically)" if answered else "")
-        save_line_plot(tmp / "psnr.png", monitor.steps, {label: monitor.psnr}, "iteration", "PSNR [dB]", title=name)
-    if recs[0].history.get("step"):
-        save_line_plot(tmp / "objective.png", recs[0].history["step"],
-                       {f"restart {r}": [o[r] for o in recs[0].history["objective"]]
-                        for r in range(len(recs[0].objective))}, "iteration", "attack objective", logy=True)
+    psnr = psnr_curves(monitor.curves, monitor.ids, recs) if monitor is not None else []
+    if psnr:
+        save_curves(tmp / "psnr.png", psnr, "iteration", "PSNR [dB]", title=name)
+    objective = objective_curves(recs[0])
+    if objective:
+        many = f" (capture 0 of {len(recs)})" if len(recs) > 1 else ""
+        save_curves(tmp / "objective.png", objective, "iteration", "attack objective", title=name + many,
+                    logy=True)
     layers = next((st.get("analytic_layers") for st in outcome.stages if st.get("analytic_layers")), None)
     if layers:  # the analytic inversion's residual per layer, from the last layer down to the input
         solved = [[r for r in la["residual"] if r is not None] for la in layers]  # stopped inversions: fewer

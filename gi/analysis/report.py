@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,19 +50,20 @@ def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
             writer.writerow({k: jsonable(v) for k, v in row.items()})
 
 
+def format_cell(v: Any) -> str:
+    """A table cell as text (Markdown and HTML tables alike): floats to 4 significant digits, None empty."""
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "" if v is None else str(v)
+
+
 def write_markdown_table(path: Path, rows: Sequence[dict[str, Any]], title: str = "") -> str:
     keys: list[str] = []
     for row in rows:
         keys += [k for k in row if k not in keys]
-
-    def fmt(v: Any) -> str:
-        if isinstance(v, float):
-            return f"{v:.4g}"
-        return "" if v is None else str(v)
-
     lines = ([f"# {title}", ""] if title else []) + ["| " + " | ".join(keys) + " |",
                                                      "|" + "---|" * len(keys)]
-    lines += ["| " + " | ".join(fmt(r.get(k)) for k in keys) + " |" for r in rows]
+    lines += ["| " + " | ".join(format_cell(r.get(k)) for k in keys) + " |" for r in rows]
     text = "\n".join(lines) + "\n"
     path.write_text(text)
     return text
@@ -126,11 +129,18 @@ def save_caption_grid(path: Path, reconstructions: torch.Tensor, truths: torch.T
                 ax.text(-0.08, 0.5, label, transform=ax.transAxes, rotation=90, ha="right", va="center", fontsize=8)
             if label == "reconstruction" and i < len(captions):
                 ax.set_title(captions[i], fontsize=7, y=-0.32)
-    if title:
-        fig.suptitle(title, fontsize=9)
+    if title:  # wrapped to the figure's width (a one-image grid is narrow): never clipped
+        fig.suptitle(wrap_title(title, fig.get_figwidth(), 9), fontsize=9)
     fig.tight_layout(h_pad=2.0)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, bbox_inches="tight", pad_inches=0.1)
     plt.close(fig)
+
+
+def wrap_title(title: str, width_inches: float, fontsize: float) -> str:
+    """``title`` broken into lines that fit ``width_inches`` at ``fontsize`` points (an average character is
+    about 0.6 of the font size wide)."""
+    chars = max(12, int(width_inches * 72 / (0.6 * fontsize)))
+    return "\n".join(textwrap.wrap(title, chars)) or title
 
 
 def save_line_plot(path: Path, x: Sequence[float], series: dict[str, Sequence[float]], xlabel: str,
@@ -165,6 +175,69 @@ def save_line_panels(path: Path, x: Sequence[float], panels: dict[str, dict[str,
         fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path)
+    plt.close(fig)
+
+
+@dataclass
+class Curve:
+    """One series of :func:`save_curves`: ``y`` over ``x``, drawn as its ``style`` (:data:`CURVE_STYLES`):
+    ``line`` (a colour of its own), ``replaced`` (dashed: a fit the returned one replaced) or ``band`` (filled
+    between ``lower`` and ``y``: e.g. the spread of many restarts)."""
+
+    label: str
+    x: list[float]
+    y: list[float]
+    style: str = "line"
+    lower: list[float] | None = None
+
+
+def _draw_line(ax: Any, curve: Curve, colour: Any) -> None:
+    ax.plot(curve.x[: len(curve.y)], curve.y, label=curve.label, color=colour, lw=1.4)
+
+
+def _draw_replaced(ax: Any, curve: Curve, colour: Any) -> None:
+    ax.plot(curve.x[: len(curve.y)], curve.y, label=curve.label, color="0.35", ls="--", lw=1.2)
+
+
+def _draw_band(ax: Any, curve: Curve, colour: Any) -> None:
+    ax.fill_between(curve.x[: len(curve.y)], curve.lower or curve.y, curve.y, label=curve.label, color="tab:blue",
+                    alpha=0.2, lw=0)
+
+
+CURVE_STYLES: dict[str, Callable[[Any, Curve, Any], None]] = {"line": _draw_line, "replaced": _draw_replaced,
+                                                               "band": _draw_band}
+LEGEND_INSIDE = 4  # more legend entries than this go outside the axes, beside them, so no curve is hidden
+
+
+def save_curves(path: Path, curves: Sequence[Curve], xlabel: str, ylabel: str, title: str = "",
+                logy: bool = False) -> None:
+    """One panel of :class:`Curve` s: the ``line`` curves in distinct colours (tab10, or a viridis ramp for more
+    than ten), ``replaced`` dashed, ``band`` filled; the legend inside for up to :data:`LEGEND_INSIDE` entries,
+    else to the right of the axes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines = [c for c in curves if c.style == "line"]
+    palette = plt.get_cmap("tab10") if len(lines) <= 10 else plt.get_cmap("viridis")
+    colours = {id(c): palette(i if len(lines) <= 10 else i / max(len(lines) - 1, 1)) for i, c in enumerate(lines)}
+    outside = len(curves) > LEGEND_INSIDE
+    fig, ax = plt.subplots(figsize=(6.4 if outside else 5, 3.2), dpi=120)
+    for curve in curves:
+        CURVE_STYLES[curve.style](ax, curve, colours.get(id(curve)))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if logy:
+        ax.set_yscale("log")
+    if title:
+        ax.set_title(wrap_title(title, 4.5, 9), fontsize=9)
+    if len(curves) > 1:
+        ax.legend(fontsize=7, **({"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0}
+                                 if outside else {}))
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
 
 

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gi.analysis.html import write_table_report
 from gi.analysis.report import write_csv, write_json, write_markdown_table
 
 
@@ -36,8 +37,9 @@ def save_ablation_plot(path: Path, rows: list[dict[str, Any]], key: str = "psnr"
 def write_ablation(out: Path, name: str, table: list[dict[str, Any]], per_image: list[dict[str, Any]],
                    t0: float) -> str:
     """Write the ablation's files into ``out``: ``table.csv``, ``results.csv`` (``per_image``), ``table.md``,
-    ``metrics.json`` (with the seconds since ``t0``, a :func:`time.perf_counter` reading) and ``psnr.png``;
-    returns the Markdown table."""
+    ``metrics.json`` (with the seconds since ``t0``, a :func:`time.perf_counter` reading), ``psnr.png`` and
+    ``report.html`` (the table and the plot on one page, :func:`gi.analysis.html.write_table_report`); returns the
+    Markdown table."""
     import torch
 
     write_csv(out / "table.csv", table)
@@ -46,4 +48,5 @@ def write_ablation(out: Path, name: str, table: list[dict[str, Any]], per_image:
     write_json(out / "metrics.json", {"name": name, "table": table, "seconds": time.perf_counter() - t0,
                                       "torch": torch.__version__})
     save_ablation_plot(out / "psnr.png", table)
+    write_table_report(out, f"gi ablate: {name}", table, plots=["psnr.png"])
     return md

@@ -320,15 +320,18 @@ def report_path(cfg: BenchConfig, stamp: str = "") -> Path:
 
 
 def check_report_path(cfg: BenchConfig, stamp: str = "") -> Path:
-    """:func:`report_path`, refused before any work when it is a directory, cannot be written, or exists without
-    ``overwrite``."""
+    """:func:`report_path`, refused before any work when it (or its page, :func:`html_path`) is a directory, cannot
+    be written, or exists without ``overwrite``."""
+    check_output_file(html_path(report_path(cfg, stamp)), cfg.overwrite)
     return check_output_file(report_path(cfg, stamp), cfg.overwrite)
 
 
 def run_bench(cfg: BenchConfig) -> Path:
-    """Run every entry (one fresh process each) and write the JSON report; returns its path."""
+    """Run every entry (one fresh process each) and write the JSON report and its page (:func:`html_path`, the
+    table of :func:`report_rows`); returns the report's path."""
     import torch
 
+    from gi.analysis.html import write_table_report
     from gi.analysis.report import write_json
 
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -347,6 +350,10 @@ def run_bench(cfg: BenchConfig) -> Path:
               "cpus": os.cpu_count(), "load_average": list(os.getloadavg()),
               "config": to_dict(dataclasses.replace(cfg)), "results": results}
     publish_file(path, lambda tmp: write_json(tmp, report), cfg.overwrite)
+    publish_file(html_path(path), lambda tmp: write_table_report(
+        tmp.parent, f"gi bench: {cfg.name}", report_rows(results), name=tmp.name,
+        notes=[f"{report['created']}, git {report['git']}, torch {report['torch']}, {report['cpus']} CPUs; "
+               f"{path.name} holds every measurement."]), cfg.overwrite)
     return path
 
 
@@ -371,14 +378,25 @@ def _run_entries(cfg: BenchConfig) -> list[dict[str, Any]]:
     return results
 
 
+def report_rows(results: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """The table of a throughput report, one row per result: the Markdown ``gi bench`` prints
+    (:func:`format_report`) and the page beside the JSON (:func:`html_path`)."""
+    return [{"model": r["model"], "B": str(r["batch"]), "R": str(r["restarts"]), "device": r["device"],
+             "ms/it": f"{1000 * r['sec_per_iteration']:.1f}", "PSNR": f"{r.get('psnr', float('nan')):.2f}",
+             "peak RSS MB": f"{r['peak_rss_mb']:.0f}", "R-ratio": f"{r.get('ratio_to_one_restart', float('nan')):.2f}"}
+            for r in results]
+
+
 def format_report(path: Path) -> str:
-    data = json.loads(Path(path).read_text())
-    lines = ["| model | B | R | device | ms/it | PSNR | peak RSS MB | R-ratio |", "|---|---|---|---|---|---|---|---|"]
-    for r in data["results"]:
-        lines.append(f"| {r['model']} | {r['batch']} | {r['restarts']} | {r['device']} | "
-                     f"{1000 * r['sec_per_iteration']:.1f} | {r.get('psnr', float('nan')):.2f} | "
-                     f"{r['peak_rss_mb']:.0f} | {r.get('ratio_to_one_restart', float('nan')):.2f} |")
-    return "\n".join(lines)
+    rows = report_rows(json.loads(Path(path).read_text())["results"])
+    head = ["model", "B", "R", "device", "ms/it", "PSNR", "peak RSS MB", "R-ratio"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(r[k] for k in head) + " |" for r in rows])
+
+
+def html_path(path: Path) -> Path:
+    """The page of a throughput report: ``path`` with ``.html`` for its suffix, beside it (``bench.html``)."""
+    return path.with_suffix(".html")
 
 
 register_bench_kind("throughput")(BenchKind(lambda: BenchConfig, run_bench, format_report, out_file="bench.json"))

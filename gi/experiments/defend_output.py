@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gi.analysis.html import write_table_report
 from gi.analysis.report import save_tradeoff_plot, write_csv, write_json, write_markdown_table
 from gi.experiments.config.defend import BASELINE, DefendConfig
 from gi.experiments.outdir import file_slug
@@ -41,8 +42,9 @@ def tradeoff_plots(out: Path, cfg: DefendConfig, table: list[dict[str, Any]]) ->
 
 def write_defend(out: Path, cfg: DefendConfig, records: list[dict[str, Any]], t0: float) -> str:
     """Write the table of the cells' ``records`` into ``out``: ``table.csv``, ``results.csv`` (per image),
-    ``clients.csv`` (per client and label method), ``table.md``, the :func:`tradeoff_plots` and ``metrics.json``
-    (with the seconds since ``t0``, a :func:`time.perf_counter` reading); returns the Markdown table."""
+    ``clients.csv`` (per client and label method), ``table.md``, the :func:`tradeoff_plots`, ``metrics.json``
+    (with the seconds since ``t0``, a :func:`time.perf_counter` reading) and ``report.html`` (the table and the
+    plots on one page, :func:`gi.analysis.html.write_table_report`); returns the Markdown table."""
     import torch
 
     table = [r["summary"] for r in records]
@@ -53,4 +55,5 @@ def write_defend(out: Path, cfg: DefendConfig, records: list[dict[str, Any]], t0
     plots = tradeoff_plots(out, cfg, table)
     write_json(out / "metrics.json", {"name": cfg.name, "table": table, "plots": plots,
                                       "seconds": time.perf_counter() - t0, "torch": torch.__version__})
+    write_table_report(out, f"gi defend: {cfg.name}", table, plots=plots)
     return md

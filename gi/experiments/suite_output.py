@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gi.analysis.html import write_table_report
 from gi.analysis.report import write_json, write_yaml
 
 OURS, THEIRS = "gi", "breaching"  # the time-to-quality contenders the table sets side by side
@@ -18,11 +19,14 @@ LEGEND = ("Final PSNR: each contender's answer when it stopped (its budget or it
 
 
 def write_suite(out: Path, config: dict[str, Any], data: dict[str, Any]) -> None:
-    """Write a suite directory's own files into ``out``: ``config.yaml`` (``config``), ``suite.json`` (``data``)
-    and ``summary.md`` (:func:`summary_table` and its legend)."""
+    """Write a suite directory's own files into ``out``: ``config.yaml`` (``config``), ``suite.json`` (``data``),
+    ``summary.md`` (:func:`summary_table` and its legend) and ``report.html`` (the same table and legend on one
+    page, :func:`gi.analysis.html.write_table_report`)."""
     write_yaml(out / "config.yaml", config)
     write_json(out / "suite.json", data)
     (out / "summary.md").write_text(f"# {data['name']}\n\n{summary_table(data)}\n\n{LEGEND}\n")
+    write_table_report(out, f"gi bench suite: {data['name']}", summary_rows(data),
+                       notes=[LEGEND, *failures(data)])
 
 
 def _cell(block: dict[str, float] | None, signed: bool = False) -> str:
@@ -35,11 +39,27 @@ def _cell(block: dict[str, float] | None, signed: bool = False) -> str:
 def summary_table(data: dict[str, Any]) -> str:
     """The Markdown table of a ``suite.json``: one row per member, ours and breaching's final PSNR (mean /
     median / min over captures, dB), ours minus breaching's per capture, the trivial guesses when the member's
-    summary has them, its status and seconds; then one line per failed member with its error."""
-    head = ["setting", "kind", "captures", "ours final PSNR mean / median / min [dB]",
-            "breaching mean / median / min [dB]", "ours − breaching mean / median / min [dB]",
-            "grey / mean colour [dB]", "status", "seconds"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    summary has them, its status and seconds (:func:`summary_rows`); then one line per failed member with its error
+    (:func:`failures`)."""
+    lines = ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
+    lines += ["| " + " | ".join(row.values()) + " |" for row in summary_rows(data)]
+    lines += [f"\n{line}" for line in failures(data)]
+    return "\n".join(lines)
+
+
+HEAD = ["setting", "kind", "captures", "ours final PSNR mean / median / min [dB]",
+        "breaching mean / median / min [dB]", "ours − breaching mean / median / min [dB]",
+        "grey / mean colour [dB]", "status", "seconds"]
+
+
+def failures(data: dict[str, Any]) -> list[str]:
+    """One line per failed member of a ``suite.json``, with its error."""
+    return [f"{e['label']} failed: {e['error']}" for e in data["members"] if e["status"] == "failed"]
+
+
+def summary_rows(data: dict[str, Any]) -> list[dict[str, str]]:
+    """The rows of :func:`summary_table` (columns :data:`HEAD`), one per member."""
+    rows = []
     for e in data["members"]:
         s = e.get("summary") or {}
         contenders = s.get("contenders", {})
@@ -51,11 +71,8 @@ def summary_table(data: dict[str, Any]) -> str:
                  _cell((contenders.get(OURS) or {}).get("final_psnr")),
                  _cell((contenders.get(THEIRS) or {}).get("final_psnr")),
                  _cell(s.get(f"gain_over_{THEIRS}_db"), signed=True), guesses, status, f"{e['seconds']:.0f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    for e in data["members"]:
-        if e["status"] == "failed":
-            lines.append(f"\n{e['label']} failed: {e['error']}")
-    return "\n".join(lines)
+        rows.append(dict(zip(HEAD, cells)))
+    return rows
 
 
 def format_suite(out: Path) -> str:

@@ -9,6 +9,7 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gi.analysis.html import write_table_report
 from gi.analysis.report import write_json, write_yaml
 from gi.core.config import to_dict
 from gi.experiments.config.ttq import TTQConfig
@@ -68,8 +69,20 @@ def save_plot(path: Path, cfg: TTQConfig, curves: list[Curve], title: str) -> No
 
 def write_ttq(out: Path, cfg: TTQConfig, curves: list[Curve], summary: dict[str, Any], title: str) -> None:
     """Write a time-to-quality directory's files into ``out``: ``config.yaml`` (``cfg``), ``curves.json`` (every
-    checkpoint of ``curves``), ``summary.json`` (``summary``) and ``ttq.png`` (:func:`save_plot`, ``title``)."""
+    checkpoint of ``curves``), ``summary.json`` (``summary``), ``ttq.png`` (:func:`save_plot`, ``title``) and
+    ``report.html`` (:func:`curve_rows` and the plot, :func:`gi.analysis.html.write_table_report`)."""
     write_yaml(out / "config.yaml", to_dict(cfg))
     write_json(out / "curves.json", [dataclasses.asdict(c) for c in curves])
     write_json(out / "summary.json", summary)
     save_plot(out / "ttq.png", cfg, curves, title)
+    write_table_report(out, title, curve_rows(cfg, curves), plots=["ttq.png"],
+                       notes=["One row per contender and capture: the answer it returned (its last checkpoint). "
+                              "summary.json holds the times to each PSNR level and their ratios."])
+
+
+def curve_rows(cfg: TTQConfig, curves: list[Curve]) -> list[dict[str, Any]]:
+    """The page's table: per curve its contender, variant, capture, final PSNR, iterations and seconds."""
+    return [{"contender": c.contender, "variant": c.variant, "capture": c.capture,
+             "final PSNR [dB]": c.psnr[-1] if c.psnr else None, "iterations": c.iterations[-1] if c.iterations
+             else None, f"seconds ({cfg.clock})": c.seconds(cfg.clock)[-1] if c.psnr else None,
+             "stopped by budget": c.info.get("stopped_by_budget")} for c in curves]

@@ -44,6 +44,7 @@ __all__ = [
     "TARGET_KINDS",
     "ImageDataset",
     "class_imbalanced_batch",
+    "class_names",
     "load",
     "make_targets",
     "mixup",
@@ -440,6 +441,14 @@ DATASETS: dict[str, _Source] = {
                               "(size= resizes), grey or RGB; root/<split> when present",
                       takes_root=True, read_folder=read_folder),
 }
+
+
+def class_names(name: str) -> list[str]:
+    """The class names of the dataset ``name`` of :data:`DATASETS`, index = label (e.g. ``cifar10-samples``:
+    airplane … truck; ``fashion-mnist``: T-shirt/top … Ankle boot); empty for ``folder`` (a user's classes are its
+    subfolders, named when the data is read: :attr:`ImageDataset.classes`) and for a name that is no dataset."""
+    source = DATASETS.get(name)
+    return list(source.classes()) if source is not None else []
 
 
 def _resize(images: Tensor, size: Size) -> Tensor:

@@ -41,8 +41,8 @@ def test_batch_rows_give_the_matched_slot_s_label_and_whether_the_true_label_was
     assert all(r["verdict"] == RECOVERED and r["psnr"] > 40 for r in table.rows)
     assert all(r["mean_colour_psnr"] >= r["grey_psnr"] for r in table.rows)
     assert all(r["gradient_mismatch"] == 0.5 and r["mismatch_verdict"] == "does not explain" for r in table.rows)
-    assert table.captions[0].endswith(" dB recovered\nslot 6 / true 3")
-    assert table.captions[2].endswith("\nslot 6 / true 7 (no slot)")
+    assert table.captions[0].endswith(" dB recovered\nslot: 6\ntrue: 3")
+    assert table.captions[2].endswith("\nslot: 6\ntrue: 7 (no slot)")
 
 
 def test_rows_without_truth_give_the_slot_label_and_the_capture_s_mismatch():
@@ -50,3 +50,19 @@ def test_rows_without_truth_give_the_slot_label_and_the_capture_s_mismatch():
     table = plain_table(_outcome(images, [3, 6], 1e-6))
     assert [(r["slot_label"], r["mismatch_verdict"]) for r in table.rows] == [(3, "explains"), (6, "explains")]
     assert table.captions == ["slot label 3\nmismatch 1e-06", "slot label 6\nmismatch 1e-06"]
+
+
+def test_captions_name_the_classes_where_the_dataset_has_names():
+    from gi.world.data import CIFAR10_CLASSES, class_names
+
+    assert class_names("cifar10-samples") == CIFAR10_CLASSES and class_names("fashion-mnist")[9] == "Ankle boot"
+    assert class_names("folder") == [] and class_names("no-such-set") == []
+    images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    true = torch.tensor([3, 6])
+    truth = Truth(images=images, labels=true, targets=torch.nn.functional.one_hot(true, C).float(),
+                  counts=torch.bincount(true, minlength=C))
+    table = truth_table(_outcome(images, [3, 6], 0.5), [truth], LabelConfig(), 0, {"match": True,
+                                                                                   "lpips_vgg": False},
+                        classes=CIFAR10_CLASSES)
+    assert table.captions[1].endswith("\nslot: 6 frog\ntrue: 6 frog")
+    assert plain_table(_outcome(images, [3, 6], 1e-6), CIFAR10_CLASSES).captions[0].startswith("slot label 3 cat\n")

@@ -75,3 +75,16 @@ def test_a_row_feature_layer_the_model_lacks_is_refused_before_any_capture(tmp_p
                                                               "attack_variants={v: {feature_layer: body.9}}"])
     with pytest.raises(ConfigError, match=r"attack.feature_layer='body.9' is no module"):
         ablate.run_setting(cfg, "mixup/L2", tmp_path / "a")
+
+
+def test_the_ablation_table_gets_a_page_with_its_plot(tmp_path):
+    import time
+
+    from gi.experiments.ablate_output import write_ablation
+
+    table = [{"setting": "s", "variant": "base", "mode": m, "psnr": p, "paper_psnr": None}
+             for m, p in (("truth", 20.5), ("<b>recovered</b>", 18.25))]
+    write_ablation(tmp_path, "n", table, [{"psnr": 20.5}], time.perf_counter())
+    page = (tmp_path / "report.html").read_text()
+    assert "<td>20.5</td>" in page and "<td>&lt;b&gt;recovered&lt;/b&gt;</td>" in page
+    assert page.count("data:image/png;base64,") == 1  # psnr.png

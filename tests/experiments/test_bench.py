@@ -55,6 +55,8 @@ def test_report_is_json_with_restart_ratios(tmp_path, monkeypatch):
     ratio = [r for r in data["results"] if r["restarts"] == 8][0]["ratio_to_one_restart"]
     assert ratio == pytest.approx(2.0)
     assert "| lenet | 1 | 8 | cpu | 20.0 |" in format_report(path)
+    page = (tmp_path / "b.html").read_text()  # the same table on a page beside the JSON
+    assert page.count("<tr><td>lenet</td><td>1</td>") == 3 and "<td>20.0</td>" in page
 
 
 @pytest.mark.parametrize("over, match", [(["models=[lenet7]"], "models"), (["devices=[tpu]"], "devices"),

@@ -126,6 +126,9 @@ def test_a_suite_runs_its_members_into_their_folders_and_writes_one_table(tmp_pa
     row_a = next(line for line in table.splitlines() if line.startswith("| a |"))
     assert f"{data['members'][0]['summary']['contenders']['gi']['final_psnr']['mean']:.2f}" in row_a
     assert "| — | — |" in row_a  # no breaching
+    page = (out / "report.html").read_text()  # the same table on a page
+    assert page.count("<tr><td>a</td><td>time-to-quality</td>") == 1 and "<tr><td>b</td>" in page
+    assert "data:image/png;base64," in (out / "a" / "report.html").read_text()  # each member's own page and plot
     # the trivial guesses of each capture's images, carried from the ttq rows into the suite's table; the
     # per-channel mean is the constant closest to an image in MSE, so it never scores below grey
     trivial = rows[0]["trivial"]

@@ -100,8 +100,10 @@ def test_defend_runs_end_to_end_and_resumes_after_an_interruption(tmp_path, monk
         assert 0 <= row["accuracy"] <= 1 and 0 <= row["label_acc:rlu"] <= 1 and row["images"] == 1
         assert row["psnr_mean"] > 0
     for name in ("table.md", "table.csv", "results.csv", "clients.csv", "tradeoff-psnr_mean.png",
-                 "tradeoff-label_acc-rlu.png", "tradeoff-label_acc-posterior.png", "grid-none-0.png"):
+                 "tradeoff-label_acc-rlu.png", "tradeoff-label_acc-posterior.png", "grid-none-0.png", "report.html"):
         assert (out / name).exists(), name
+    page = (out / "report.html").read_text()  # the table and the three trade-off plots
+    assert page.count("<tbody>") == 1 and page.count("data:image/png;base64,") == 3 and "<td>gaussian</td>" in page
 
 
 @pytest.mark.slow

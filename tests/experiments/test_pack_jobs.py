@@ -114,10 +114,21 @@ def test_the_psnr_curve_follows_the_captures_through_every_problem_of_a_split_fi
     assert (res.out / "psnr.png").is_file()  # before, a split fit left the curve out
 
 
-def test_the_truth_monitor_draws_a_captures_first_fit_not_its_retry():
+def _rec(history):
+    from gi.attack.recon import Reconstruction
+
+    image = torch.zeros(1, 3, 4, 4)
+    return Reconstruction(images=image, all_images=image[None], labels=torch.ones(1, 1), objective=torch.zeros(1),
+                          best_restart=0, history=history)
+
+
+def test_the_truth_monitor_follows_every_fit_and_the_plot_draws_the_returned_one():
+    """The monitor keeps one curve per fit of each capture (a pack chunk, a retry); psnr.png draws the fit each
+    reconstruction was returned from and, dashed, the fit its retry replaced (before, the first fit was drawn
+    even where a retry replaced it)."""
     from types import SimpleNamespace
 
-    from gi.analysis.outputs import truth_monitor
+    from gi.analysis.outputs import psnr_curves, truth_monitor
     from gi.capture import Truth
 
     truths = [Truth(images=torch.zeros(1, 3, 4, 4), labels=torch.tensor([0]), counts=torch.tensor([1]),
@@ -125,32 +136,35 @@ def test_the_truth_monitor_draws_a_captures_first_fit_not_its_retry():
     monitor = truth_monitor(truths, every=1)
     trainer = SimpleNamespace(max_steps=2)
 
-    def fit(ids, value):
-        module = SimpleNamespace(problem=SimpleNamespace(capture_ids=ids),
+    def fit(ids, value, fit_id):
+        module = SimpleNamespace(problem=SimpleNamespace(capture_ids=ids), fit_id=fit_id,
                                  current_batch=lambda: torch.full((len(ids), 1, 3, 4, 4), value))
         monitor.on_train_start(trainer, module)
         for step in range(2):
             monitor.on_train_batch_end(trainer, module, None, None, step)
 
-    fit((0, 1), 0.1)  # a pack chunk of captures 0 and 1
-    assert monitor.fitted == [0, 1] and monitor.psnr == pytest.approx([20.0, 20.0])  # capture 2 not scored yet
-    fit((2,), 0.01)  # the chunk of capture 2
-    fit((1,), 0.5)  # a retry of capture 1: not drawn
-    assert monitor.steps == [0, 1]
-    assert monitor.per_capture[0] == pytest.approx([20.0, 20.0, 40.0])  # PSNR of 0.1 and 0.01 against zeros
-    assert monitor.part(2, 3).psnr == pytest.approx([40.0, 40.0])
+    fit((0, 1), 0.1, fit_id=7)  # a pack chunk of captures 0 and 1
+    fit((2,), 0.01, fit_id=8)  # the chunk of capture 2
+    fit((1,), 0.001, fit_id=9)  # a retry of capture 1, which replaced its first fit
+    assert monitor.curves[1] == {7: pytest.approx({0: 20.0, 1: 20.0}), 9: pytest.approx({0: 60.0, 1: 60.0})}
+    recs = [_rec({"fit": 7}), _rec({"fit": 9, "replaced": [{"fit": 7, "attempt": 0}]}), _rec({"fit": 8})]
+    returned, replaced = psnr_curves(monitor.curves, monitor.ids, recs)
+    assert returned.x == [0, 1] and returned.y == pytest.approx([40.0, 40.0])  # (20 + 60 + 40) / 3
+    assert replaced.style == "replaced" and "replaced (first fit)" in replaced.label
+    assert replaced.y == pytest.approx([20.0, 20.0])
+    part = monitor.part(1, 3)
+    (returned, _replaced) = psnr_curves(part.curves, part.ids, recs[1:])
+    assert returned.y == pytest.approx([50.0, 50.0])
 
 
 def test_a_run_with_analytically_answered_captures_still_draws_the_optimised_ones_psnr():
     """A mixed run (some captures answered by the analytic inversion, never optimised) drew no psnr.png: the curve
     now averages the optimised captures (the drawn file: tests/experiments/test_attack.py's mixed run)."""
-    from gi.analysis.outputs import truth_monitor
-    from gi.capture import Truth
+    from gi.analysis.outputs import psnr_curves
 
-    truths = [Truth(images=torch.zeros(1, 3, 4, 4), labels=torch.tensor([0]), counts=torch.tensor([1]),
-                    targets=torch.tensor([[1.0]])) for _ in range(3)]
-    monitor = truth_monitor(truths, every=1)
-    monitor.curves.update({0: {0: 10.0, 5: 12.0}, 2: {0: 20.0, 5: 30.0, 7: 31.0}})  # capture 1: answered
-    assert monitor.fitted == [0, 2] and monitor.steps == [0, 5]
-    assert monitor.psnr == pytest.approx([15.0, 21.0])
-    assert truth_monitor(truths, every=1).steps == []  # nothing optimised: no curve
+    curves = {0: {3: {0: 10.0, 5: 12.0}}, 2: {4: {0: 20.0, 5: 30.0, 7: 31.0}}}  # capture 1: answered
+    recs = [_rec({"fit": 3}), _rec({"answered_by": "analytic inversion"}), _rec({"fit": 4})]
+    (curve,) = psnr_curves(curves, [0, 1, 2], recs)
+    assert curve.x == [0, 5] and curve.y == pytest.approx([15.0, 21.0])
+    assert "1 answered analytically" in curve.label
+    assert psnr_curves({}, [0, 1, 2], recs) == []  # nothing optimised: no curve

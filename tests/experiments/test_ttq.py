@@ -117,6 +117,8 @@ def test_our_curve_is_the_analytic_answer_when_the_inversion_is_consistent(tmp_p
     (c,) = json.loads((out / "curves.json").read_text())
     assert c["iterations"] == [0] and c["psnr"][0] > 40 and 0 < c["cpu"][0] < 60
     assert (out / "ttq.png").stat().st_size > 1000 and "gi to 30 dB" in format_ttq(out)
+    page = (out / "report.html").read_text()
+    assert "<tr><td>gi</td>" in page and page.count("data:image/png;base64,") == 1  # the row and ttq.png
     stages = c["info"]["stages"]
     assert stages[1]["analytic_inversion"] and stages[2]["skipped"] and stages[2]["iterations"] == 0
 

@@ -106,6 +106,7 @@ def reconstruct_many(
     priors = list(priors) if priors is not None else [None] * len(captures)
     ids = list(range(len(captures))) if ids is None else list(ids)
     recs = fit_many(captures, label_results, features, cfg, callbacks, ids=ids, priors=priors, aux_images=aux_images)
+    kept = [0] * len(recs)  # the attempt each returned fit came from (0: the first fit)
     for attempt in range(1, (cfg.retries if cfg.init != "analytic" else 0) + 1):  # restart-on-stall (retries)
         again = [i for i, rec in enumerate(recs) if stalled(rec, cfg.retry_ratio)]
         if not again:
@@ -121,10 +122,21 @@ def reconstruct_many(
                         priors=[priors[i] for i in again], aux_images=aux_images)
         for i, new in zip(again, news):
             old = recs[i]
-            recs[i] = new if float(new.objective.min()) < float(old.objective.min()) else old
+            if float(new.objective.min()) < float(old.objective.min()):
+                new.history["replaced"] = [*old.history.get("replaced", []), replaced_record(old, kept[i])]
+                recs[i], kept[i] = new, attempt
             recs[i].seconds = old.seconds + new.seconds
             recs[i].history["retries"] = attempt
     return recs
+
+
+def replaced_record(rec: Reconstruction, attempt: int) -> dict[str, Any]:
+    """What a returned reconstruction's ``history["replaced"]`` keeps of a fit a retry replaced (``attack.retries``,
+    :func:`reconstruct_many`): its ``fit`` (:attr:`GradientInversion.fit_id`), ``attempt`` (0: the first fit, k: the
+    k-th retry), and its best restart's objective at the logged ``step``s, so the plots can draw it beside the
+    returned fit (docs/usage.md, "Configs and outputs")."""
+    return {"fit": rec.history.get("fit"), "attempt": attempt, "step": list(rec.history.get("step", [])),
+            "objective": [o[rec.best_restart] for o in rec.history.get("objective", [])]}
 
 
 RETRY_GROWTH = 4  # the k-th retry of a stalled capture runs restarts x 4**k new starts (culled as configured)
@@ -370,7 +382,7 @@ def results(module: GradientInversion, cfg: ReconConfig, seconds: float, threads
         best = int(torch.argmin(loss[i]))
         history = {"step": module.history["step"],
                    "objective": [o[i * r:(i + 1) * r] for o in module.history["objective"]],
-                   "threads": threads, "warnings": list(module.history.get("warnings", [])),
+                   "threads": threads, "warnings": list(module.history.get("warnings", [])), "fit": module.fit_id,
                    "output_error": "captured" if module.captured_error else "simulated"}
         out.append(Reconstruction(images=images[i, best], all_images=images[i], labels=labels[i, best],
                                   objective=loss[i], best_restart=best, history=history, seconds=seconds / n,

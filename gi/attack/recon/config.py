@@ -103,7 +103,8 @@ class ReconConfig:
     from ``restarts`` × 4^k new starts (seed ``seed`` + k for the k-th retry; culled no earlier than iteration
     100, with 100 L-BFGS pairs: :data:`gi.attack.recon.api.RETRY_MIN_CULL`), up to ``retries`` times; the fit with the
     lower objective is kept (never chosen with ground truth) and ``history['retries']`` records the retries it
-    took. Callbacks see every fit. A fit from ``init=analytic`` is not retried (it starts near its optimum).
+    took, ``history['replaced']`` the fits a retry replaced (:func:`gi.attack.recon.api.replaced_record`). Callbacks
+    see every fit. A fit from ``init=analytic`` is not retried (it starts near its optimum).
     ``lbfgs_history``: L-BFGS curvature pairs (None: sized by the problem,
     :func:`gi.attack.recon.optim.lbfgs_history`).
     ``output_error``: the output error ∂L/∂z the dummy gradients are simulated with. ``simulated``: the

@@ -11,6 +11,7 @@ terms (:mod:`gi.attack.recon.terms`). Ground truth never enters this module; cal
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -129,9 +130,15 @@ class StepDataset(Dataset):
         return i
 
 
+FIT_IDS = itertools.count()  # one number per fit in this process: GradientInversion.fit_id
+
+
 class GradientInversion(L.LightningModule):
     """Optimise the P = N·R dummy batches of a :class:`Problem` (N rows × ``cfg.restarts``) so that what they
-    would share matches its targets; ``cfg`` gives the restarts, initialisation, optimiser and schedule."""
+    would share matches its targets; ``cfg`` gives the restarts, initialisation, optimiser and schedule.
+    ``fit_id`` names this fit in the process (a reconstruction's ``history["fit"]``), so a callback that follows
+    every fit (a retry, an alternative: docs/architecture.md "Conventions", packing) can tell which one a
+    reconstruction came from."""
 
     def __init__(self, problem: Problem, cfg: ReconConfig) -> None:
         super().__init__()
@@ -155,6 +162,7 @@ class GradientInversion(L.LightningModule):
         if cfg.compile and self.vectorised():  # the vmap path: one graph (the loop path's autograd.grad is not)
             self.step_objective = torch.compile(self.objective, mode=compile_mode(cfg.compile))
         self.history: dict[str, list] = {"step": [], "objective": []}
+        self.fit_id = next(FIT_IDS)
         self.macs_per_image: int | None | bool = False  # conv_macs of one image, measured at the first CPU step
 
     def _per_problem(self, t: Tensor) -> Tensor:
