@@ -278,13 +278,13 @@ class Victim:
 class Contender:
     """``check(cfg)`` raises before any work when the contender cannot run; ``run(cfg, victim, k, clock, score,
     restart)`` runs its attack once on capture ``k`` and returns that run's :class:`Curve` (``score(images)`` →
-    PSNR against the truth). ``clock`` is already started and runs on across the runs of one capture (the run
-    resumes it first and leaves it paused after scoring its answer); ``restart`` (0, 1, …) is the run's index,
-    from which it draws a new random start. The curve's ``info`` says ``stopped_by_budget``, ``objective`` (the
-    contender's OWN score of its answer, lower is better, never the truth; None: it has none) and, where a
-    further run could only repeat this one, ``restartable: False`` (:func:`attack_until_budget`, the fairness
-    rule of docs/usage.md, "Against breaching"). ``variants(cfg)``: the ``(name, cfg)`` it runs under, one curve
-    each (None: once, under ``cfg``)."""
+    PSNR against the truth). ``clock`` is started (and paused) once per capture and runs on across its runs: a
+    run resumes it when its attack starts (its own set-up left out) and leaves it paused after scoring its
+    answer; ``restart`` (0, 1, …) is the run's index, from which it draws a new random start. The curve's
+    ``info`` says ``stopped_by_budget``, ``objective`` (the contender's OWN score of its answer, lower is better,
+    never the truth; None: it has none) and, where a further run could only repeat this one, ``restartable:
+    False`` (:func:`attack_until_budget`, the fairness rule of docs/usage.md, "Against breaching").
+    ``variants(cfg)``: the ``(name, cfg)`` it runs under, one curve each (None: once, under ``cfg``)."""
 
     check: Callable[[TTQConfig], None]
     run: Callable[[TTQConfig, Victim, int, AttackClock, Callable[[Any], float], int], Curve]
@@ -656,6 +656,7 @@ def attack_until_budget(name: str, cfg: TTQConfig, victim: Victim, k: int, clock
     done_before = 0
     why_not = None
     clock.start()
+    clock.pause()  # each run resumes it when its attack starts: a contender's own set-up is not attack time
     while True:
         restart = len(records)
         one = contender.run(cfg, victim, k, clock, score, restart)  # resumes the clock, leaves it paused
