@@ -156,7 +156,10 @@ def test_our_curve_ends_on_the_default_jobs_image_and_stops_at_its_budget(tmp_pa
     stopped = run_ttq(load(TTQConfig, LENET, over[:3] + ["budget=1e-9", "job_overrides=[attack.analytic=false]",
                                                          f"out={tmp_path / 'b'}"]))
     (c,) = json.loads((stopped / "curves.json").read_text())
-    assert c["iterations"][-1] == 1  # the budget stops it after its first step
+    # the budget stops every fit after its first step (a fit one step old has stalled, so each restart-on-stall
+    # retry runs too); the iterations count over all of them
+    assert c["iterations"][-1] == 1 + victim.job.attack.retries
+    assert c["info"]["runs"] == 1  # the budget is spent: no new run
 
 
 def test_breaching_curve_on_a_short_budget(tmp_path):
