@@ -39,6 +39,7 @@ from gi.experiments.bench import BENCH_KINDS, bench_kind, git_commit
 from gi.experiments.config.suite import SET_BY_SUITE, SuiteConfig
 from gi.experiments.outdir import cells_dir, load_cell, save_cell, staged_output
 from gi.experiments.suite_output import OURS, THEIRS, format_suite, write_suite
+from gi.experiments.ttq_output import contender_names
 
 SUITE_SCHEMA = 1  # version of suite.json
 
@@ -69,7 +70,7 @@ def member_numbers(path: Path) -> dict[str, Any] | None:
         return None
     data = json.loads(summary.read_text())
     rows = data.get("rows") or []
-    names = [k for k in (rows[0] if rows else {}) if isinstance(rows[0][k], dict) and "final_psnr" in rows[0][k]]
+    names = contender_names(data)
     out: dict[str, Any] = {"captures": len(rows), "clock": data.get("clock"), "equal_time": data.get("equal_time"),
                            "contenders": {}}
     for name in names:

@@ -9,6 +9,14 @@ CPU seconds of the process) runs from the start of its attack and is stopped whi
 ``every`` iterations and once at the end (the answer it returns). ``clock`` picks which of the two clocks the
 budgets, crossing times and ratios use (both are recorded).
 
+Equal time means equal (the fairness rule, docs/usage.md "Against breaching"; :func:`attack_until_budget`):
+with ``fill_budget`` (the default) a contender whose attack ends before the budget is run again from a new random
+start, each its own way (ours: a new ``attack.seed``; breaching: a new trial of its ``restarts``), until the budget
+is spent, and holds its best run by its OWN objective, never by PSNR against the truth. With ``fill_budget:
+false`` it stops, and that capture's PSNRs are compared at the time it finished (:func:`compared_until`). Every
+row records per contender the iterations actually run, the runs, the CPU and wall seconds and when it finished
+before the budget (:func:`spent`).
+
 - ``gi``: the default job's attack side, :func:`gi.attack.stages.attack_stages` with the job's ``labels`` and
   ``attack`` sections (labels recovered, e.g. ``auto``; then features; then the preset's reconstruction). The score
   is the best iterate by the attack objective (what the attack returns when stopped there).
@@ -25,8 +33,9 @@ contender that never reaches it within its budget is *censored* at its last cloc
 several variants (breaching's ``schedules``) is scored per capture by its best wiring (:func:`best_of`): the
 earliest time to each level over its variants. The ratio
 breaching/ours per capture is exact when both reach the level, a lower bound (``>=``) when only ours does, an upper
-bound when only breaching does (:func:`ratio`). ``psnr_at`` gives each contender's PSNR at equal time (the last
-checkpoint at or before it).
+bound when only breaching does (:func:`ratio`), and ``n/a`` where a time it would divide is near zero
+(:func:`ratio_not_applicable`). ``psnr_at`` gives each contender's PSNR at equal time (the last checkpoint at or
+before it).
 """
 
 from __future__ import annotations
@@ -51,7 +60,7 @@ from gi.core.registry import registrar
 from gi.experiments.bench import git_commit
 from gi.experiments.config.ttq import TTQConfig
 from gi.experiments.outdir import staged_output
-from gi.experiments.ttq_output import write_ttq
+from gi.experiments.ttq_output import contender_names, write_ttq
 
 BREACHING_INSTALL = ("pip download --no-deps breaching==0.1.2 -d /tmp/w && pip install --no-deps --target /tmp/br "
                      "/tmp/w/breaching*.whl && pip install --target /tmp/br hydra-core, then PYTHONPATH=$PWD:/tmp/br")
@@ -137,11 +146,41 @@ def psnr_at(seconds: Sequence[float], psnr: Sequence[float], when: float) -> flo
     return best
 
 
+RATIO_MIN_SECONDS = 0.05  # a time below this is within the clock's and the checkpoints' noise: no ratio of it
+
+
+def ratio_terms(ours: float | None, theirs: float | None, ours_budget: float, theirs_budget: float
+                ) -> tuple[float, float] | None:
+    """The (numerator, denominator) times :func:`ratio` divides: theirs (or their censoring time) over ours (or
+    our censoring time); None when neither reached the level."""
+    if ours is None and theirs is None:
+        return None
+    return (theirs if theirs is not None else theirs_budget), (ours if ours is not None else ours_budget)
+
+
+def ratio_not_applicable(ours: float | None, theirs: float | None, ours_budget: float, theirs_budget: float
+                         ) -> str | None:
+    """Why :func:`ratio` gives no value although a contender reached the level: a time it would divide, or divide
+    by, is below :data:`RATIO_MIN_SECONDS` (e.g. a run that stopped after two iterations, censored at 0.02 s,
+    would read "0.0x"); None when the ratio stands."""
+    terms = ratio_terms(ours, theirs, ours_budget, theirs_budget)
+    if terms is None:
+        return None
+    for who, t, reached in (("theirs", terms[0], theirs is not None), ("ours", terms[1], ours is not None)):
+        if t < RATIO_MIN_SECONDS:
+            what = "time to the level" if reached else "time when it stopped without reaching it"
+            return f"{who} {what} is {seconds_text(t)} s, below {RATIO_MIN_SECONDS:g} s"
+    return None
+
+
 def ratio(ours: float | None, theirs: float | None, ours_budget: float, theirs_budget: float
           ) -> tuple[float | None, str]:
     """breaching's time over ours to a level: ``(value, "exact")`` when both reached it; ``(theirs_budget / ours,
     ">=")`` when only ours did (theirs is censored at its budget); ``(theirs / ours_budget, "<=")`` when only
-    theirs did; ``(None, "neither")`` when neither did."""
+    theirs did; ``(None, "neither")`` when neither did; ``(None, "n/a")`` when a time it would divide is near
+    zero (:func:`ratio_not_applicable` says why)."""
+    if ratio_not_applicable(ours, theirs, ours_budget, theirs_budget) is not None:
+        return None, "n/a"
     if ours is not None and theirs is not None:
         return theirs / ours, "exact"
     if ours is not None:
@@ -162,9 +201,33 @@ def stopped_by_budget(curve: Curve) -> bool:
     return True
 
 
+def spent(curves: Sequence[Curve], clock: str) -> dict[str, Any]:
+    """What a contender spent on one capture over ``curves`` (its variants): ``iterations`` actually run, ``runs``
+    (its restarts included, :func:`attack_until_budget`; 1 for curves written before runs), ``cpu_seconds`` and
+    ``wall_seconds`` (scoring left out), and ``finished_at``: on ``clock``, when its last variant finished before
+    the budget (None where any variant ran until the budget, :func:`finished_at`)."""
+    ends = [finished_at(c, clock) for c in curves]
+    return {"iterations": sum(c.iterations[-1] for c in curves),
+            "runs": sum(int(c.info.get("runs", 1)) for c in curves),
+            "cpu_seconds": sum(c.cpu[-1] for c in curves), "wall_seconds": sum(c.wall[-1] for c in curves),
+            "finished_at": None if any(t is None for t in ends) else max(ends)}
+
+
+def compared_until(curves: Sequence[Curve], clock: str) -> float | None:
+    """Until when a contender's ``curves`` (its variants on one capture) can be compared: where restarting was
+    disabled (``fill_budget: false``, or curves written before the rule, which never restarted) and every variant
+    finished before the budget, the last finish (:func:`finished_at`); else None (the budget). A contender that
+    finished early because a new run would only repeat it (our analytic answer) holds its answer to the budget."""
+    ends = [finished_at(c, clock) for c in curves]
+    if any(t is None for t in ends) or any(c.info.get("fill_budget", False) for c in curves):
+        return None
+    return max(t for t in ends if t is not None)
+
+
 def best_of(curves: Sequence[Curve], clock: str, levels: Sequence[float], when: float) -> dict[str, Any]:
     """One contender's best wiring on one capture over its variants' ``curves``: per level the earliest time
-    (None: no variant reached it) and the variant that gave it, the highest final PSNR and PSNR at ``when``.
+    (None: no variant reached it) and the variant that gave it, the highest final PSNR and PSNR at ``when``,
+    what it spent (:func:`spent`, also per variant) and ``compared_until`` (:func:`compared_until`).
     ``seconds`` is where a level no variant reached is censored: the shortest variant the budget stopped (it might
     have reached the level just after), else (every variant ran its own iterations to the end and never reached
     it) the longest run (:func:`stopped_by_budget`)."""
@@ -172,8 +235,8 @@ def best_of(curves: Sequence[Curve], clock: str, levels: Sequence[float], when: 
     finals = [c.seconds(clock)[-1] for c in curves]
     cut = [t for c, t in zip(curves, finals) if stopped_by_budget(c)]
     best_final = max(curves, key=lambda c: c.psnr[-1])
-    row.update(final_psnr=best_final.psnr[-1], seconds=min(cut) if cut else max(finals),
-               iterations=best_final.iterations[-1])
+    row.update(final_psnr=best_final.psnr[-1], seconds=min(cut) if cut else max(finals), **spent(curves, clock),
+               compared_until=compared_until(curves, clock))
     at = [v for c in curves for v in [psnr_at(c.seconds(clock), c.psnr, when)] if v is not None]
     row["psnr_at_equal_time"] = max(at) if at else None
     for lvl in levels:
@@ -183,8 +246,7 @@ def best_of(curves: Sequence[Curve], clock: str, levels: Sequence[float], when: 
             row[f"best_variant_{lvl:g}"] = min(times)[1] if times else None
     if len(curves) > 1:
         row["variants"] = {c.variant: {"final_psnr": c.psnr[-1], "seconds": c.seconds(clock)[-1],
-                                       "iterations": c.iterations[-1],
-                                       "stopped_by_budget": stopped_by_budget(c),
+                                       **spent([c], clock), "stopped_by_budget": stopped_by_budget(c),
                                        **{f"time_to_{lvl:g}": time_to(c.seconds(clock), c.psnr, lvl)
                                           for lvl in levels}} for c in curves}
     return row
@@ -214,12 +276,18 @@ class Victim:
 
 @dataclass(frozen=True)
 class Contender:
-    """``check(cfg)`` raises before any work when the contender cannot run; ``run(cfg, victim, k, clock, score)``
-    attacks capture ``k`` and returns its :class:`Curve` (``score(images)`` → PSNR against the truth);
+    """``check(cfg)`` raises before any work when the contender cannot run; ``run(cfg, victim, k, clock, score,
+    restart)`` runs its attack once on capture ``k`` and returns that run's :class:`Curve` (``score(images)`` →
+    PSNR against the truth). ``clock`` is started (and paused) once per capture and runs on across its runs: a
+    run resumes it when its attack starts (its own set-up left out) and leaves it paused after scoring its
+    answer; ``restart`` (0, 1, …) is the run's index, from which it draws a new random start. The curve's
+    ``info`` says ``stopped_by_budget``, ``objective`` (the contender's OWN score of its answer, lower is better,
+    never the truth; None: it has none) and, where a further run could only repeat this one, ``restartable:
+    False`` (:func:`attack_until_budget`, the fairness rule of docs/usage.md, "Against breaching").
     ``variants(cfg)``: the ``(name, cfg)`` it runs under, one curve each (None: once, under ``cfg``)."""
 
     check: Callable[[TTQConfig], None]
-    run: Callable[[TTQConfig, Victim, int, AttackClock, Callable[[Any], float]], Curve]
+    run: Callable[[TTQConfig, Victim, int, AttackClock, Callable[[Any], float], int], Curve]
     summary: str
     variants: Callable[[TTQConfig], list[tuple[str, TTQConfig]]] | None = None
 
@@ -234,41 +302,55 @@ def _no_check(cfg: TTQConfig) -> None:
     return None
 
 
+def restart_seed(attack: Any, restart: int) -> int:
+    """``attack.seed`` of our attack's ``restart``-th run in the bench: ``seed + restart × (retries + 1)``, so that
+    no run reuses a seed of another run's restart-on-stall fits (``seed + 1 … seed + retries``)."""
+    return int(attack.seed) + restart * (int(attack.retries) + 1)
+
+
 def _gi_default_job(cfg: TTQConfig, victim: Victim, k: int, clock: AttackClock,
-                    score: Callable[[Any], float]) -> Curve:
+                    score: Callable[[Any], float], restart: int = 0) -> Curve:
     """The job's attack side on capture ``k`` alone: :func:`gi.attack.stages.attack_stages` (labels →
-    features → reconstruct) on ``cfg.threads`` threads, scored every ``cfg.every`` steps, stopped at ``budget``."""
+    features → reconstruct) on ``cfg.threads`` threads, scored every ``cfg.every`` steps, stopped at ``budget``;
+    run ``restart`` with ``attack.seed`` from :func:`restart_seed`. Its own score is the answer's relative
+    gradient mismatch (``history["gradient_mismatch"]``, the rule by which the stage itself keeps one of several
+    fits, :func:`gi.attack.stages.lower_mismatch`); an analytic answer (no optimisation) is not restartable."""
     import lightning as L
 
     from gi.attack.stages import attack_stages
 
     curve = Curve("gi", k)
     budget, which = cfg.budget, cfg.clock
-    steps = [0]
+    steps = [0]  # iterations over every fit of this run (restart-on-stall retries included)
 
     stopped = [False]
 
     class Checkpoints(L.Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-            done = steps[0] = batch_idx + 1
-            if done % cfg.every == 0:
+            steps[0] += 1
+            if steps[0] % cfg.every == 0:
                 clock.pause()
-                curve.add(done, clock.read(), score(pl_module.current_batch()[0]))
+                curve.add(steps[0], clock.read(), score(pl_module.current_batch()[0]))
                 clock.resume()
-            if clock.read()[which] >= budget and done < trainer.max_steps:
+            if clock.read()[which] >= budget and batch_idx + 1 < trainer.max_steps:
                 trainer.should_stop = stopped[0] = True
 
     job = victim.job
-    attack = dataclasses.replace(job.attack, threads=cfg.threads, progress=False, device=cfg.device)
+    attack = dataclasses.replace(job.attack, threads=cfg.threads, progress=False, device=cfg.device,
+                                 seed=restart_seed(job.attack, restart))
     truths = [victim.truths[k]] if job.labels.mode == "truth" else None
-    clock.start()
+    clock.resume()
     outcome = attack_stages(job.labels, attack, [victim.captures[k]], truths, victim.aux, callbacks=[Checkpoints()])
     clock.pause()
     rec = outcome.reconstructions[0]
     curve.add(steps[0], clock.read(), score(rec.images))
+    mismatch = rec.history.get("gradient_mismatch")
     curve.info = {"stages": outcome.stages,  # the reconstruct stage's own seconds include the scoring pauses
                   "labels_ok": all(result is None or result.ok for result in outcome.label_results),
-                  "labels_given": False, "stopped_by_budget": stopped[0]}
+                  "labels_given": False, "stopped_by_budget": stopped[0], "seed": attack.seed,
+                  "objective": None if mismatch is None or mismatch != mismatch else float(mismatch),
+                  "objective_name": "relative gradient mismatch",
+                  "restartable": not outcome.stages[-1].get("skipped", False)}
     return curve
 
 
@@ -333,6 +415,7 @@ def breaching_setup(capture: Any, labels: Any, tv: float, max_iterations: int, d
     OmegaConf.set_struct(bcfg, False)
     bcfg.optim.max_iterations = max_iterations
     bcfg.optim.callback = 10**9
+    bcfg.restarts.num_trials = 1  # its restarts: one trial per call; the bench runs more (attack_until_budget)
     bcfg.regularization.total_variation.scale = tv
     model, mean, std = without_normalize(capture.model().eval())
     attacker = breaching.attacks.prepare_attack(model, torch.nn.CrossEntropyLoss(), bcfg,
@@ -376,8 +459,13 @@ def breaching_local_steps(capture: Any, labels: Any) -> dict[str, Any] | None:
 
 
 def _breaching_attack(cfg: TTQConfig, victim: Victim, k: int, clock: AttackClock,
-                      score: Callable[[Any], float]) -> Curve:
-    """breaching's invertinggradients attack on capture ``k`` (module docstring), true labels given."""
+                      score: Callable[[Any], float], restart: int = 0) -> Curve:
+    """breaching's invertinggradients attack on capture ``k`` (module docstring), true labels given: one call of
+    its ``reconstruct`` with ``restarts.num_trials = 1``, i.e. one of its trials. Run 0 seeds torch with
+    ``breaching.seed``; a later run draws its random start from the same generator, continued, as breaching's
+    own trial loop does. Its own score of the answer is breaching's restart score (``_score_trial`` under
+    ``restarts.scoring``, cosine similarity for this attack, read from its ``stats["opt_value"]``), by which its
+    ``_select_optimal_reconstruction`` keeps the lowest of several trials."""
     import logging
 
     import torch
@@ -424,14 +512,18 @@ def _breaching_attack(cfg: TTQConfig, victim: Victim, k: int, clock: AttackClock
         return optimizer, scheduler
 
     attacker._init_optimizer = init_optimizer  # an instance attribute: breaching itself is not changed
-    torch.manual_seed(opts.seed)
-    clock.start()
-    out, _ = attacker.reconstruct(payload, shared, {}, dryrun=False)
+    if restart == 0:
+        torch.manual_seed(opts.seed)
+    clock.resume()
+    out, stats = attacker.reconstruct(payload, shared, {}, dryrun=False)
     clock.pause()
     curve.add(state["done"], clock.read(), score(pixels(out["data"])))
+    opt = stats.get("opt_value")
     curve.info = {"labels_given": True, "tv": opts.tv, "max_iterations": opts.max_iterations,
                   "space": "normalised (model without Normalize; mean/std in metadata)",
-                  "stopped_by_budget": state["stopped"]}
+                  "stopped_by_budget": state["stopped"],
+                  "objective": None if opt is None or not math.isfinite(opt) else float(opt),
+                  "objective_name": f"breaching restart score ({attacker.cfg.restarts.scoring})"}
     return curve
 
 
@@ -486,8 +578,10 @@ def scorer(truth: Any) -> Callable[[Any], float]:
 
 def summarize_curves(cfg: TTQConfig, curves: list[Curve]) -> dict[str, Any]:
     """Per capture: time to every level per contender (its best variant, :func:`best_of`; None: censored, at its
-    ``seconds``), the ratio to ``gi`` and the PSNR at ``equal_time``; over captures: median and min ratio, PSNRs at
-    equal time."""
+    ``seconds``), what it spent (:func:`spent`), the ratio to ``gi`` and the PSNRs at the row's ``equal_time``:
+    ``cfg.equal_time`` (null: the budget), or earlier, when a contender finished before it (``finished_at``),
+    the time it finished (docs/usage.md, "Against breaching": equal time means equal); over captures: median
+    and min ratio (a ratio of a near-zero time is ``n/a``, :func:`ratio_not_applicable`), PSNRs at equal time."""
     clock = cfg.clock
     when = cfg.equal_time or cfg.budget
     by: dict[tuple[str, int], list[Curve]] = {}
@@ -500,16 +594,20 @@ def summarize_curves(cfg: TTQConfig, curves: list[Curve]) -> dict[str, Any]:
         trivial = [c.info["trivial"] for c in by[(cfg.contenders[0], k)] if "trivial" in c.info]
         if trivial:  # the best trivial guesses on this capture's images (mean PSNR of a grey / mean-colour image)
             row["trivial"] = trivial[0]
+        cuts = [compared_until(by[(name, k)], clock) for name in cfg.contenders]
+        row["equal_time"] = min([when] + [t for t in cuts if t is not None])
         for name in cfg.contenders:
-            row[name] = best_of(by[(name, k)], clock, cfg.levels, when)
+            row[name] = best_of(by[(name, k)], clock, cfg.levels, row["equal_time"])
         if "gi" in cfg.contenders:
             for name in cfg.contenders:
                 if name == "gi":
                     continue
                 for lvl in cfg.levels:
                     key = f"time_to_{lvl:g}"
-                    v, kind = ratio(row["gi"][key], row[name][key], row["gi"]["seconds"], row[name]["seconds"])
-                    row[f"ratio_{name}_{lvl:g}"] = {"value": v, "kind": kind}
+                    args = (row["gi"][key], row[name][key], row["gi"]["seconds"], row[name]["seconds"])
+                    v, kind = ratio(*args)
+                    row[f"ratio_{name}_{lvl:g}"] = {"value": v, "kind": kind,
+                                                    **({"why": ratio_not_applicable(*args)} if kind == "n/a" else {})}
                 a, b = row["gi"]["psnr_at_equal_time"], row[name]["psnr_at_equal_time"]
                 row[f"gain_over_{name}_db"] = None if a is None or b is None else a - b
         rows.append(row)
@@ -521,14 +619,108 @@ def summarize_curves(cfg: TTQConfig, curves: list[Curve]) -> dict[str, Any]:
             pairs = [(r[f"ratio_{name}_{lvl:g}"]["value"], r[f"ratio_{name}_{lvl:g}"]["kind"]) for r in rows]
             med, mark = median_bound(pairs)
             vals = [v for v, _ in pairs if v is not None]
+            why = sorted({r[f"ratio_{name}_{lvl:g}"]["why"] for r in rows if "why" in r[f"ratio_{name}_{lvl:g}"]})
             out["ratios"][f"{name}_{lvl:g}"] = {
                 "median": med, "median_kind": mark, "min": min(vals) if vals else None,
                 "censored_theirs": sum(k == ">=" for _, k in pairs), "censored_ours": sum(k == "<=" for _, k in pairs),
-                "neither": sum(k == "neither" for _, k in pairs)}
+                "neither": sum(k == "neither" for _, k in pairs), "not_applicable": sum(k == "n/a" for _, k in pairs),
+                **({"why_not_applicable": why} if why else {})}
         gains = [r[f"gain_over_{name}_db"] for r in rows if r[f"gain_over_{name}_db"] is not None]
         out[f"gain_over_{name}_db"] = {"median": statistics.median(gains) if gains else None,
                                        "min": min(gains) if gains else None}
     return out
+
+
+def attack_until_budget(name: str, cfg: TTQConfig, victim: Victim, k: int, clock: AttackClock,
+                        score: Callable[[Any], float]) -> Curve:
+    """Contender ``name`` on capture ``k`` under the fairness rule (docs/usage.md, "Against breaching"): its
+    attack runs (:attr:`Contender.run`) on one clock, and while ``cfg.fill_budget`` holds and a run ends on its
+    own before ``cfg.budget``, a new run (the next ``restart``) starts from a new random start, until the budget
+    is spent. A contender is not run again when its run cannot be ranked by its own objective (``objective``
+    None), could only repeat itself (``restartable: False``, e.g. our analytic answer) or did no iterations; it
+    has then finished early (:func:`finished_at`).
+
+    The curve is one line over every run, iterations counted over all runs. Its answer at a checkpoint is the
+    one the attacker holds then: during the first run that run's own best; later, the best run ENDED so far by
+    the contender's own objective (lower wins, a tie keeps the earlier run; never by PSNR: the attacker has no
+    truth), each run entering the choice when it ends, the last one cut by the budget too (what breaching's
+    own trial loop does with an interrupted trial). ``info``: the chosen run's info, plus ``runs``,
+    ``best_run``, ``fill_budget``, ``not_restarted`` (why a contender that finished early was not run again)
+    and ``run_records`` (per run: iterations, seconds on ``cfg.clock``, objective, final PSNR, whether the
+    budget cut it)."""
+    contender = CONTENDERS[name]
+    which = cfg.clock
+    curve = Curve(name, k)
+    records: list[dict[str, Any]] = []
+    best: tuple[int, Curve] | None = None  # the chosen ended run: index, curve
+    done_before = 0
+    why_not = None
+    clock.start()
+    clock.pause()  # each run resumes it when its attack starts: a contender's own set-up is not attack time
+    while True:
+        restart = len(records)
+        one = contender.run(cfg, victim, k, clock, score, restart)  # resumes the clock, leaves it paused
+        held = None if best is None else best[1].psnr[-1]
+        for i, (it, w, c, p) in enumerate(zip(one.iterations, one.wall, one.cpu, one.psnr)):
+            last = i == len(one.psnr) - 1
+            if last and (best is None or better(one.info.get("objective"), best[1].info.get("objective"))):
+                best = (restart, one)
+            value = best[1].psnr[-1] if last else (p if held is None else held)
+            curve.add(done_before + it, {"wall": w, "cpu": c}, value)
+        done_before += one.iterations[-1]
+        records.append({"iterations": one.iterations[-1], "seconds": one.seconds(which)[-1],
+                        "objective": one.info.get("objective"), "psnr": one.psnr[-1],
+                        "stopped_by_budget": bool(one.info.get("stopped_by_budget", True))})
+        if records[-1]["stopped_by_budget"] or clock.read()[which] >= cfg.budget:
+            break
+        why_not = ("fill_budget is false" if not cfg.fill_budget
+                   else "its run cannot be ranked by its own objective" if one.info.get("objective") is None
+                   else "a new run would repeat this one" if one.info.get("restartable") is False
+                   else "its run did no iterations" if one.iterations[-1] == 0 else None)
+        if why_not is not None:
+            break
+    assert best is not None
+    budget_spent = records[-1]["stopped_by_budget"] or clock.read()[which] >= cfg.budget
+    curve.info = {**best[1].info, "stopped_by_budget": budget_spent, "runs": len(records), "best_run": best[0],
+                  "fill_budget": cfg.fill_budget, "run_records": records,
+                  **({"not_restarted": why_not} if not budget_spent else {})}
+    return curve
+
+
+def better(objective: float | None, than: float | None) -> bool:
+    """Whether a run whose own objective is ``objective`` replaces the one held at ``than`` (lower wins; None or
+    NaN never wins, a tie keeps the held run)."""
+    if objective is None or objective != objective:
+        return False
+    return than is None or than != than or objective < than
+
+
+def finished_at(curve: Curve, clock: str) -> float | None:
+    """When ``curve``'s contender finished before its budget, on ``clock`` (its last reading); None when the budget
+    ended it (:func:`stopped_by_budget`)."""
+    return None if stopped_by_budget(curve) else curve.seconds(clock)[-1]
+
+
+def seconds_text(t: float) -> str:
+    """Seconds as printed: one decimal from 1 s up, three significant digits below (a run stopped after two
+    iterations reads ``0.0213 s``, not ``0.0 s``)."""
+    return f"{t:.1f}" if abs(t) >= 1 else f"{t:.3g}"
+
+
+def progress_line(curve: Curve, clock: str, levels: Sequence[float]) -> str:
+    """The line a run prints per contender, variant and capture: its answer's PSNR after the seconds and the
+    iterations it actually ran (over all its runs), the runs, when it finished early, and its times to
+    ``levels``. The variant (breaching's schedule) is named as a schedule, never as the iterations run."""
+    secs = curve.seconds(clock)
+    reached = ", ".join(f"{lvl:g} dB at {seconds_text(t)} s" if t is not None else f"{lvl:g} dB never"
+                        for lvl in levels for t in [time_to(secs, curve.psnr, lvl)])
+    who = curve.contender + (f" [{curve.variant} schedule]" if curve.variant else "")
+    runs = int(curve.info.get("runs", 1))
+    end = finished_at(curve, clock)
+    done = "budget spent" if end is None else f"finished at {seconds_text(end)} s"
+    return (f"capture {curve.capture:2d} {who:>28s}: {curve.psnr[-1]:6.2f} dB after {seconds_text(secs[-1])} s "
+            f"({curve.iterations[-1]} it in {runs} run{'s' if runs != 1 else ''}, {done}; {reached})  "
+            f"load {os.getloadavg()[0]:.2f}")
 
 
 def check_contenders(cfg: TTQConfig) -> None:
@@ -560,16 +752,11 @@ def run_ttq(cfg: TTQConfig) -> Path:
                 contender = CONTENDERS[name]
                 for variant, vcfg in (contender.variants(cfg) if contender.variants else [("", cfg)]):
                     torch.set_num_threads(cfg.threads)
-                    curve = contender.run(vcfg, victim, k, AttackClock(device_sync(cfg.device)), score)
+                    curve = attack_until_budget(name, vcfg, victim, k, AttackClock(device_sync(cfg.device)), score)
                     curve.capture, curve.variant = (cfg.select[k] if cfg.select else k), variant
                     curve.info["trivial"] = trivial
                     curves.append(curve)
-                    secs = curve.seconds(cfg.clock)
-                    reached = ", ".join(f"{lvl:g} dB at {t:.1f} s" if t is not None else f"{lvl:g} dB never"
-                                        for lvl in cfg.levels for t in [time_to(secs, curve.psnr, lvl)])
-                    print(f"capture {curve.capture:2d} {f'{name} {variant}'.strip():>18s}: {curve.psnr[-1]:6.2f} dB "
-                          f"after {secs[-1]:7.1f} s ({curve.iterations[-1]} it; {reached})  "
-                          f"load {os.getloadavg()[0]:.2f}", flush=True)
+                    print(progress_line(curve, cfg.clock, cfg.levels), flush=True)
         summary = summarize_curves(cfg, curves)
         meta = {"created": stamp, "git": git_commit(), "torch": torch.__version__,
                 "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
@@ -615,7 +802,8 @@ def merge_runs(parts: Sequence[str | Path], out: str | Path, overwrite: bool = F
     cores) and/or different contenders or breaching schedules on the same captures (e.g. breaching's long
     schedules in one process, ours in another): every curve, the summary over all captures (each contender's best
     variant per capture) and the plot; ``summary.json`` names the parts. The parts must agree on everything but
-    :data:`MERGE_MAY_DIFFER` (same job, levels, checkpoints, clock, threads, breaching's tv and seed) and
+    :data:`MERGE_MAY_DIFFER` (same job, levels, checkpoints, clock, threads, ``fill_budget``, breaching's tv and
+    seed; a part written before ``fill_budget`` counts as ``false``, which is what it did) and
     attack each (contender, variant, capture) once, unless ``longest``: then a (contender, variant, capture)
     attacked in several parts keeps its longest curve, which must be the same attack run further
     (:func:`keep_longest`; e.g. breaching's 24000 schedule cut at 150 s in one part and run to its end in another).
@@ -623,7 +811,8 @@ def merge_runs(parts: Sequence[str | Path], out: str | Path, overwrite: bool = F
     import yaml
 
     parts = [Path(p) for p in parts]
-    configs = [yaml.safe_load((p / "config.yaml").read_text()) for p in parts]
+    # a part written before fill_budget never restarted a contender: it ran as fill_budget false
+    configs = [{"fill_budget": False, **yaml.safe_load((p / "config.yaml").read_text())} for p in parts]
 
     def fixed(c: dict[str, Any]) -> dict[str, Any]:
         b = c.get("breaching") or {}
@@ -664,29 +853,53 @@ def merge_runs(parts: Sequence[str | Path], out: str | Path, overwrite: bool = F
     return Path(out)
 
 
+def ratio_text(value: float) -> str:
+    """A ratio as printed: one decimal from 1 up, two significant digits below (never "0.0x")."""
+    return f"{value:.1f}" if value >= 1 else f"{value:.2g}"
+
+
 def format_ttq(out: Path) -> str:
-    """A Markdown table of ``summary.json``: per capture, each contender's time to every level and the ratios."""
+    """A Markdown table of ``summary.json``: per capture, each contender's time to every level, its PSNR at the
+    row's equal time (the budget, or the time a contender finished where restarting was off:
+    :func:`compared_until`), what it spent (runs, iterations actually run, CPU seconds) and when it finished
+    before the budget; then the ratio lines (``n/a`` with the reason where a time is near zero)."""
     data = json.loads((Path(out) / "summary.json").read_text())
     rows = data["rows"]
-    names = [k for k in rows[0] if isinstance(rows[0][k], dict) and "final_psnr" in rows[0][k]]
+    names = contender_names(data)
     levels = sorted({float(k.split("_")[-1]) for r in rows for n in names for k in r[n] if k.startswith("time_to_")})
 
     def cell(v: float | None, budget: float) -> str:
-        return f"{v:.1f}" if v is not None else f"never (>{budget:.0f})"
+        return seconds_text(v) if v is not None else f"never (>{budget:.0f})"
 
-    head = ["capture"] + [f"{n} to {lvl:g} dB [s]" for lvl in levels for n in names] + \
-           [f"{n} dB at {data['equal_time']:g} s" for n in names]
+    def spent_cell(c: dict[str, Any]) -> str:
+        cpu = c.get("cpu_seconds")
+        return (f"{c.get('runs', 1)} / {c['iterations']} / " + (seconds_text(cpu) if cpu is not None else "-")
+                if "iterations" in c else "-")
+
+    def end_cell(c: dict[str, Any]) -> str:
+        end = c.get("finished_at")
+        return "budget" if end is None else f"finished at {seconds_text(end)} s"
+
+    head = (["capture"] + [f"{n} to {lvl:g} dB [s]" for lvl in levels for n in names] + ["equal time [s]"]
+            + [f"{n} dB at equal time" for n in names] + [f"{n} runs / it / CPU s" for n in names]
+            + [f"{n} ended" for n in names])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [str(r["capture"])] + [cell(r[n][f"time_to_{lvl:g}"], r[n]["seconds"]) for lvl in levels
                                        for n in names]
+        cells.append(seconds_text(r.get("equal_time", data["equal_time"])))
         cells += [f"{r[n]['psnr_at_equal_time']:.2f}" if r[n]["psnr_at_equal_time"] is not None else "-"
                   for n in names]
+        cells += [spent_cell(r[n]) for n in names] + [end_cell(r[n]) for n in names]
         lines.append("| " + " | ".join(cells) + " |")
     for key, s in data["ratios"].items():
+        skipped = s.get("not_applicable", 0)
+        why = "; ".join(s.get("why_not_applicable", []))
         if s["median"] is not None:
             mark = "" if s["median_kind"] == "exact" else s["median_kind"] + " "
-            lines.append(f"ratio {key} dB: median {mark}{s['median']:.1f}x, min {s['min']:.1f}x "
+            lines.append(f"ratio {key} dB: median {mark}{ratio_text(s['median'])}x, min {ratio_text(s['min'])}x "
                          f"(breaching censored {s['censored_theirs']}, ours censored {s['censored_ours']}, "
-                         f"neither {s['neither']})")
+                         f"neither {s['neither']}" + (f", n/a {skipped}: {why}" if skipped else "") + ")")
+        elif skipped:
+            lines.append(f"ratio {key} dB: n/a ({why})")
     return "\n".join(lines)

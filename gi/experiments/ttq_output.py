@@ -1,6 +1,6 @@
-"""The files of ``gi bench``'s ``time-to-quality`` kind: ``config.yaml``, ``curves.json``, ``summary.json`` and the
-plot ``ttq.png``, written by a run and by :func:`gi.experiments.ttq.merge_runs`; the generic writers are
-:mod:`gi.analysis.report`, the measurement :mod:`gi.experiments.ttq`."""
+"""The files of ``gi bench``'s ``time-to-quality`` kind: ``config.yaml``, ``curves.json``, ``summary.json``,
+``summary.csv`` and the plot ``ttq.png``, written by a run and by :func:`gi.experiments.ttq.merge_runs`; the
+generic writers are :mod:`gi.analysis.report`, the measurement :mod:`gi.experiments.ttq`."""
 
 from __future__ import annotations
 
@@ -10,12 +10,46 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gi.analysis.html import write_table_report
-from gi.analysis.report import write_json, write_yaml
+from gi.analysis.report import write_csv, write_json, write_yaml
 from gi.core.config import to_dict
 from gi.experiments.config.ttq import TTQConfig
 
 if TYPE_CHECKING:  # the measurement imports this module
     from gi.experiments.ttq import Curve
+
+TTQ_SCHEMA = 2  # version of summary.json: 2 adds the fairness rule's records (runs, cpu_seconds, finished_at,
+#                 compared_until, each row's equal_time, n/a ratios); a summary without "schema" is version 1
+
+SPENT_KEYS = ("iterations", "runs", "cpu_seconds", "wall_seconds", "finished_at")  # gi.experiments.ttq.spent
+
+
+def contender_names(summary: dict[str, Any]) -> list[str]:
+    """The contenders of a ``summary.json``'s rows, in their order (a contender's cell has ``final_psnr``)."""
+    rows = summary.get("rows") or []
+    return [k for k in (rows[0] if rows else {}) if isinstance(rows[0][k], dict) and "final_psnr" in rows[0][k]]
+
+
+def csv_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """``summary.csv``: one row per capture and contender: the compared time (the row's ``equal_time``) and PSNR
+    there, the final PSNR, the time to each level (empty: never, censored at ``censored_at``), what it spent
+    (iterations actually run, runs, CPU and wall seconds, when it finished before the budget) and, for a
+    contender other than ours, the ratio of its time to ours per level with its kind."""
+    out = []
+    for r in summary.get("rows") or []:
+        for name in contender_names(summary):
+            cell = r[name]
+            row: dict[str, Any] = {"capture": r["capture"], "contender": name,
+                                   "equal_time": r.get("equal_time", summary.get("equal_time")),
+                                   "psnr_at_equal_time": cell.get("psnr_at_equal_time"),
+                                   "final_psnr": cell["final_psnr"], "censored_at": cell.get("seconds")}
+            row.update({k: v for k, v in cell.items() if k.startswith("time_to_")})
+            row.update({k: cell.get(k) for k in SPENT_KEYS})
+            for key, value in r.items():
+                if key.startswith(f"ratio_{name}_") and isinstance(value, dict):
+                    level = key[len(f"ratio_{name}_"):]
+                    row[f"ratio_to_gi_{level}"], row[f"ratio_kind_{level}"] = value["value"], value["kind"]
+            out.append(row)
+    return out
 
 
 def save_plot(path: Path, cfg: TTQConfig, curves: list[Curve], title: str) -> None:
@@ -69,11 +103,14 @@ def save_plot(path: Path, cfg: TTQConfig, curves: list[Curve], title: str) -> No
 
 def write_ttq(out: Path, cfg: TTQConfig, curves: list[Curve], summary: dict[str, Any], title: str) -> None:
     """Write a time-to-quality directory's files into ``out``: ``config.yaml`` (``cfg``), ``curves.json`` (every
-    checkpoint of ``curves``), ``summary.json`` (``summary``), ``ttq.png`` (:func:`save_plot`, ``title``) and
-    ``report.html`` (:func:`curve_rows` and the plot, :func:`gi.analysis.html.write_table_report`)."""
+    checkpoint of ``curves``), ``summary.json`` (``summary`` with ``schema``: :data:`TTQ_SCHEMA`),
+    ``summary.csv`` (:func:`csv_rows`), ``ttq.png`` (:func:`save_plot`, ``title``) and ``report.html``
+    (:func:`curve_rows` and the plot, :func:`gi.analysis.html.write_table_report`)."""
     write_yaml(out / "config.yaml", to_dict(cfg))
     write_json(out / "curves.json", [dataclasses.asdict(c) for c in curves])
+    summary = {"schema": TTQ_SCHEMA, **summary}
     write_json(out / "summary.json", summary)
+    write_csv(out / "summary.csv", csv_rows(summary))
     save_plot(out / "ttq.png", cfg, curves, title)
     write_table_report(out, title, curve_rows(cfg, curves), plots=["ttq.png"],
                        notes=["One row per contender and capture: the answer it returned (its last checkpoint). "

@@ -26,7 +26,7 @@ from gi.experiments.ttq import Curve, summarize_curves
 REPO = Path(__file__).resolve().parents[2]
 LENET = str(REPO / "configs/bench/ttq-lenet.yaml")
 # the smallest time-to-quality run (tests/experiments/test_ttq.py): ours alone, one capture, 20 iterations
-FAST = ["contenders=[gi]", "every=5", "budget=1000",
+FAST = ["contenders=[gi]", "every=5", "budget=1000", "fill_budget=false",
         "job_overrides=[attack.iterations=20,attack.retries=0,attack.analytic=false]"]
 
 

@@ -68,7 +68,7 @@ def test_summary_per_capture_and_over_captures():
     assert r0["ratio_breaching_30"] == {"value": 20.0, "kind": "exact"}
     assert r1["ratio_breaching_30"] == {"value": 25.0, "kind": ">="}  # censored at breaching's last clock, 100
     assert s["ratios"]["breaching_30"] == {"median": 22.5, "median_kind": ">=", "min": 20.0, "censored_theirs": 1,
-                                           "censored_ours": 0, "neither": 0}
+                                           "censored_ours": 0, "neither": 0, "not_applicable": 0}
     assert s["ratios"]["breaching_25"]["median"] == pytest.approx((10.0 + 25.0) / 2)
     assert r0["gain_over_breaching_db"] == pytest.approx(31.0 - 30.5)  # PSNRs at equal time = the budget
 
@@ -113,7 +113,7 @@ def test_our_curve_is_the_analytic_answer_when_the_inversion_is_consistent(tmp_p
     """The default job on the DLG LeNet: labels → features with the conv inversion, no optimisation; the curve is
     one point, the inversion's image at the stages' seconds."""
     over = ["contenders=[gi]", "select=[3]", "every=5", "budget=1000", f"out={tmp_path / 'a'}"]
-    out = run_ttq(load(TTQConfig, LENET, over))
+    out = run_ttq(load(TTQConfig, LENET, over))  # fill_budget on: an analytic answer is not run again
     (c,) = json.loads((out / "curves.json").read_text())
     assert c["iterations"] == [0] and c["psnr"][0] > 40 and 0 < c["cpu"][0] < 60
     assert (out / "ttq.png").stat().st_size > 1000 and "gi to 30 dB" in format_ttq(out)
@@ -121,10 +121,11 @@ def test_our_curve_is_the_analytic_answer_when_the_inversion_is_consistent(tmp_p
     assert "<tr><td>gi</td>" in page and page.count("data:image/png;base64,") == 1  # the row and ttq.png
     stages = c["info"]["stages"]
     assert stages[1]["analytic_inversion"] and stages[2]["skipped"] and stages[2]["iterations"] == 0
+    assert c["info"]["runs"] == 1 and c["info"]["not_restarted"] == "a new run would repeat this one"
 
 
 def test_our_curve_runs_the_default_job_stages(tmp_path):
-    over = ["contenders=[gi]", "select=[3]", "every=5", "budget=1000",
+    over = ["contenders=[gi]", "select=[3]", "every=5", "budget=1000", "fill_budget=false",
             "job_overrides=[attack.iterations=20,attack.retries=0,attack.analytic=false]", f"out={tmp_path / 'a'}"]
     out = run_ttq(load(TTQConfig, LENET, over))
     curves = json.loads((out / "curves.json").read_text())
@@ -144,7 +145,7 @@ def test_our_curve_ends_on_the_default_jobs_image_and_stops_at_its_budget(tmp_pa
     """The same capture through attack_stages outside the benchmark gives the curve's final image."""
     from gi.attack.stages import attack_stages
 
-    over = ["contenders=[gi]", "select=[3]", "every=5", "budget=1000",
+    over = ["contenders=[gi]", "select=[3]", "every=5", "budget=1000", "fill_budget=false",
             "job_overrides=[attack.iterations=20,attack.analytic=false]", f"out={tmp_path / 'a'}"]
     (c,) = json.loads((run_ttq(load(TTQConfig, LENET, over)) / "curves.json").read_text())
 
@@ -157,13 +158,16 @@ def test_our_curve_ends_on_the_default_jobs_image_and_stops_at_its_budget(tmp_pa
     stopped = run_ttq(load(TTQConfig, LENET, over[:3] + ["budget=1e-9", "job_overrides=[attack.analytic=false]",
                                                          f"out={tmp_path / 'b'}"]))
     (c,) = json.loads((stopped / "curves.json").read_text())
-    assert c["iterations"][-1] == 1  # the budget stops it after its first step
+    # the budget stops every fit after its first step (a fit one step old has stalled, so each restart-on-stall
+    # retry runs too); the iterations count over all of them
+    assert c["iterations"][-1] == 1 + victim.job.attack.retries
+    assert c["info"]["runs"] == 1  # the budget is spent: no new run
 
 
 def test_breaching_curve_on_a_short_budget(tmp_path):
     pytest.importorskip("breaching")
     over = ["contenders=[breaching]", "select=[0]", "every=10", "breaching.max_iterations=30",
-            "breaching.schedules=null",
+            "breaching.schedules=null", "fill_budget=false",
             f"out={tmp_path / 'c'}"]
     (c,) = json.loads((run_ttq(load(TTQConfig, LENET, over)) / "curves.json").read_text())
     assert c["iterations"] == [10, 20, 30] and c["info"]["labels_given"] is True and 5 < c["psnr"][-1] < 40

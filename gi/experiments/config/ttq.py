@@ -39,8 +39,11 @@ class TTQConfig:
     """``kind: time-to-quality``. ``job``: the ``gi run`` config whose victim (data, model, protocol, aux) and
     attack (labels, attack) are measured, with ``job_overrides`` (``key=value``); ``select``: which of the job's
     captures to attack (indices; null: all); ``contenders``: names of :data:`CONTENDERS`, run in this order on even
-    captures and reversed on odd ones; ``budget``: seconds of ``clock`` per contender and capture (a contender also
-    stops when its own iterations end); ``every``: iterations between scored checkpoints; ``levels``: PSNR levels
+    captures and reversed on odd ones; ``budget``: seconds of ``clock`` per contender and capture; ``fill_budget``: a
+    contender whose attack ends before ``budget`` is run again from a new random start, its own way, until the
+    budget is spent, and keeps its best run by its own objective (false: it stops when its own iterations end,
+    and each capture's PSNRs are compared at the time it finished; docs/usage.md, "Against breaching", the
+    fairness rule); ``every``: iterations between scored checkpoints; ``levels``: PSNR levels
     [dB] whose times are reported; ``equal_time``: seconds at which both PSNRs are compared (null: ``budget``);
     ``device``: where every contender attacks (``cpu``, or ``gpu``/``cuda``/``cuda:N``: both contenders on that GPU,
     which needs ``clock: wall``, since a process's CPU seconds do not measure GPU work)."""
@@ -54,6 +57,7 @@ class TTQConfig:
     select: list[int] | None = None
     contenders: list[str] = field(default_factory=lambda: ["gi", "breaching"])
     budget: float = 120.0
+    fill_budget: bool = True
     every: int = 50
     levels: list[float] = field(default_factory=lambda: [25.0, 30.0])
     equal_time: float | None = None
