@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import zlib
-from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from gi.core.cache import read_entry, remove_entry, write_entry
 from gi.core.config import to_dict
 from gi.core.errors import ConfigError
+from gi.core.lru import LRU
 from gi.world.setup import DataConfig, ModelConfig, TrainConfig, VictimSetup, check_capture_count, client_size
 
 if TYPE_CHECKING:
@@ -33,31 +33,6 @@ if TYPE_CHECKING:
     from gi.capture import Capture, Truth
 
 log = logging.getLogger("gi.build")
-
-
-class LRU:
-    """An in-process cache of the ``size`` most recently used entries; ``pin`` keeps an entry that cannot be made
-    again identically (e.g. a model trained with a trial's generator) for the whole process."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.items: OrderedDict[Any, Any] = OrderedDict()
-        self.pinned: dict[Any, Any] = {}
-
-    def get(self, key: Any, make: Callable[[], Any], pin: bool = False) -> Any:
-        if key in self.pinned:
-            return self.pinned[key]
-        if key in self.items:
-            self.items.move_to_end(key)
-            return self.items[key]
-        value = make()
-        if pin:
-            self.pinned[key] = value
-            return value
-        self.items[key] = value
-        while len(self.items) > self.size:
-            self.items.popitem(last=False)
-        return value
 
 
 DATA = LRU(4)  # datasets (whole splits, relabelled, channel-expanded) and victim pools
