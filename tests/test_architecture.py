@@ -13,7 +13,7 @@ LAYERS = [
     ("gi.core", 0),
     ("gi.world", 1), ("gi.world.fl", 1), ("gi.world.fl.schemes", 1), ("gi.world.fl.optim", 1),
     ("gi.world.fl.protocol", 1), ("gi.world.fl.defences", 1),
-    ("gi.world.losses", 2), ("gi.world.models", 2), ("gi.world.assets", 2), ("gi.world.fl.local", 2),
+    ("gi.world.losses", 2), ("gi.world.models", 2), ("gi.world.bodies", 2), ("gi.world.assets", 2), ("gi.world.fl.local", 2),
     ("gi.capture", 2), ("gi.label_result", 2),
     ("gi.world.data", 3), ("gi.world.train", 3), ("gi.world.fl.victim", 3), ("gi.world.fl.partition", 3),
     ("gi.world.setup", 3), ("gi.world.build", 3), ("gi.world.fl.flower", 3),
@@ -80,3 +80,12 @@ def test_the_layer_table_rejects_what_it_should():
     assert layer("gi.attack.api") == 8 and layer("gi.attack") == 8
     assert layer("labels.rlu") == 4 and layer("gi") == 9 and layer("gi.core.config") == 0
     assert layer("gi.world.build") == 3 and layer("gi.experiments.config.run") == 8  # schema and builders
+
+
+MAX_LINES = 800  # docs/architecture.md, "Layout": no module of gi/ longer
+
+
+def test_no_module_of_gi_is_over_800_lines():
+    long = {f"{path.relative_to(ROOT)}": n for path in (ROOT / "gi").rglob("*.py")
+            if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split them by concept): {long}"
