@@ -66,6 +66,10 @@ ATTACK_OPTIMIZERS = ("adam", "lbfgs", "sgd")  # gi.attack.recon.optim.OPTIMIZERS
 # gi.attack.recon.terms.REGULARIZERS
 ATTACK_REGULARIZERS = ("aux-span", "bn", "l2", "l2-norm", "tv", "tv-iso", "tv-kornia")
 
+# gi.experiments.ttq's tables: a time-to-quality config's clock and contenders
+TTQ_CLOCKS = ("cpu", "wall")  # gi.experiments.ttq.CLOCKS
+TTQ_CONTENDERS = ("breaching", "gi")  # gi.experiments.ttq.CONTENDERS
+
 # gi.world.aux_shift.AUX_SHIFTS: aux.shift, the aux set's distribution shifts
 AUX_SHIFTS = ("blur", "contrast", "noise")
 
@@ -83,7 +87,9 @@ REGISTRIES = {"model": (ZOO_MODELS, "gi.world.bodies", "BODIES"),
               "init": (ATTACK_INITS, "gi.attack.recon.inits", "INITS"),
               "optimizer": (ATTACK_OPTIMIZERS, "gi.attack.recon.optim", "OPTIMIZERS"),
               "regularizer": (ATTACK_REGULARIZERS, "gi.attack.recon.terms", "REGULARIZERS"),
-              "aux shift": (AUX_SHIFTS, "gi.world.aux_shift", "AUX_SHIFTS")}
+              "aux shift": (AUX_SHIFTS, "gi.world.aux_shift", "AUX_SHIFTS"),
+              "ttq clock": (TTQ_CLOCKS, "gi.experiments.ttq", "CLOCKS"),
+              "ttq contender": (TTQ_CONTENDERS, "gi.experiments.ttq", "CONTENDERS")}
 
 
 def known(kind: str) -> list[str]:
