@@ -103,21 +103,12 @@ def measure(entry: dict[str, Any], keep_steps: bool = False) -> dict[str, Any]:
 
     from gi.analysis.metrics import psnr
     from gi.attack.recon import reconstruct
-    from gi.world import data as gdata
-    from gi.world.fl.protocol import Protocol
-    from gi.world.fl.victim import capture_gradients
-    from gi.world.models import build
+    from gi.attack.stages import oracle_labels
 
     torch.set_num_threads(entry["threads"])
-    ds = gdata.load(entry["dataset"])
     b = entry["batch"]
-    model = build(entry["model"], ds.num_classes, init="uniform" if entry["model"] == "lenet" else None,
-                  seed=entry["seed"])
-    images, labels = ds.images[:b], ds.labels[:b]
-    capture, truth = capture_gradients(model, images, labels, Protocol(batch_size=b))
-    from gi.label_result import LabelResult
-
-    oracle = LabelResult.from_counts("truth", truth.counts, soft=truth.targets)
+    (capture,), (truth,) = _victim(entry, 1, b)
+    oracle = oracle_labels(truth)
     attack = from_dict(ReconConfig, {**entry["attack"], "iterations": entry["iterations"],
                                      "restarts": entry["restarts"], "threads": entry["threads"],
                                      "device": entry["device"], "progress": False})
@@ -146,31 +137,17 @@ def measure(entry: dict[str, Any], keep_steps: bool = False) -> dict[str, Any]:
     return out
 
 
-def _victim(entry: dict[str, Any], count: int, batch: int) -> tuple[list, list, list]:
-    """``count`` FedSGD captures of ``batch`` consecutive images each through one model, oracle labels, truths."""
-    import torch
+def _victim(entry: dict[str, Any], count: int, batch: int) -> tuple[list, list]:
+    """The entry's clients (:func:`gi.world.build.consecutive_captures`): ``count`` FedSGD captures of ``batch``
+    consecutive images each of ``dataset`` through one zoo ``model`` (the DLG LeNet with its U(−0.5, 0.5) init)
+    built with ``seed``; their truths."""
+    from gi.world.build import build_model, consecutive_captures, load_data
+    from gi.world.setup import DataConfig, ModelConfig
 
-    from gi.label_result import LabelResult
-    from gi.world import data as gdata
-    from gi.world.fl.protocol import Protocol
-    from gi.world.fl.victim import capture_gradients
-    from gi.world.models import build
-
-    ds = gdata.load(entry["dataset"])
-    if count * batch > len(ds):
-        raise ConfigError(f"{count} captures of {batch} images need {count * batch} images; {entry['dataset']} has "
-                          f"{len(ds)}")
-    model = build(entry["model"], ds.num_classes, init="uniform" if entry["model"] == "lenet" else None,
-                  seed=entry["seed"])
-    captures, label_results, truths = [], [], []
-    for i in range(count):
-        sl = slice(i * batch, (i + 1) * batch)
-        capture, truth = capture_gradients(model, ds.images[sl], ds.labels[sl], Protocol(batch_size=batch))
-        captures.append(capture)
-        truths.append(truth)
-        label_results.append(LabelResult.from_counts("truth", truth.counts, soft=truth.targets))
-    torch.manual_seed(entry["seed"])
-    return captures, label_results, truths
+    ds = load_data(DataConfig(name=entry["dataset"]))
+    model = build_model(ModelConfig(name=entry["model"], init="uniform" if entry["model"] == "lenet" else None), ds,
+                        entry["seed"])
+    return consecutive_captures(model, ds, count, batch)
 
 
 def measure_packed(entry: dict[str, Any]) -> list[dict[str, Any]]:
@@ -179,10 +156,13 @@ def measure_packed(entry: dict[str, Any]) -> list[dict[str, Any]]:
 
     from gi.analysis.metrics import psnr
     from gi.attack.recon import reconstruct, reconstruct_many
+    from gi.attack.stages import oracle_labels
 
     torch.set_num_threads(entry["threads"])
     n = entry["captures"]
-    captures, label_results, truths = _victim(entry, n, 1)
+    captures, truths = _victim(entry, n, 1)
+    label_results = [oracle_labels(t) for t in truths]
+    torch.manual_seed(entry["seed"])
     attack = from_dict(ReconConfig, {**entry["attack"], "iterations": entry["iterations"], "restarts": 1,
                                      "threads": entry["threads"], "device": entry["device"], "progress": False})
     cuda = entry["device"] == "gpu"
