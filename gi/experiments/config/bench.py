@@ -2,7 +2,7 @@
 ``suite`` kind (:class:`SuiteConfig`, :class:`SuiteMember`: several bench configs run one after another as one
 command; the runner is :mod:`gi.experiments.suite`) and the table of every kind's schema (:data:`BENCH_CONFIGS`,
 the ``time-to-quality`` kind's being :mod:`gi.experiments.config.ttq`); the command and its runners of the same
-kinds are :mod:`gi.experiments.bench` (:data:`gi.experiments.bench.BENCH_KINDS`).
+kinds are :mod:`gi.experiments.bench` (:data:`gi.experiments.bench_kinds.BENCH_KINDS`).
 
 A suite member's ``config`` path is read the way a time-to-quality config's ``job:`` is: handed unchanged to
 :func:`gi.core.config.load`, so a relative path is relative to the current directory (the repository root, where
@@ -197,7 +197,7 @@ def _has_out(cls: type) -> bool:
     return set(SET_BY_SUITE) <= {f.name for f in dataclasses.fields(cls)}
 
 
-# every bench kind's config schema, by ``kind:`` (gi.experiments.bench.BENCH_KINDS holds their runners under the same
-# names; tests/experiments/test_bench_suite.py keeps the two tables' names equal). A kind added at run time adds its
-# schema here and its runner there.
+# every bench kind's config schema, by ``kind:`` (gi.experiments.bench_kinds.BENCH_KINDS holds their runners under
+# the same names; tests/experiments/test_bench_suite.py keeps the two tables' names equal). A kind added at run time
+# adds its schema here and its runner there.
 BENCH_CONFIGS: dict[str, type] = {"throughput": BenchConfig, "time-to-quality": TTQConfig, "suite": SuiteConfig}
