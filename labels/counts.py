@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from gi.world.data import largest_remainder  # defined below the victim, which sizes class-imbalanced batches with it
+from gi.core.counts import largest_remainder  # one home, below the victim, whose scenarios split classes with it
 
 Tensor = torch.Tensor
 

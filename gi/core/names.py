@@ -3,7 +3,7 @@ objectives, inits, optimisers and regularisers), so that a config naming an unkn
 one line, without importing torch (docs/architecture.md "Conventions", configs).
 
 The registries stay the truth: each static list here is that of one registry (:data:`REGISTRIES`; e.g.
-:data:`ZOO_MODELS` of :data:`gi.world.models.BODIES`, :data:`LABEL_METHODS` of :data:`labels.METHODS`), and a
+:data:`ZOO_MODELS` of :data:`gi.world.bodies.BODIES`, :data:`LABEL_METHODS` of :data:`labels.METHODS`), and a
 test checks every pair is equal. A name added to a
 registry at run time (a user's label method, a body added to ``BODIES``) is known as well: its registry's module
 is then loaded, and :func:`known` reads it from ``sys.modules``, never importing it.
@@ -31,7 +31,7 @@ DATASET_SIZES: dict[tuple[str, str], int] = {
     ("cifar100", "test"): 10000, ("svhn", "train"): 73257, ("svhn", "test"): 26032, ("svhn", "extra"): 531131,
 }
 
-# gi.world.models.BODIES
+# gi.world.bodies.BODIES
 ZOO_MODELS = ("cnn", "cnn6", "convnet", "fcn3", "fcn4", "lenet", "lenet5", "linear", "mlp", "resnet18", "resnet32",
               "resnet50", "vgg16")
 
@@ -66,6 +66,10 @@ ATTACK_OPTIMIZERS = ("adam", "lbfgs", "sgd")  # gi.attack.recon.optim.OPTIMIZERS
 # gi.attack.recon.terms.REGULARIZERS
 ATTACK_REGULARIZERS = ("aux-span", "bn", "l2", "l2-norm", "tv", "tv-iso", "tv-kornia")
 
+# gi.experiments.ttq's tables: a time-to-quality config's clock and contenders
+TTQ_CLOCKS = ("cpu", "wall")  # gi.experiments.ttq.CLOCKS
+TTQ_CONTENDERS = ("breaching", "gi")  # gi.experiments.ttq.CONTENDERS
+
 # gi.world.aux_shift.AUX_SHIFTS: aux.shift, the aux set's distribution shifts
 AUX_SHIFTS = ("blur", "contrast", "noise")
 
@@ -77,13 +81,15 @@ LABEL_METRICS = ("ok", "cls_acc", "ins_acc", "count_acc", "prop_mse", "prop_kl",
 POOLED_METRICS = {"absent_precision": ("absent_hit", "absent_called"), "absent_recall": ("absent_hit", "absent_true")}
 
 # kind: (static names, the registry's module, its table)
-REGISTRIES = {"model": (ZOO_MODELS, "gi.world.models", "BODIES"),
+REGISTRIES = {"model": (ZOO_MODELS, "gi.world.bodies", "BODIES"),
               "label method": (LABEL_METHODS, "labels.base", "METHODS"),
               "objective": (ATTACK_OBJECTIVES, "gi.attack.recon.objectives", "OBJECTIVES"),
               "init": (ATTACK_INITS, "gi.attack.recon.inits", "INITS"),
               "optimizer": (ATTACK_OPTIMIZERS, "gi.attack.recon.optim", "OPTIMIZERS"),
               "regularizer": (ATTACK_REGULARIZERS, "gi.attack.recon.terms", "REGULARIZERS"),
-              "aux shift": (AUX_SHIFTS, "gi.world.aux_shift", "AUX_SHIFTS")}
+              "aux shift": (AUX_SHIFTS, "gi.world.aux_shift", "AUX_SHIFTS"),
+              "ttq clock": (TTQ_CLOCKS, "gi.experiments.ttq", "CLOCKS"),
+              "ttq contender": (TTQ_CONTENDERS, "gi.experiments.ttq", "CONTENDERS")}
 
 
 def known(kind: str) -> list[str]:

@@ -18,7 +18,8 @@ reconstructions per CPU-core-hour (``threads`` cores) or per GPU-hour, and the P
 mode, :data:`gi.attack.recon.config.COMPILE_MODES`; ``reduce-overhead`` replays CUDA graphs on a GPU); the row's
 ``compiled_speedup_over_packed`` is packed eager over packed compiled, the compilation inside the first round.
 
-A bench config's ``kind`` names an entry of :data:`BENCH_KINDS` (default ``throughput``, the entries above):
+A bench config's ``kind`` names an entry of :data:`gi.experiments.bench_kinds.BENCH_KINDS` (default ``throughput``,
+the entries above; each kind's module registers it, and this command imports them all):
 ``time-to-quality`` is :mod:`gi.experiments.ttq` (PSNR against seconds, ours vs breaching), ``suite`` is
 :mod:`gi.experiments.suite` (several bench configs as one command, one table).
 """
@@ -32,45 +33,19 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gi.attack.recon.config import ReconConfig
 from gi.core.config import from_dict, to_dict
 from gi.core.errors import ConfigError
-from gi.core.registry import registrar
+from gi.core.provenance import git_commit
+from gi.experiments.bench_kinds import BenchKind, bench_kind, register_bench_kind
 from gi.experiments.config.bench import BENCH_SCHEMA, BenchConfig
 from gi.experiments.outdir import check_output_file, publish_file
 
-
-@dataclass(frozen=True)
-class BenchKind:
-    """A kind of benchmark: its config dataclass (``config()``, imported on first use), ``run(cfg)`` → the path it
-    wrote, ``format(path)`` → the text ``gi bench`` prints; ``out_file``: the file name its ``out`` gets inside a
-    folder (a suite member's) when the kind writes one file, None when ``out`` is a directory; ``check(cfg)``: what
-    the run needs beyond its config (an optional package), a ConfigError before any work (a suite runs every
-    member's before its first member)."""
-
-    config: Callable[[], type]
-    run: Callable[[Any], Path]
-    format: Callable[[Path], str]
-    out_file: str | None = None
-    check: Callable[[Any], None] | None = None
-
-
-BENCH_KINDS: dict[str, BenchKind] = {}
-
-
-register_bench_kind = registrar(BENCH_KINDS, "bench kind")  # register_bench_kind(name)(BenchKind(...))
-
-
-def bench_kind(cfg: Any) -> BenchKind:
-    """The registered kind of a loaded bench config."""
-    return BENCH_KINDS[cfg.kind]
+__all__ = ["bench_kind", "entries", "format_report", "measure", "measure_packed", "measure_restarts", "run_bench"]
 
 
 class StepTimer:
@@ -128,21 +103,12 @@ def measure(entry: dict[str, Any], keep_steps: bool = False) -> dict[str, Any]:
 
     from gi.analysis.metrics import psnr
     from gi.attack.recon import reconstruct
-    from gi.world import data as gdata
-    from gi.world.fl.protocol import Protocol
-    from gi.world.fl.victim import capture_gradients
-    from gi.world.models import build
+    from gi.attack.stages import oracle_labels
 
     torch.set_num_threads(entry["threads"])
-    ds = gdata.load(entry["dataset"])
     b = entry["batch"]
-    model = build(entry["model"], ds.num_classes, init="uniform" if entry["model"] == "lenet" else None,
-                  seed=entry["seed"])
-    images, labels = ds.images[:b], ds.labels[:b]
-    capture, truth = capture_gradients(model, images, labels, Protocol(batch_size=b))
-    from gi.label_result import LabelResult
-
-    oracle = LabelResult.from_counts("truth", truth.counts, soft=truth.targets)
+    (capture,), (truth,) = _victim(entry, 1, b)
+    oracle = oracle_labels(truth)
     attack = from_dict(ReconConfig, {**entry["attack"], "iterations": entry["iterations"],
                                      "restarts": entry["restarts"], "threads": entry["threads"],
                                      "device": entry["device"], "progress": False})
@@ -171,31 +137,17 @@ def measure(entry: dict[str, Any], keep_steps: bool = False) -> dict[str, Any]:
     return out
 
 
-def _victim(entry: dict[str, Any], count: int, batch: int) -> tuple[list, list, list]:
-    """``count`` FedSGD captures of ``batch`` consecutive images each through one model, oracle labels, truths."""
-    import torch
+def _victim(entry: dict[str, Any], count: int, batch: int) -> tuple[list, list]:
+    """The entry's clients (:func:`gi.world.build.consecutive_captures`): ``count`` FedSGD captures of ``batch``
+    consecutive images each of ``dataset`` through one zoo ``model`` (the DLG LeNet with its U(−0.5, 0.5) init)
+    built with ``seed``; their truths."""
+    from gi.world.build import build_model, consecutive_captures, load_data
+    from gi.world.setup import DataConfig, ModelConfig
 
-    from gi.label_result import LabelResult
-    from gi.world import data as gdata
-    from gi.world.fl.protocol import Protocol
-    from gi.world.fl.victim import capture_gradients
-    from gi.world.models import build
-
-    ds = gdata.load(entry["dataset"])
-    if count * batch > len(ds):
-        raise ConfigError(f"{count} captures of {batch} images need {count * batch} images; {entry['dataset']} has "
-                          f"{len(ds)}")
-    model = build(entry["model"], ds.num_classes, init="uniform" if entry["model"] == "lenet" else None,
-                  seed=entry["seed"])
-    captures, label_results, truths = [], [], []
-    for i in range(count):
-        sl = slice(i * batch, (i + 1) * batch)
-        capture, truth = capture_gradients(model, ds.images[sl], ds.labels[sl], Protocol(batch_size=batch))
-        captures.append(capture)
-        truths.append(truth)
-        label_results.append(LabelResult.from_counts("truth", truth.counts, soft=truth.targets))
-    torch.manual_seed(entry["seed"])
-    return captures, label_results, truths
+    ds = load_data(DataConfig(name=entry["dataset"]))
+    model = build_model(ModelConfig(name=entry["model"], init="uniform" if entry["model"] == "lenet" else None), ds,
+                        entry["seed"])
+    return consecutive_captures(model, ds, count, batch)
 
 
 def measure_packed(entry: dict[str, Any]) -> list[dict[str, Any]]:
@@ -204,10 +156,13 @@ def measure_packed(entry: dict[str, Any]) -> list[dict[str, Any]]:
 
     from gi.analysis.metrics import psnr
     from gi.attack.recon import reconstruct, reconstruct_many
+    from gi.attack.stages import oracle_labels
 
     torch.set_num_threads(entry["threads"])
     n = entry["captures"]
-    captures, label_results, truths = _victim(entry, n, 1)
+    captures, truths = _victim(entry, n, 1)
+    label_results = [oracle_labels(t) for t in truths]
+    torch.manual_seed(entry["seed"])
     attack = from_dict(ReconConfig, {**entry["attack"], "iterations": entry["iterations"], "restarts": 1,
                                      "threads": entry["threads"], "device": entry["device"], "progress": False})
     cuda = entry["device"] == "gpu"
@@ -306,14 +261,6 @@ def entries(cfg: BenchConfig) -> list[dict[str, Any]]:
     return out
 
 
-def git_commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                              cwd=Path(__file__).resolve().parent).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def report_path(cfg: BenchConfig, stamp: str = "") -> Path:
     """The report's path: ``out``, else ``runs/bench/<name>-<stamp>.json``."""
     return Path(cfg.out or f"runs/bench/{cfg.name}-{stamp}.json")
@@ -399,43 +346,7 @@ def html_path(path: Path) -> Path:
     return path.with_suffix(".html")
 
 
-register_bench_kind("throughput")(BenchKind(lambda: BenchConfig, run_bench, format_report, out_file="bench.json"))
+register_bench_kind("throughput")(BenchKind(run_bench, format_report, out_file="bench.json"))
 
-
-def _ttq() -> Any:
-    from gi.experiments import ttq
-
-    return ttq
-
-
-def _ttq_config() -> type:
-    from gi.experiments.config.ttq import TTQConfig
-
-    return TTQConfig
-
-
-register_bench_kind("time-to-quality")(BenchKind(_ttq_config, lambda cfg: _ttq().run_ttq(cfg),
-                                                 lambda path: _ttq().format_ttq(path),
-                                                 check=lambda cfg: _ttq().check_contenders(cfg)))
-
-
-def _suite() -> Any:
-    from gi.experiments import suite
-
-    return suite
-
-
-def _suite_table(path: Path) -> str:
-    from gi.experiments.suite_output import format_suite
-
-    return format_suite(path)
-
-
-def _suite_config() -> type:
-    from gi.experiments.config.suite import SuiteConfig
-
-    return SuiteConfig
-
-
-register_bench_kind("suite")(BenchKind(_suite_config, lambda cfg: _suite().run_suite(cfg),
-                                       _suite_table))
+# the other kinds register themselves (gi.experiments.bench_kinds): the command knows them all
+from gi.experiments import suite, ttq  # noqa: E402, F401

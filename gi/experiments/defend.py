@@ -37,7 +37,6 @@ import logging
 import math
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,59 +52,21 @@ from gi.core.errors import GIError
 from gi.experiments.config.defend import BASELINE, DefendConfig, cell_protocol, defence_sweep
 from gi.experiments.defend_output import write_defend
 from gi.experiments.outdir import cells_dir, file_slug, load_cell, restore_cell_file, save_cell, staged_output
+from gi.world.build import FederationSetup, build_federation_setup, group_capture
 from gi.world.fl.protocol import Protocol
 
 log = logging.getLogger("gi.experiments.defend")
 
 
-# ----------------------------------------------------------------------------- the shared setup
-@dataclass
-class Setup:
-    """What every cell shares: the clients' pool, their partition, the initial model, the test and aux sets."""
-
-    pool: Any
-    partition: list[Any]
-    model: Any
-    eval_data: tuple[Any, Any]
-    aux: Any
-
-
-def build_setup(cfg: DefendConfig) -> Setup:
-    import torch
-
-    from gi.world.build import build_model, draw_aux, load_data
-    from gi.world.data import ImageDataset
-    from gi.world.fl.partition import dirichlet_partition
-
-    fed = cfg.federation
-    data = load_data(cfg.data)
-    gen = torch.Generator().manual_seed(int(cfg.seed))
-    if fed.samples is not None and fed.samples < len(data.labels):
-        keep = torch.randperm(len(data.labels), generator=gen)[: fed.samples]
-        data = ImageDataset(data.images[keep], data.labels[keep], data.num_classes, data.name, data.classes,
-                            data.split)
-    min_size = fed.min_size if fed.min_size is not None else cfg.protocol.batch_size
-    parts = dirichlet_partition(data.labels, fed.num_clients, fed.alpha, gen, min_size=int(min_size))
-    model = build_model(cfg.model, data, int(cfg.seed))
-    test = load_data(cfg.data, cfg.aux.split)
-    n = min(fed.eval_samples, len(test.labels))
-    order = torch.randperm(len(test.labels), generator=gen)
-    eval_data = (test.images[order[:n]], test.labels[order[:n]])
-    aux = None
-    if cfg.aux.per_class > 0:  # never one of the test images the utility is measured on
-        aux = draw_aux(test, cfg.aux.per_class, gen, order[:n], *cfg.aux.shift_args)[0]
-    return Setup(data, parts, model, eval_data, aux)
-
-
 # ----------------------------------------------------------------------------- one cell
-def _label_leakage(cfg: DefendConfig, setup: Setup, protocol: Protocol, model: Any,
+def _label_leakage(cfg: DefendConfig, setup: FederationSetup, protocol: Protocol, model: Any,
                    captures: list[tuple[int, Any, Any]]) -> tuple[dict[str, float], list[dict[str, Any]]]:
     import labels
     from gi.analysis.metrics import label_metrics, label_metrics_from_counts
     from gi.world.fl.defences import group_size
 
     batch = cfg.label_batch or protocol.batch_size
-    gradient = {c: fedsgd_capture(cfg, setup, protocol, model, c, group_size(protocol), batch, 0)
+    gradient = {c: group_capture(cfg.seed, setup, protocol, model, c, group_size(protocol), batch, 0)
                 for c, _, _ in captures} if "gradient" in cfg.labels.methods.values() else {}
     per_client, summary = [], {}
     for method, reads in cfg.labels.methods.items():
@@ -134,27 +95,7 @@ def _label_leakage(cfg: DefendConfig, setup: Setup, protocol: Protocol, model: A
     return summary, per_client
 
 
-def fedsgd_capture(cfg: DefendConfig, setup: Setup, protocol: Protocol, model: Any, first: int, group: int,
-                   batch: int, index: int) -> tuple[Any, Any]:
-    """The defended FedSGD capture of the ``index``-th batch of ``batch`` samples of client ``first``, merged with
-    those of the rest of its secure-aggregation group of ``group`` clients (who each add a batch of theirs)."""
-    import torch
-
-    from gi.world.fl.defences.secagg import pool_group
-    from gi.world.fl.victim import capture_gradients
-
-    pairs = []
-    for client in range(first, min(first + group, len(setup.partition))):
-        idx = setup.partition[client]
-        pick = idx[torch.arange(index * batch, (index + 1) * batch) % len(idx)]
-        proto = dataclasses.replace(protocol, scheme="fedsgd", batch_size=batch, num_samples=len(idx))
-        gen = torch.Generator().manual_seed(int(cfg.seed) * 7919 + 31 * index + client)
-        cap, truth = capture_gradients(model, setup.pool.images[pick], setup.pool.labels[pick], proto, generator=gen)
-        pairs.append((dataclasses.replace(cap, meta={**cap.meta, "client": client}), truth))
-    return pool_group(pairs)
-
-
-def _image_leakage(cfg: DefendConfig, setup: Setup, protocol: Protocol, model: Any, first: int, group: int,
+def _image_leakage(cfg: DefendConfig, setup: FederationSetup, protocol: Protocol, model: Any, first: int, group: int,
                    grid: Path) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """PSNR / LPIPS of the default job's stages on ``images.count`` images of client ``first`` (its group's under
     secure aggregation), with the labels of ``labels.mode`` and, with ``images.oracle``, the true labels too."""
@@ -163,7 +104,8 @@ def _image_leakage(cfg: DefendConfig, setup: Setup, protocol: Protocol, model: A
     from gi.analysis.metrics import score, summarize
 
     bs = cfg.images.batch_size
-    pairs = [fedsgd_capture(cfg, setup, protocol, model, first, group, bs, k) for k in range(cfg.images.count // bs)]
+    pairs = [group_capture(cfg.seed, setup, protocol, model, first, group, bs, k)
+             for k in range(cfg.images.count // bs)]
     captures, truths = [c for c, _ in pairs], [t for _, t in pairs]
     runs = [("", cfg.labels)] + ([(":oracle", LabelConfig(mode="truth"))] if cfg.images.oracle else [])
     per_image: list[dict[str, Any]] = []
@@ -191,7 +133,7 @@ def _image_leakage(cfg: DefendConfig, setup: Setup, protocol: Protocol, model: A
     return summary, per_image
 
 
-def run_cell(cfg: DefendConfig, setup: Setup, label: str, strength: float | None, protocol: Protocol,
+def run_cell(cfg: DefendConfig, setup: FederationSetup, label: str, strength: float | None, protocol: Protocol,
              grid: Path) -> dict[str, Any]:
     """One defence at one strength: utility, label leakage and image leakage on the shared setup."""
     import torch
@@ -248,11 +190,11 @@ def _cell_key(cfg: DefendConfig, protocol: Protocol) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
-_WORKER_SETUP: dict[str, Setup] = {}
+_WORKER_SETUP: dict[str, FederationSetup] = {}
 
 
 def compute_cell(cfg: DefendConfig, label: str, strength: float | None, protocol: Protocol, grid: Path,
-                 setup: Setup | None = None) -> dict[str, Any]:
+                 setup: FederationSetup | None = None) -> dict[str, Any]:
     """One cell from a fresh seed: the same record whichever process computes it (a worker builds the shared
     setup once and keeps it)."""
     import torch
@@ -262,7 +204,7 @@ def compute_cell(cfg: DefendConfig, label: str, strength: float | None, protocol
 
         torch.set_num_threads(env_threads() or 1)
         key = _cell_key(cfg, cfg.protocol)
-        setup = _WORKER_SETUP.get(key) or _WORKER_SETUP.setdefault(key, build_setup(cfg))
+        setup = _WORKER_SETUP.get(key) or _WORKER_SETUP.setdefault(key, build_federation_setup(cfg))
     torch.manual_seed(cfg.seed)
     return run_cell(cfg, setup, label, strength, protocol, grid)
 
@@ -279,7 +221,7 @@ def _compute_cells(cfg: DefendConfig, todo: list[tuple[str, float | None, Protoc
                    cache: Path) -> None:
     """Compute the missing cells, ``cfg.workers`` at a time (spawned processes), keeping each as it finishes."""
     if cfg.workers == 1 or len(todo) == 1:
-        setup = build_setup(cfg) if todo else None
+        setup = build_federation_setup(cfg) if todo else None
         for label, strength, protocol, key, grid in todo:
             record = compute_cell(cfg, label, strength, protocol, grid, setup)
             save_cell(cache, key, record, {"png": grid})

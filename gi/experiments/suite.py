@@ -2,7 +2,7 @@
 run one after another as one command, and one table of their results.
 
 Every member was loaded and checked when the suite loaded (:meth:`SuiteConfig.member_configs`). Each selected
-member (``only``) then runs through its own kind's runner (:data:`gi.experiments.bench.BENCH_KINDS`) with its
+member (``only``) then runs through its own kind's runner (:data:`gi.experiments.bench_kinds.BENCH_KINDS`) with its
 output in ``<out>/<label>/`` (a kind that writes one file, such as ``throughput``, writes
 ``<out>/<label>/<its out_file>``); one progress line when a member starts and one when it ends, with its
 seconds. A member that fails with a :class:`~gi.core.errors.GIError` (e.g. breaching not installed, a capture
@@ -35,8 +35,9 @@ from typing import Any
 
 from gi.core.config import to_dict
 from gi.core.errors import ConfigError, GIError
-from gi.experiments.bench import BENCH_KINDS, bench_kind, git_commit
-from gi.experiments.config.suite import SET_BY_SUITE, SuiteConfig
+from gi.core.provenance import git_commit
+from gi.experiments.bench_kinds import BENCH_KINDS, BenchKind, bench_kind, register_bench_kind
+from gi.experiments.config.bench import SET_BY_SUITE, SuiteConfig
 from gi.experiments.outdir import cells_dir, load_cell, save_cell, staged_output
 from gi.experiments.suite_output import OURS, THEIRS, format_suite, write_suite
 from gi.experiments.ttq_output import contender_names
@@ -176,3 +177,6 @@ def run_suite(cfg: SuiteConfig) -> Path:
         raise MemberFailed(f"suite {cfg.name}: {len(failed)} of {len(entries)} member(s) failed ({', '.join(failed)}; "
                            f"their errors are in {out / 'suite.json'}); {rest} {out}", out)
     return out
+
+
+register_bench_kind("suite")(BenchKind(run_suite, format_suite))

@@ -56,11 +56,12 @@ from typing import Any
 from gi.core.config import from_dict, load
 from gi.core.devices import torch_device
 from gi.core.errors import ConfigError
+from gi.core.provenance import git_commit
 from gi.core.registry import registrar
-from gi.experiments.bench import git_commit
+from gi.experiments.bench_kinds import BenchKind, register_bench_kind
 from gi.experiments.config.ttq import TTQConfig
 from gi.experiments.outdir import staged_output
-from gi.experiments.ttq_output import contender_names, write_ttq
+from gi.experiments.ttq_output import contender_names, psnr_at, write_ttq
 
 BREACHING_INSTALL = ("pip download --no-deps breaching==0.1.2 -d /tmp/w && pip install --no-deps --target /tmp/br "
                      "/tmp/w/breaching*.whl && pip install --target /tmp/br hydra-core, then PYTHONPATH=$PWD:/tmp/br")
@@ -135,15 +136,6 @@ def time_to(seconds: Sequence[float], psnr: Sequence[float], level: float) -> fl
         if p >= level:
             return float(t)
     return None
-
-
-def psnr_at(seconds: Sequence[float], psnr: Sequence[float], when: float) -> float | None:
-    """The PSNR of the last checkpoint at or before ``when`` (None: no checkpoint that early)."""
-    best = None
-    for t, p in zip(seconds, psnr):
-        if t <= when:
-            best = float(p)
-    return best
 
 
 RATIO_MIN_SECONDS = 0.05  # a time below this is within the clock's and the checkpoints' noise: no ratio of it
@@ -903,3 +895,6 @@ def format_ttq(out: Path) -> str:
         elif skipped:
             lines.append(f"ratio {key} dB: n/a ({why})")
     return "\n".join(lines)
+
+
+register_bench_kind("time-to-quality")(BenchKind(run_ttq, format_ttq, check=check_contenders))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +53,15 @@ def csv_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def psnr_at(seconds: Sequence[float], psnr: Sequence[float], when: float) -> float | None:
+    """The PSNR of the last checkpoint at or before ``when`` (None: no checkpoint that early)."""
+    best = None
+    for t, p in zip(seconds, psnr):
+        if t <= when:
+            best = float(p)
+    return best
+
+
 def save_plot(path: Path, cfg: TTQConfig, curves: list[Curve], title: str) -> None:
     """PSNR against seconds: a thin line per contender (and variant) per capture, the median over captures bold
     (drawn up to the longest curve; where a shorter curve has ended it holds its last value)."""
@@ -61,8 +71,6 @@ def save_plot(path: Path, cfg: TTQConfig, curves: list[Curve], title: str) -> No
     import matplotlib.pyplot as plt
     import matplotlib.ticker
     import numpy as np
-
-    from gi.experiments.ttq import psnr_at  # the measurement (it imports this module)
 
     groups = list(dict.fromkeys((c.contender, c.variant) for c in curves
                                 if c.contender in cfg.contenders))

@@ -17,47 +17,24 @@ import json
 import logging
 import os
 import zlib
-from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gi.core.cache import read_entry, remove_entry, write_entry
 from gi.core.config import to_dict
 from gi.core.errors import ConfigError
+from gi.core.lru import LRU
 from gi.world.setup import DataConfig, ModelConfig, TrainConfig, VictimSetup, check_capture_count, client_size
 
 if TYPE_CHECKING:
     import torch
 
     from gi.capture import Capture, Truth
+    from gi.world.fl.protocol import Protocol
 
 log = logging.getLogger("gi.build")
-
-
-class LRU:
-    """An in-process cache of the ``size`` most recently used entries; ``pin`` keeps an entry that cannot be made
-    again identically (e.g. a model trained with a trial's generator) for the whole process."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.items: OrderedDict[Any, Any] = OrderedDict()
-        self.pinned: dict[Any, Any] = {}
-
-    def get(self, key: Any, make: Callable[[], Any], pin: bool = False) -> Any:
-        if key in self.pinned:
-            return self.pinned[key]
-        if key in self.items:
-            self.items.move_to_end(key)
-            return self.items[key]
-        value = make()
-        if pin:
-            self.pinned[key] = value
-            return value
-        self.items[key] = value
-        while len(self.items) > self.size:
-            self.items.popitem(last=False)
-        return value
 
 
 DATA = LRU(4)  # datasets (whole splits, relabelled, channel-expanded) and victim pools
@@ -380,3 +357,88 @@ def capture_all(cfg: Any, dataset: Any, model: torch.nn.Module, gen: torch.Gener
         captures.append(capture)
         truths.append(truth)
     return captures, truths
+
+
+# ----------------------------------------------------------------------------- the clients of gi bench
+def consecutive_captures(model: torch.nn.Module, dataset: Any, count: int, batch: int
+                         ) -> tuple[list[Capture], list[Truth]]:
+    """``count`` FedSGD captures of ``batch`` consecutive images each of ``dataset`` (images 0, 1, … in order)
+    through ``model``, and their truths: the throughput bench's clients. More images than ``dataset`` holds is a
+    ConfigError."""
+    from gi.world.fl.protocol import Protocol
+    from gi.world.fl.victim import capture_gradients
+
+    if count * batch > len(dataset):
+        raise ConfigError(f"{count} captures of {batch} images need {count * batch} images; {dataset.name} has "
+                          f"{len(dataset)}")
+    captures, truths = [], []
+    for i in range(count):
+        sl = slice(i * batch, (i + 1) * batch)
+        capture, truth = capture_gradients(model, dataset.images[sl], dataset.labels[sl], Protocol(batch_size=batch))
+        captures.append(capture)
+        truths.append(truth)
+    return captures, truths
+
+
+# ----------------------------------------------------------------------------- the federation of gi defend
+@dataclass
+class FederationSetup:
+    """What every cell of ``gi defend`` shares: the clients' pool, their partition, the initial model, the test and
+    aux sets."""
+
+    pool: Any
+    partition: list[Any]
+    model: Any
+    eval_data: tuple[Any, Any]
+    aux: Any
+
+
+def build_federation_setup(cfg: Any) -> FederationSetup:
+    """The federation of a ``gi defend`` config (``seed``, ``data``, ``model``, ``protocol``, ``aux`` and its
+    ``federation`` section: typed ``Any``, the world wing does not import the commands' schemas): ``federation.samples``
+    of the data (a seeded draw), split by a Dirichlet(``alpha``) partition over ``num_clients`` clients, the initial
+    model, ``eval_samples`` test images for the utility and the attacker's aux set (none of those test images)."""
+    import torch
+
+    from gi.world.data import ImageDataset
+    from gi.world.fl.partition import dirichlet_partition
+
+    fed = cfg.federation
+    data = load_data(cfg.data)
+    gen = torch.Generator().manual_seed(int(cfg.seed))
+    if fed.samples is not None and fed.samples < len(data.labels):
+        keep = torch.randperm(len(data.labels), generator=gen)[: fed.samples]
+        data = ImageDataset(data.images[keep], data.labels[keep], data.num_classes, data.name, data.classes,
+                            data.split)
+    min_size = fed.min_size if fed.min_size is not None else cfg.protocol.batch_size
+    parts = dirichlet_partition(data.labels, fed.num_clients, fed.alpha, gen, min_size=int(min_size))
+    model = build_model(cfg.model, data, int(cfg.seed))
+    test = load_data(cfg.data, cfg.aux.split)
+    n = min(fed.eval_samples, len(test.labels))
+    order = torch.randperm(len(test.labels), generator=gen)
+    eval_data = (test.images[order[:n]], test.labels[order[:n]])
+    aux = None
+    if cfg.aux.per_class > 0:  # never one of the test images the utility is measured on
+        aux = draw_aux(test, cfg.aux.per_class, gen, order[:n], *cfg.aux.shift_args)[0]
+    return FederationSetup(data, parts, model, eval_data, aux)
+
+
+def group_capture(seed: int, setup: FederationSetup, protocol: Protocol, model: Any, first: int, group: int,
+                  batch: int, index: int) -> tuple[Any, Any]:
+    """The defended FedSGD capture of the ``index``-th batch of ``batch`` samples of client ``first``, merged with
+    those of the rest of its secure-aggregation group of ``group`` clients (who each add a batch of theirs); each
+    client's batch drawn with a generator of ``seed``, the batch ``index`` and the client."""
+    import torch
+
+    from gi.world.fl.defences.secagg import pool_group
+    from gi.world.fl.victim import capture_gradients
+
+    pairs = []
+    for client in range(first, min(first + group, len(setup.partition))):
+        idx = setup.partition[client]
+        pick = idx[torch.arange(index * batch, (index + 1) * batch) % len(idx)]
+        proto = dataclasses.replace(protocol, scheme="fedsgd", batch_size=batch, num_samples=len(idx))
+        gen = torch.Generator().manual_seed(int(seed) * 7919 + 31 * index + client)
+        cap, truth = capture_gradients(model, setup.pool.images[pick], setup.pool.labels[pick], proto, generator=gen)
+        pairs.append((dataclasses.replace(cap, meta={**cap.meta, "client": client}), truth))
+    return pool_group(pairs)

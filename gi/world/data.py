@@ -638,33 +638,6 @@ def make_targets(labels: Tensor, num_classes: int, kind: str, eps: float | Tenso
 # ------------------------------------------------------------------------------------------- sampling
 
 
-def largest_remainder(estimate: Tensor, total: int) -> Tensor:
-    """Integer counts ``n ≥ 0`` with ``Σn = total`` closest to the real-valued ``estimate`` (C,).
-
-    Negative entries count as zero; an all-zero (or all-negative) estimate gives a uniform spread.
-    Ties break towards the lower class index (deterministic).
-    """
-    if total < 0:
-        raise ValueError(f"total must be >= 0, got {total}")
-    x = torch.nan_to_num(estimate.double().cpu(), nan=0.0, posinf=0.0, neginf=0.0).clamp_min(0)
-    c = x.numel()
-    if total == 0:
-        return torch.zeros(c, dtype=torch.long)
-    if float(x.sum()) <= 0:
-        x = torch.ones(c, dtype=torch.float64)
-    scaled = x * (total / x.sum())
-    floor = scaled.floor()
-    counts = floor.long()
-    short = total - int(counts.sum())
-    if short > 0:
-        remainder = scaled - floor
-        # stable sort: ties go to the lower class index
-        order = torch.sort(remainder, descending=True, stable=True).indices
-        counts[order[:short]] += 1
-    return counts
-
-
-
 def _labels_of(dataset: Any) -> Tensor:
     labels = getattr(dataset, "labels", None)
     if labels is None or getattr(dataset, "images", None) is None:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run HERE (a machine with registry access and `make install` done), in the repository root. Fills .whl/ (git
-# ignores it) with what the lent GPU machines lack: Python 3.12 x86-64 wheels of kornia, lpips, pyswarms, pydantic
+# ignores it) with what the lent GPU machines lack: Python 3.12 x86-64 wheels of kornia, lpips, pydantic
 # and their needs (their image has torch, torchvision, lightning, scipy, numpy, safetensors, yaml, matplotlib,
 # tqdm, pytest, hypothesis), and in .whl/site-data the offline assets: foolbox's sample images and the LPIPS
 # AlexNet weights (VGG16's 59 MB do not fit the 64 MiB that a device call carries: score with lpips_vgg=false).
@@ -10,7 +10,7 @@ cd "$(dirname "$0")/../.."
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
 PY=${PY:-.venv/bin/python}
 pkgs=()
-for name in kornia kornia_rs lpips pyswarms future pydantic pydantic_core annotated-types typing-inspection \
+for name in kornia kornia_rs lpips pydantic pydantic_core annotated-types typing-inspection \
     typing_extensions; do
   version=$("$PY" -m pip show "$name" 2>/dev/null | awk '/^Version:/{print $2}')
   [ -n "$version" ] || { echo "install the project first (make install): $name missing" >&2; exit 1; }

@@ -13,6 +13,7 @@ import torch
 
 from gi.core.cache import read_entry, record_path, write_entry
 from gi.core.errors import CacheError
+from gi.core.lru import LRU
 
 KEY = "test-entry"
 
@@ -34,7 +35,7 @@ def _trained(monkeypatch, root, calls):
     from gi.world import build
 
     monkeypatch.setenv("GI_CACHE_DIR", str(root))
-    monkeypatch.setattr(build, "TRAINED", build.LRU(4))
+    monkeypatch.setattr(build, "TRAINED", LRU(4))
 
     def train(model):
         calls.append(1)

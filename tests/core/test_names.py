@@ -26,9 +26,9 @@ def test_metric_names_are_those_of_the_metrics_module():
 
 
 def test_names_registered_at_run_time_are_known(monkeypatch):
-    from gi.world import models
+    from gi.world import bodies
 
-    monkeypatch.setitem(models.BODIES, "my-net", models.BODIES["lenet"])
+    monkeypatch.setitem(bodies.BODIES, "my-net", bodies.BODIES["lenet"])
     assert "my-net" in names.known("model")
     names.check_name("model", "my-net", "model.name")
     with pytest.raises(ConfigError, match=r"model.name='nope': unknown model; valid: \[.*'lenet'"):

@@ -169,7 +169,7 @@ def test_an_inversion_far_off_is_no_start(tmp_path, caplog, monkeypatch):
     """The DLG LeNet's capture with body.2's weight gradient replaced by noise: the walk is exact through fc and
     body.4, breaks the bound at body.2 (~0.5 >= BOUND), stops there, and the optimisation starts from attack.init,
     not from the inversion."""
-    monkeypatch.setattr("gi.attack.stages.INIT_MAX_RESIDUAL", BOUND)
+    monkeypatch.setattr("gi.attack.stages.analytic.INIT_MAX_RESIDUAL", BOUND)
     run(load(RunConfig, "configs/demo.yaml", FAST + ["attack.iterations=2", f"out={tmp_path / 'run'}"]))
     _corrupt(tmp_path / "run" / "capture.safetensors", "body.2")
     with caplog.at_level("INFO", logger="gi.attack"):
@@ -194,7 +194,7 @@ def test_captures_stopped_at_different_layers_are_padded_and_drawn(tmp_path, mon
     """The DLG LeNet's captures of cifar10-samples 0 and 1, image 0's body.4 and image 1's body.2 weight gradient
     replaced by noise: image 0's walk stops at body.4, image 1's at body.2. The per-layer record pads the shorter
     walk with None; both are optimised and both plots are drawn."""
-    monkeypatch.setattr("gi.attack.stages.INIT_MAX_RESIDUAL", BOUND)
+    monkeypatch.setattr("gi.attack.stages.analytic.INIT_MAX_RESIDUAL", BOUND)
     run(load(RunConfig, "configs/demo.yaml", FAST + ["attack.iterations=2", "data.indices=null", "data.images=[0, 1]",
                                                      f"out={tmp_path / 'run'}"]))
     _corrupt(tmp_path / "run" / "captures" / "000.safetensors", "body.4")

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+import gi.experiments.bench  # noqa: F401  (the command: every kind registered)
 import gi.experiments.suite as suite
 from gi.cli import main
 from gi.core.config import load
 from gi.core.errors import ConfigError
-from gi.experiments.bench import BENCH_KINDS, BenchKind, bench_kind
-from gi.experiments.config.bench import BenchConfig
-from gi.experiments.config.suite import SuiteConfig
+from gi.experiments.bench_kinds import BENCH_KINDS, BenchKind, bench_kind
+from gi.experiments.config.bench import BENCH_CONFIGS, BenchConfig, SuiteConfig
 from gi.experiments.config.ttq import TTQConfig
 from gi.experiments.outdir import cells_dir, staged_output
 from gi.experiments.suite_output import format_suite
@@ -200,7 +200,8 @@ def _echo_run(cfg: EchoConfig) -> Path:
 
 @pytest.fixture
 def echo_kind(monkeypatch):
-    monkeypatch.setitem(BENCH_KINDS, "echo", BenchKind(lambda: EchoConfig, _echo_run, lambda p: "echo"))
+    monkeypatch.setitem(BENCH_CONFIGS, "echo", EchoConfig)
+    monkeypatch.setitem(BENCH_KINDS, "echo", BenchKind(_echo_run, lambda p: "echo"))
     RUNS.clear()
     return RUNS
 
@@ -276,7 +277,8 @@ def test_a_kind_that_writes_one_file_writes_it_in_its_member_folder(tmp_path, mo
         publish_file(path, lambda tmp: tmp.write_text("{}"))
         return path
 
-    monkeypatch.setitem(BENCH_KINDS, "echo", BenchKind(lambda: EchoConfig, run, lambda p: "", out_file="r.json"))
+    monkeypatch.setitem(BENCH_CONFIGS, "echo", EchoConfig)
+    monkeypatch.setitem(BENCH_KINDS, "echo", BenchKind(run, lambda p: "", out_file="r.json"))
     assert BENCH_KINDS["throughput"].out_file == "bench.json"
     out = tmp_path / "out"
     suite.run_suite(_load(_suite(tmp_path, {"f": {"config": _echo_file(tmp_path)}}), [f"out={out}"]))
@@ -298,3 +300,8 @@ def test_a_member_whose_package_is_missing_is_refused_before_any_member_runs(tmp
     with pytest.raises(ConfigError, match="member b: contender 'breaching' needs the breaching package"):
         bench_kind(cfg).run(cfg)
     assert not out.exists() and not cells_dir(out).exists()
+
+
+def test_every_bench_kind_has_a_schema_and_a_runner():
+    """The kinds a bench config may name (the schemas' table) are the kinds the command can run (the runners)."""
+    assert set(BENCH_KINDS) == set(BENCH_CONFIGS) == {"throughput", "time-to-quality", "suite"}

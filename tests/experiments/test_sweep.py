@@ -168,3 +168,10 @@ def test_a_sweep_into_a_read_only_place_is_one_line_output_error_before_any_job(
             as exc:
         run_sweep(cfg)
     assert "\n" not in str(exc.value) and ran == []
+
+
+def test_the_job_kinds_are_the_job_configs():
+    """The commands a sweep's config accepts (the schema's table) are the ones the sweep can run (its runners)."""
+    from gi.experiments.config.sweep import JOB_CONFIGS
+
+    assert set(sweep.JOB_KINDS) == set(JOB_CONFIGS)

@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from gi.core.errors import ConfigError
-from gi.world.models import ACTIVATIONS, BODIES, build, from_spec
+from gi.world.bodies import ACTIVATIONS, BODIES
+from gi.world.models import build, from_spec
 
 
 @pytest.mark.parametrize("name", ["lenet", "lenet5", "fcn3", "linear", "cnn", "resnet32", "mlp", "convnet"])
@@ -74,7 +75,7 @@ def test_registries_cover_design_names():
 
 def test_unknown_model_options_are_config_errors_listing_the_valid_ones():
     from gi.core.errors import ConfigError
-    from gi.world.models import body_options
+    from gi.world.bodies import body_options
 
     msg = r"model 'fcn4' takes no option\(s\) \['width'\]; valid: \['bias', 'widths'\]"
     with pytest.raises(ConfigError, match=msg):

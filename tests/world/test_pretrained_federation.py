@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from gi.core.errors import ConfigError
+from gi.core.lru import LRU
 from gi.world.scenarios import get_scenario
 
 TRAIN = {"epochs": 4, "lr": 0.05, "momentum": 0.9, "batch_size": 16, "samples": 128}
@@ -31,7 +32,7 @@ def test_every_trial_starts_from_the_one_pretrained_model(monkeypatch, tmp_path)
     from gi.world import build
 
     monkeypatch.setenv("GI_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(build, "TRAINED", build.LRU(4))  # no checkpoint of an earlier test in this process
+    monkeypatch.setattr(build, "TRAINED", LRU(4))  # no checkpoint of an earlier test in this process
     scenario = get_scenario("fedavg-client")
     warm = [_start(scenario({**SETUP, "train": TRAIN}, torch.Generator(), trial)) for trial in (0, 1)]
     cold = [_start(scenario(SETUP, torch.Generator(), trial)) for trial in (0, 1)]

@@ -22,8 +22,9 @@ import gi
 import labels
 from gi.capture import Capture
 from gi.core.errors import CaptureError, ConfigError
+from gi.world.bodies import BODIES, body_options
 from gi.world.data import ImageDataset
-from gi.world.models import BODIES, FACTORIES, body_options, build, check_zoo_spec, from_factory, register_factory
+from gi.world.models import FACTORIES, build, check_zoo_spec, from_factory, register_factory
 
 SIZE, CLASSES = 8, 4
 

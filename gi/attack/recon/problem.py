@@ -22,8 +22,8 @@ from gi.attack.recon.terms import term_weights
 from gi.capture import Capture
 from gi.core.devices import resolve_device
 from gi.core.errors import CaptureError, ConfigError, GIError
+from gi.core.lru import LRU
 from gi.label_result import LabelResult
-from gi.world.build import LRU
 from gi.world.fl.local import distinct_samples
 from gi.world.fl.protocol import Protocol
 from labels.slot_check import slot_targets

@@ -13,7 +13,7 @@ from typing import Any
 import kornia
 import torch
 
-from gi.attack.recon.terms import REGULARIZERS, Term, register_regularizer
+from gi.attack.recon.term_table import REGULARIZERS, Term, register_regularizer
 from gi.core.errors import ConfigError
 
 Tensor = torch.Tensor

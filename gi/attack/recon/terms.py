@@ -9,28 +9,29 @@ restarts). ``match`` compares the shared message (gradients or update; per-layer
 its weight is 1), ``features`` the last-layer features (weight ``attack.feature_weight`` = β); every other term
 is weighted by ``attack.regularizers[name]`` (λ_k; the image priors of :mod:`gi.attack.recon.regularizers`). The
 weights of one run are :attr:`gi.attack.recon.problem.Problem.terms`, summed in their order.
+
+The table itself is :mod:`gi.attack.recon.term_table` (below the image priors, which register into it); this
+module names it too, with the two terms every objective has, so that importing it gives every shipped term.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gi.attack.recon import regularizers  # noqa: F401  (the image priors register into the table)
 from gi.attack.recon.objectives import Objective
-from gi.core.registry import registrar
+from gi.attack.recon.term_table import OWN_WEIGHT, REGULARIZERS, TERMS, Term, register_regularizer, register_term
 
 if TYPE_CHECKING:
     from gi.attack.recon.problem import Problem
 
-Tensor = torch.Tensor
-Term = Callable[[Tensor, Any], Tensor]
-TERMS: dict[str, Term] = {}
-OWN_WEIGHT = ("match", "features")  # weighted by their own config keys, not by attack.regularizers
+__all__ = ["OWN_WEIGHT", "REGULARIZERS", "TERMS", "Evaluation", "Term", "features", "match", "register_regularizer",
+           "register_term", "term_weights"]
 
-register_term = registrar(TERMS, "objective term")
+Tensor = torch.Tensor
 
 
 @dataclass
@@ -83,25 +84,6 @@ def features(images: Tensor, ev: Evaluation) -> Tensor:
     return ev.distance({"f": ev.features}, {"f": ev.feature_target}, {"f": 1.0})
 
 
-class _Regularizers(Mapping):
-    """The terms ``attack.regularizers`` may weigh: every term but ``match`` and ``features`` (a view of TERMS)."""
-
-    def __getitem__(self, name: str) -> Term:
-        if name in OWN_WEIGHT:
-            raise KeyError(name)
-        return TERMS[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return (name for name in TERMS if name not in OWN_WEIGHT)
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
-
-
-REGULARIZERS: Mapping[str, Term] = _Regularizers()
-register_regularizer = register_term  # a regulariser is a term weighted by attack.regularizers
-
-
 def term_weights(cfg: Any, matched: bool = True) -> dict[str, float]:
     """{term: weight} of a config, in summation order: ``match`` (1; absent when every layer weighs 0),
     ``features`` (``feature_weight`` when > 0), then ``regularizers`` with a nonzero weight."""
@@ -111,5 +93,3 @@ def term_weights(cfg: Any, matched: bool = True) -> dict[str, float]:
     out.update((name, weight) for name, weight in cfg.regularizers.items() if weight)
     return out
 
-
-from gi.attack.recon import regularizers as _regularizers  # noqa: E402, F401  (registers the image priors)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -55,8 +56,6 @@ class SweepConfig:
         return cfg
 
     def __post_init__(self) -> None:
-        from gi.experiments.sweep import JOB_KINDS  # the command (it imports this module)
-
         check_run_name(self.name)
         if (self.shards is None) != (self.shard is None):
             raise ConfigError(f"shards={self.shards!r} and shard={self.shard!r}: give both (this process runs shard "
@@ -64,8 +63,8 @@ class SweepConfig:
         if self.shards is not None and not (self.shards >= 1 and 0 <= self.shard < self.shards):
             raise ConfigError(f"shard={self.shard!r} of shards={self.shards!r}: need shards >= 1 and "
                               "0 <= shard < shards")
-        if self.command not in JOB_KINDS:
-            raise ConfigError(f"command={self.command!r} is not allowed; valid: {sorted(JOB_KINDS)}")
+        if self.command not in JOB_CONFIGS:
+            raise ConfigError(f"command={self.command!r} is not allowed; valid: {sorted(JOB_CONFIGS)}")
         if not isinstance(self.grid, dict) or any(not isinstance(v, list) or not v for v in self.grid.values()):
             raise ConfigError("grid must map dotted keys to non-empty lists of values, e.g. {attack.lr: [0.01, 0.1]}")
         if not self.seeds:
@@ -84,14 +83,27 @@ class SweepConfig:
                               "one problem); set pack=0")
 
 
+def _run_config() -> type:
+    from gi.experiments.config.run import RunConfig
+
+    return RunConfig
+
+
+def _ablate_config() -> type:
+    from gi.experiments.config.ablate import AblateConfig
+
+    return AblateConfig
+
+
+# the commands a sweep's jobs can be, with their config class (imported on first use); the runners of the same
+# names are gi.experiments.sweep.JOB_KINDS (tests/experiments/test_sweep.py keeps the two tables' names equal)
+JOB_CONFIGS: dict[str, Callable[[], type]] = {"run": _run_config, "ablate": _ablate_config}
+
+
 def job_config(command: str, base: str, overrides: list[str]) -> Any:
     """A job's config: the ``gi run`` (RunConfig) or ``gi ablate`` (AblateConfig) config ``base`` with ``overrides``,
-    loaded as those commands load it."""
-    if command == "run":
-        from gi.experiments.config.run import RunConfig as cls
-    else:
-        from gi.experiments.config.ablate import AblateConfig as cls
-    return load(cls, base, overrides)
+    loaded as those commands load it (:data:`JOB_CONFIGS`)."""
+    return load(JOB_CONFIGS[command](), base, overrides)
 
 
 def check_jobs(cfg: SweepConfig) -> None:

@@ -36,17 +36,17 @@ class BreachingOptions:
 
 @dataclass
 class TTQConfig:
-    """``kind: time-to-quality``. ``job``: the ``gi run`` config whose victim (data, model, protocol, aux) and
-    attack (labels, attack) are measured, with ``job_overrides`` (``key=value``); ``select``: which of the job's
-    captures to attack (indices; null: all); ``contenders``: names of :data:`CONTENDERS`, run in this order on even
-    captures and reversed on odd ones; ``budget``: seconds of ``clock`` per contender and capture; ``fill_budget``: a
-    contender whose attack ends before ``budget`` is run again from a new random start, its own way, until the
-    budget is spent, and keeps its best run by its own objective (false: it stops when its own iterations end,
-    and each capture's PSNRs are compared at the time it finished; docs/usage.md, "Against breaching", the
-    fairness rule); ``every``: iterations between scored checkpoints; ``levels``: PSNR levels
-    [dB] whose times are reported; ``equal_time``: seconds at which both PSNRs are compared (null: ``budget``);
-    ``device``: where every contender attacks (``cpu``, or ``gpu``/``cuda``/``cuda:N``: both contenders on that GPU,
-    which needs ``clock: wall``, since a process's CPU seconds do not measure GPU work)."""
+    """``kind: time-to-quality``. ``job``: the ``gi run`` config whose victim (data, model, protocol, aux) and attack
+    (labels, attack) are measured, with ``job_overrides`` (``key=value``); ``select``: which of the job's captures to
+    attack (indices; null: all); ``contenders``: names of :data:`gi.experiments.ttq.CONTENDERS`, run in this order on
+    even captures and reversed on odd ones; ``budget``: seconds of ``clock`` per contender and capture; ``fill_budget``:
+    a contender whose attack ends before ``budget`` is run again from a new random start, its own way, until the budget
+    is spent, and keeps its best run by its own objective (false: it stops when its own iterations end, and each
+    capture's PSNRs are compared at the time it finished; docs/usage.md, "Against breaching", the fairness rule);
+    ``every``: iterations between scored checkpoints; ``levels``: PSNR levels [dB] whose times are reported;
+    ``equal_time``: seconds at which both PSNRs are compared (null: ``budget``); ``device``: where every contender
+    attacks (``cpu``, or ``gpu``/``cuda``/``cuda:N``: both contenders on that GPU, which needs ``clock: wall``, since a
+    process's CPU seconds do not measure GPU work)."""
 
     kind: str = "time-to-quality"
     KEY_HINTS: ClassVar[dict[str, str]] = {"seed": "the job's seed is job_overrides' seed=N, breaching's start "
@@ -91,7 +91,9 @@ class TTQConfig:
         resolve_device(self.device, "device", auto_ok=False)
 
     def __post_init__(self) -> None:
-        from gi.experiments.ttq import CLOCKS, CONTENDERS  # the measurement's tables (it imports this module)
+        from gi.core.names import known
+
+        clocks, contenders = known("ttq clock"), known("ttq contender")
 
         check_run_name(self.name)
         require(self.kind == "time-to-quality", "kind", self.kind, "time-to-quality")
@@ -100,7 +102,7 @@ class TTQConfig:
         require(self.budget > 0, "budget", self.budget, "> 0 seconds")
         require(self.every >= 1, "every", self.every, ">= 1")
         require(self.threads >= 1, "threads", self.threads, ">= 1")
-        require(self.clock in CLOCKS, "clock", self.clock, f"one of {sorted(CLOCKS)}")
+        require(self.clock in clocks, "clock", self.clock, f"one of {clocks}")
         require(self.device == "cpu" or self.clock == "wall", "clock", self.clock,
                 f"wall when device={self.device} (CPU seconds do not count GPU work)")
         named = self.device in ("cpu", "gpu", "cuda") or (self.device.startswith("cuda:") and self.device[5:].isdigit())
@@ -108,6 +110,6 @@ class TTQConfig:
                 "device", self.device, "cpu, gpu, cuda or cuda:N (auto is not allowed: name the device)")
         require(bool(self.levels) and all(v > 0 for v in self.levels), "levels", self.levels, "PSNRs > 0 dB")
         require(self.equal_time is None or self.equal_time > 0, "equal_time", self.equal_time, "> 0 seconds")
-        bad = [c for c in self.contenders if c not in CONTENDERS]
+        bad = [c for c in self.contenders if c not in contenders]
         if bad or not self.contenders or len(set(self.contenders)) != len(self.contenders):
-            raise ConfigError(f"contenders={self.contenders!r}: each once, from {sorted(CONTENDERS)}")
+            raise ConfigError(f"contenders={self.contenders!r}: each once, from {contenders}")

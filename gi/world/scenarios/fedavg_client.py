@@ -52,7 +52,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from gi.core.config import require, to_dict
 from gi.core.errors import ConfigError
-from gi.world.build import AUX, LRU, build_model, draw_aux, key_of, load_data, pretrained_model
+from gi.core.lru import LRU
+from gi.world.build import AUX, build_model, draw_aux, key_of, load_data, pretrained_model
 from gi.world.fl.protocol import Protocol
 from gi.world.scenarios import Trial, register_scenario
 from gi.world.setup import SCENARIO_LEGACY, AuxConfig, DataConfig, ModelConfig, VictimSetup, section
@@ -143,7 +144,7 @@ def _simplex_partition(labels: Tensor, num_clients: int, sizes: tuple[int, int],
     counts by largest remainder, samples drawn without replacement (clients disjoint)."""
     import torch
 
-    from gi.world.data import largest_remainder
+    from gi.core.counts import largest_remainder
 
     draw = _ClassPools(labels, num_classes, gen)
     parts = []
@@ -162,7 +163,7 @@ def _table_partition(labels: Tensor, compositions: list[list[float]], size: int,
     """Decaf: fixed per-client class compositions (fractions or percentages) of ``size`` samples each."""
     import torch
 
-    from gi.world.data import largest_remainder
+    from gi.core.counts import largest_remainder
 
     draw = _ClassPools(labels, num_classes, gen)
     parts = []

@@ -1,0 +1,69 @@
+"""What the attack stages return (:class:`AttackResult`, with its verdict without truth) and the labels a
+reconstruction ended with (docs/architecture.md "Data flow")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from gi.analysis.verdict import AttackVerdict
+    from gi.attack.recon import Reconstruction
+    from gi.capture import Capture
+    from gi.label_result import LabelResult
+
+
+@dataclass
+class AttackResult:
+    """What the attack stages produced for N captures: the label results (None per capture for joint labels from
+    a random start), the label kind, the feature targets used (None when not matched), one Reconstruction per
+    capture, the stage records, the warnings and the captures attacked (in the same order). :attr:`verdict` is
+    what the attack says of itself without truth (docs/usage.md, "Verdict")."""
+
+    label_results: list[LabelResult | None]
+    label_kind: str
+    features: list[torch.Tensor | None]
+    reconstructions: list[Reconstruction]
+    stages: list[dict[str, Any]]
+    warnings: list[str] = field(default_factory=list)
+    captures: list[Capture] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> AttackVerdict:
+        """The verdict without truth (:class:`gi.analysis.verdict.AttackVerdict`): per capture the mismatch
+        verdict of each reconstruction's ``history["gradient_mismatch"]`` (the shared update's for update
+        captures), the feature record where the features stage measured its target (``target_residual``), and
+        the labels each reconstruction slot carries (None for a capture that shares nothing). Its ``record`` is
+        ``metrics.json``'s ``verdict`` of ``gi attack`` without truth."""
+        from gi.analysis.verdict import AttackVerdict, feature_summary, mismatch_summary
+
+        recs = self.reconstructions
+        what = "update" if self.captures and self.captures[0].is_update else "gradient"
+        stage = next((s for s in self.stages if s.get("name") == "features" and "target_residual" in s), None)
+        features = None if stage is None else feature_summary(
+            stage["feature_layer"], stage["target_residual"], [r.history.get("feature_mismatch") for r in recs])
+        silent = [bool(self.captures) and self.captures[k].silent for k in range(len(recs))]
+        labels = [None if quiet else [int(c) for c in r.labels.argmax(1)] for r, quiet in zip(recs, silent)]
+        return AttackVerdict(mismatch_summary([mismatch_of(r) for r in recs], what), features, labels)
+
+
+def mismatch_of(rec: Reconstruction) -> float:
+    """A reconstruction's relative mismatch of the shared tensors, ``history["gradient_mismatch"]`` (NaN when it
+    was not computed)."""
+    value = rec.history.get("gradient_mismatch")
+    return float("nan") if value is None else float(value)
+
+
+def final_counts(rec: Reconstruction) -> torch.Tensor:
+    import torch
+
+    return torch.bincount(rec.labels.argmax(1), minlength=rec.labels.shape[1])
+
+
+def used_labels(rec: Reconstruction, mode: str) -> LabelResult:
+    """The labels the reconstruction ended with, as a LabelResult (soft rows and their argmax counts)."""
+    from gi.label_result import LabelResult
+
+    return LabelResult.from_counts(mode, final_counts(rec), soft=rec.labels.double())

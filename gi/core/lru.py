@@ -1,0 +1,33 @@
+"""An in-process cache of the most recently used entries: the one home of the caches of built victims
+(:mod:`gi.world.build`) and of the attack's per-gradient solves (:mod:`gi.attack.recon.problem`)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+
+class LRU:
+    """An in-process cache of the ``size`` most recently used entries; ``pin`` keeps an entry that cannot be made
+    again identically (e.g. a model trained with a trial's generator) for the whole process."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.items: OrderedDict[Any, Any] = OrderedDict()
+        self.pinned: dict[Any, Any] = {}
+
+    def get(self, key: Any, make: Callable[[], Any], pin: bool = False) -> Any:
+        if key in self.pinned:
+            return self.pinned[key]
+        if key in self.items:
+            self.items.move_to_end(key)
+            return self.items[key]
+        value = make()
+        if pin:
+            self.pinned[key] = value
+            return value
+        self.items[key] = value
+        while len(self.items) > self.size:
+            self.items.popitem(last=False)
+        return value
