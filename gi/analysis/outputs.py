@@ -200,7 +200,7 @@ def truth_table(outcome: AttackResult, truths: Sequence[Truth], lcfg: LabelConfi
             table.label_scores.append(label_metrics(label_result, truth))
         table.final_label_scores.append(label_metrics(used_labels(rec, lcfg.mode), truth))
         slots = rec.labels.argmax(1).tolist()
-        mismatch = mismatch_of(rec)
+        mismatch, known = mismatch_of(rec), outcome.simulable[k]
         indices = truth.meta.get("indices") or [None] * truth.images.shape[0]
         for i in range(truth.images.shape[0]):
             trivial = max(base["grey_psnr"][i], base["mean_colour_psnr"][i])
@@ -212,7 +212,7 @@ def truth_table(outcome: AttackResult, truths: Sequence[Truth], lcfg: LabelConfi
                 "true_label": true, "slot_label": slot, "true_label_in_slots": true in slots,
                 "matched_slot": s["perm"][i], "answered_by": rec.history.get("answered_by", "optimisation"),
                 "analytic_residual": rec.history.get("analytic_residual"), "gradient_mismatch": mismatch,
-                "mismatch_verdict": mismatch_verdict(mismatch)})
+                "mismatch_verdict": mismatch_verdict(mismatch, known)})
             table.captions.append(f"{s['psnr'][i]:.1f} dB {verdict}\nslot: {label_name(slot, classes)}\n"
                                   f"true: {label_name(true, classes)}" + ("" if true in slots else " (no slot)"))
         table.shown_truth.append(truth.images)
@@ -227,11 +227,11 @@ def plain_table(outcome: AttackResult, classes: Sequence[str] = ()) -> Table:
 
     table = Table()
     for k, rec in enumerate(outcome.reconstructions):
-        mismatch = mismatch_of(rec)
+        mismatch, known = mismatch_of(rec), outcome.simulable[k]
         for i in range(rec.images.shape[0]):
             label = int(rec.labels[i].argmax())
             table.rows.append({"capture": k, "image": i, "slot_label": label, "gradient_mismatch": mismatch,
-                               "mismatch_verdict": mismatch_verdict(mismatch),
+                               "mismatch_verdict": mismatch_verdict(mismatch, known),
                                "answered_by": rec.history.get("answered_by", "optimisation"),
                                "analytic_residual": rec.history.get("analytic_residual")})
             table.captions.append(f"slot label {label_name(label, classes)}\nmismatch {mismatch:.2g}")

@@ -59,6 +59,9 @@ EXPLAINS = "explains"
 PARTLY_EXPLAINS = "partly explains"
 DOES_NOT_EXPLAIN = "does not explain"
 MISMATCH_VERDICTS = (EXPLAINS, PARTLY_EXPLAINS, DOES_NOT_EXPLAIN)
+CANNOT_TELL = "cannot tell"  # the capture cannot be re-simulated (a round's unknown batch order): no word of the three
+UNKNOWN_ORDER = ("the round's batch order is unknown, so its update cannot be re-simulated from the images "
+                 "(gi.world.fl.local.order_known); the feature verdict, where there is one, still holds")
 
 # Relative mismatch thresholds, measured on the DLG LeNet (sigmoid) with CIFAR-10 samples (cifar10-samples 0-6,
 # gi run configs/demo.yaml; docs/usage.md "Verdict"), mismatch -> PSNR (dB above the mean colour): the truth
@@ -86,8 +89,11 @@ def image_verdict(psnr: float, trivial_psnr: float) -> str:
     return PARTIAL
 
 
-def mismatch_verdict(mismatch: float) -> str:
-    """``explains`` / ``partly explains`` / ``does not explain`` for a relative mismatch (NaN: does not explain)."""
+def mismatch_verdict(mismatch: float, known: bool = True) -> str:
+    """``explains`` / ``partly explains`` / ``does not explain`` for a relative mismatch (NaN: does not explain);
+    :data:`CANNOT_TELL` where the capture cannot be re-simulated (``known`` false: :data:`UNKNOWN_ORDER`)."""
+    if not known:
+        return CANNOT_TELL
     if math.isnan(mismatch) or mismatch >= UNEXPLAINED_FROM:
         return DOES_NOT_EXPLAIN
     return EXPLAINS if mismatch < EXPLAINED_BELOW else PARTLY_EXPLAINS
@@ -130,20 +136,29 @@ def image_sentence(verdicts: Sequence[str], guesses: Sequence[str]) -> str:
     return ", ".join(parts)
 
 
-def mismatch_phrase(mismatch: float, what: str = "gradient") -> str:
+def mismatch_phrase(mismatch: float, what: str = "gradient", known: bool = True) -> str:
     """One capture's mismatch verdict in words, e.g. ``the reconstruction does not explain the gradient (relative
-    mismatch 0.81)``; ``what``: ``gradient`` or ``update``."""
+    mismatch 0.81)``; ``what``: ``gradient`` or ``update``; ``known`` false: :data:`CANNOT_TELL` and why."""
+    if not known:
+        return f"{CANNOT_TELL} whether the reconstruction explains the {what}: {UNKNOWN_ORDER}"
     if math.isnan(mismatch):  # an all-zero capture (nothing to explain) or a non-finite reconstruction
         return f"the reconstruction {mismatch_verdict(mismatch)} the {what} (no mismatch measured)"
     return f"the reconstruction {mismatch_verdict(mismatch)} the {what} (relative mismatch {mismatch:.2g})"
 
 
-def mismatch_sentence(mismatches: Sequence[float], what: str = "gradient") -> str:
+def mismatch_sentence(mismatches: Sequence[float], what: str = "gradient", known: Sequence[bool] | None = None
+                      ) -> str:
     """The run's mismatch verdict in words: one capture's :func:`mismatch_phrase`, or for several the captures per
     verdict and the range of the mismatch, e.g. ``the reconstruction explains the gradient of 1 of 3 captures,
-    does not explain it for 2 (relative mismatch 1e-06 to 0.9)``."""
+    does not explain it for 2 (relative mismatch 1e-06 to 0.9)``. ``known``: per capture whether it can be
+    re-simulated (default all; :func:`mismatch_verdict`)."""
+    known = [True] * len(mismatches) if known is None else list(known)
     if len(mismatches) == 1:
-        return mismatch_phrase(mismatches[0], what)
+        return mismatch_phrase(mismatches[0], what, known[0])
+    if not any(known):
+        return f"{CANNOT_TELL} whether the reconstruction explains the {what}s: {UNKNOWN_ORDER}"
+    unknown = len(known) - sum(known)
+    mismatches = [m for m, k in zip(mismatches, known) if k]
     n = tally([mismatch_verdict(m) for m in mismatches], MISMATCH_VERDICTS)
     parts = [(word, count) for word, count in n.items() if count]
     said = [f"{parts[0][0]} the {what} of {parts[0][1]} of {len(mismatches)} captures"]
@@ -152,7 +167,8 @@ def mismatch_sentence(mismatches: Sequence[float], what: str = "gradient") -> st
     spread = f"relative mismatch {min(finite):.2g} to {max(finite):.2g}" if finite else "no mismatch measured"
     unmeasured = len(mismatches) - len(finite)
     return (f"the reconstruction {', '.join(said)} ({spread}"
-            + (f"; {unmeasured} capture(s) share no gradient" if finite and unmeasured else "") + ")")
+            + (f"; {unmeasured} capture(s) share no gradient" if finite and unmeasured else "") + ")"
+            + (f"; {CANNOT_TELL} for {unknown} more: {UNKNOWN_ORDER}" if unknown else ""))
 
 
 def feature_summary(layer: str, residuals: Sequence[float | None], image_mismatches: Sequence[float | None]
@@ -204,12 +220,18 @@ def image_summary(psnrs: Sequence[float], grey_psnrs: Sequence[float], mean_colo
             "rule": RULE}
 
 
-def mismatch_summary(mismatches: Sequence[float], what: str = "gradient") -> dict[str, Any]:
+def mismatch_summary(mismatches: Sequence[float], what: str = "gradient", known: Sequence[bool] | None = None
+                     ) -> dict[str, Any]:
     """The ``verdict`` record from the attack's own signal: per capture (``captures``, ``gradient_mismatch``), the
-    counts, the run's word (``overall``), the sentence (``summary``) and the rule."""
-    verdicts = [mismatch_verdict(m) for m in mismatches]
-    return {"basis": "gradient mismatch", "overall": overall(verdicts, MISMATCH_VERDICTS),
-            "summary": mismatch_sentence(mismatches, what), "counts": tally(verdicts, MISMATCH_VERDICTS),
+    counts, the run's word (``overall``: of the captures that can be re-simulated, :data:`CANNOT_TELL` when none
+    can), the sentence (``summary``) and the rule. ``known``: :func:`mismatch_verdict`'s, per capture."""
+    known = [True] * len(mismatches) if known is None else list(known)
+    verdicts = [mismatch_verdict(m, k) for m, k in zip(mismatches, known)]
+    judged = [v for v in verdicts if v != CANNOT_TELL]
+    counts = tally(judged, MISMATCH_VERDICTS) | ({CANNOT_TELL: len(verdicts) - len(judged)} if len(judged) <
+                                                  len(verdicts) else {})
+    return {"basis": "gradient mismatch", "overall": overall(judged, MISMATCH_VERDICTS) if judged else CANNOT_TELL,
+            "summary": mismatch_sentence(mismatches, what, known), "counts": counts,
             "captures": verdicts, "gradient_mismatch": list(mismatches), "rule": MISMATCH_RULE}
 
 
@@ -309,10 +331,10 @@ def trivial_baselines(images: torch.Tensor) -> dict[str, list[float]]:
 
 
 __all__ = [
-    "AttackVerdict", "DOES_NOT_EXPLAIN", "EXPLAINED_BELOW", "EXPLAINS", "IMAGE_VERDICTS", "MAX_LABELS_SHOWN",
-    "MISMATCH_VERDICTS", "NOT_RECOVERED", "NOT_RECOVERED_MARGIN_DB", "PARTIAL", "PARTLY_EXPLAINS", "RECOVERED",
-    "RECOVERED_MARGIN_DB", "RECOVERED_MIN_PSNR_DB", "UNEXPLAINED_FROM", "best_guess", "feature_summary",
-    "image_sentence", "image_summary", "image_verdict", "labels_phrase", "mismatch_phrase", "mismatch_sentence",
-    "mismatch_summary", "mismatch_verdict", "overall", "tally", "trivial_baselines", "trivial_guesses",
-    "verdict_line",
+    "AttackVerdict", "CANNOT_TELL", "DOES_NOT_EXPLAIN", "EXPLAINED_BELOW", "EXPLAINS", "IMAGE_VERDICTS",
+    "MAX_LABELS_SHOWN", "MISMATCH_VERDICTS", "NOT_RECOVERED", "NOT_RECOVERED_MARGIN_DB", "PARTIAL", "PARTLY_EXPLAINS",
+    "RECOVERED", "RECOVERED_MARGIN_DB", "RECOVERED_MIN_PSNR_DB", "UNEXPLAINED_FROM", "UNKNOWN_ORDER", "best_guess",
+    "feature_summary", "image_sentence", "image_summary", "image_verdict", "labels_phrase", "mismatch_phrase",
+    "mismatch_sentence", "mismatch_summary", "mismatch_verdict", "overall", "tally", "trivial_baselines",
+    "trivial_guesses", "verdict_line",
 ]

@@ -121,6 +121,24 @@ def test_mismatch_words():
     assert mismatch_phrase(nan) == "the reconstruction does not explain the gradient (no mismatch measured)"
 
 
+def test_a_capture_that_cannot_be_re_simulated_reads_cannot_tell():
+    """A round of reshuffled mini-batches: its update is not re-simulated by the images alone, so no mismatch word
+    is given for it, whatever the mismatch; the captures that can be re-simulated keep theirs."""
+    from gi.analysis.verdict import CANNOT_TELL, UNKNOWN_ORDER
+
+    assert mismatch_verdict(1e-9, known=False) == mismatch_verdict(0.9, known=False) == CANNOT_TELL
+    one = mismatch_summary([0.35], "update", known=[False])
+    assert one["overall"] == CANNOT_TELL and one["captures"] == [CANNOT_TELL]
+    assert one["counts"] == {EXPLAINS: 0, PARTLY_EXPLAINS: 0, DOES_NOT_EXPLAIN: 0, CANNOT_TELL: 1}
+    assert one["summary"] == f"cannot tell whether the reconstruction explains the update: {UNKNOWN_ORDER}"
+    mixed = mismatch_summary([1e-6, 0.35], "update", known=[True, False])
+    assert mixed["overall"] == EXPLAINS and mixed["captures"] == [EXPLAINS, CANNOT_TELL]
+    assert mixed["summary"].startswith("the reconstruction explains the update of 1 of 1 captures (relative "
+                                       "mismatch 1e-06 to 1e-06); cannot tell for 1 more")
+    assert mismatch_summary([0.35, 0.4], "update", known=[False, False])["overall"] == CANNOT_TELL
+    assert "cannot tell" not in mismatch_summary([0.35], "update")["summary"]  # known by default
+
+
 def test_feature_words():
     """The features record: per capture the residual's word under the mismatch thresholds, the images' feature
     mismatch as a number, and a layer whose gradient is not shared left unjudged."""

@@ -33,6 +33,17 @@ def test_the_round_config_captures_a_client_of_n_images_over_e_epochs(fashion_mn
     assert (steps.sum(1) == 4).all() and not torch.equal(steps[:3], steps[3:])  # reshuffled between the epochs
 
 
+def test_the_server_can_re_simulate_a_round_only_where_the_batches_are_known():
+    from gi.world.fl.local import order_known
+
+    assert order_known(Protocol(batch_size=8))  # FedSGD: the batch is the capture
+    assert order_known(Protocol(scheme="fedavg", batch_size=8, local_steps=4), 8)  # every step sees all 8
+    assert order_known(Protocol(scheme="fedavg", batch_size=8, local_steps=1), 66)  # one step: its 8 slots
+    assert order_known(Protocol(scheme="fedavg", batch_size=50, local_epochs=3), 20)  # N <= B: one batch an epoch
+    assert not order_known(Protocol(scheme="fedavg", batch_size=5, local_epochs=1), 50)  # 10 reshuffled batches
+    assert not order_known(Protocol(scheme="fedavg", batch_size=4, local_steps=2), 8)  # 2 batches of 4 of 8
+
+
 def test_data_images_are_split_into_clients_of_n(fashion_mnist):
     images = "data.images=" + str(list(range(24)))
     cfg = load(RunConfig, "configs/fedavg-round.yaml", [*ROUND, "protocol.local_epochs=1", images])

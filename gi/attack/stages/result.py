@@ -46,7 +46,19 @@ class AttackResult:
             stage["feature_layer"], stage["target_residual"], [r.history.get("feature_mismatch") for r in recs])
         silent = [bool(self.captures) and self.captures[k].silent for k in range(len(recs))]
         labels = [None if quiet else [int(c) for c in r.labels.argmax(1)] for r, quiet in zip(recs, silent)]
-        return AttackVerdict(mismatch_summary([mismatch_of(r) for r in recs], what), features, labels)
+        return AttackVerdict(mismatch_summary([mismatch_of(r) for r in recs], what, self.simulable), features,
+                             labels)
+
+    @property
+    def simulable(self) -> list[bool]:
+        """Per capture: whether its share can be re-simulated from images and labels, so that its mismatch judges
+        them (:func:`gi.world.fl.local.order_known`: not a round of reshuffled mini-batches); True for a result
+        that does not hold its captures."""
+        from gi.world.fl.local import order_known
+
+        if not self.captures:
+            return [True] * len(self.reconstructions)
+        return [order_known(c.protocol, c.num_samples) for c in self.captures]
 
 
 def mismatch_of(rec: Reconstruction) -> float:

@@ -68,6 +68,19 @@ def sums_gradients(protocol: Any) -> bool:
             and not protocol.weight_decay)
 
 
+def order_known(protocol: Any, num_samples: int | None = None) -> bool:
+    """Whether the server can re-simulate the client's update from its images and labels alone: FedSGD, or local
+    steps that each see every sample the round touches (one batch per epoch, or one step). A round of several
+    mini-batches reshuffled every epoch (a ``DataLoader(shuffle=True)``) is not: the server does not know which
+    samples formed which step, and :func:`slot_schedule`'s order is a guess (measured on a round of 50
+    Fashion-MNIST images in 10 batches of 5: the true images in slot order leave a relative mismatch of 0.35
+    of the update, a flat grey image 0.95), so a mismatch then says little of the images."""
+    if not getattr(protocol, "is_update", False):
+        return True
+    schedule = local_schedule(protocol, num_samples)
+    return len(schedule) == 1 or all(size >= distinct_samples(protocol, num_samples) for size in schedule)
+
+
 def slot_schedule(protocol: Any, num_samples: int) -> list[tuple[int, int]]:
     """``(start, size)`` of every local step over ``num_samples`` slots walked in order, from the protocol alone.
 
