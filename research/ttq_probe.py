@@ -23,7 +23,8 @@ import torch
 
 import gi.attack.recon.optim
 from gi.experiments.config.ttq import TTQConfig
-from gi.experiments.ttq import CONTENDERS, AttackClock, build_victim_side, scorer, time_to
+from gi.experiments.ttq import CONTENDERS, AttackClock, build_victim_side, scorer
+from gi.experiments.ttq_curves import time_to
 
 TUNE_DATA = ("cifar10-samples", "fashion-mnist")
 

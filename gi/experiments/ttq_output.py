@@ -16,7 +16,7 @@ from gi.core.config import to_dict
 from gi.experiments.config.ttq import TTQConfig
 
 if TYPE_CHECKING:  # the measurement imports this module
-    from gi.experiments.ttq import Curve
+    from gi.experiments.ttq_curves import Curve
 
 TTQ_SCHEMA = 2  # version of summary.json: 2 adds the fairness rule's records (runs, cpu_seconds, finished_at,
 #                 compared_until, each row's equal_time, n/a ratios); a summary without "schema" is version 1

@@ -34,6 +34,7 @@ from torch.utils.data import Dataset
 
 from gi.core.errors import AssetError, ConfigError
 from gi.world import assets
+from gi.world.classes import CIFAR10_CLASSES, CIFAR100_CLASSES, DIGITS, FASHION_CLASSES, imagenet_classes
 from gi.world.models import MAX_CLASSES
 
 Tensor = torch.Tensor
@@ -56,38 +57,6 @@ __all__ = [
     "smooth_labels",
     "to_batch",
 ]
-
-# --------------------------------------------------------------------------------------------- classes
-
-CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
-CIFAR100_CLASSES = (
-    "apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle bowl boy bridge bus butterfly camel can "
-    "castle caterpillar cattle chair chimpanzee clock cloud cockroach couch crab crocodile cup dinosaur dolphin "
-    "elephant flatfish forest fox girl hamster house kangaroo keyboard lamp lawn_mower leopard lion lizard lobster "
-    "man maple_tree motorcycle mountain mouse mushroom oak_tree orange orchid otter palm_tree pear pickup_truck "
-    "pine_tree plain plate poppy porcupine possum rabbit raccoon ray road rocket rose sea seal shark shrew skunk "
-    "skyscraper snail snake spider squirrel streetcar sunflower sweet_pepper table tank telephone television tiger "
-    "tractor train trout tulip turtle wardrobe whale willow_tree wolf woman worm"
-).split()
-DIGITS = [str(d) for d in range(10)]
-FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
-                   "Ankle boot"]
-
-
-@cache
-def _imagenet_classes() -> list[str]:
-    """The 1000 ImageNet class names shipped in torchvision's ``models/_meta.py`` (read without importing
-    ``torchvision.models``, which costs about a second)."""
-    import ast
-    import importlib.util
-
-    spec = importlib.util.find_spec("torchvision")
-    meta = Path(list(spec.submodule_search_locations)[0]) / "models" / "_meta.py"  # type: ignore[union-attr]
-    for node in ast.parse(meta.read_text()).body:
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "_IMAGENET_CATEGORIES":
-            return list(ast.literal_eval(node.value))
-    raise AssetError(f"no _IMAGENET_CATEGORIES in {meta}; reinstall torchvision")
-
 
 # --------------------------------------------------------------------------------------------- dataset
 
@@ -424,7 +393,7 @@ DATASETS: dict[str, _Source] = {
                              summary="foolbox: 20 MNIST test images, 1×28×28"),
     "fashion-mnist-samples": _Source(_samples_source("fashionMNIST", True), ("test",), 10,
                                      lambda: FASHION_CLASSES, summary="foolbox: 20 Fashion-MNIST images, 1×28×28"),
-    "imagenet-samples": _Source(_samples_source("imagenet", False), ("test",), 1000, _imagenet_classes,
+    "imagenet-samples": _Source(_samples_source("imagenet", False), ("test",), 1000, imagenet_classes,
                                 default_size=224, summary="foolbox: 20 ImageNet images, 3×224×224 (size=)"),
     "fashion-mnist": _Source(_read_fashion_mnist, ("train", "test"), 10, lambda: FASHION_CLASSES,
                              summary="Debian dataset-fashion-mnist: 60k train / 10k test, 1×28×28", takes_root=True),

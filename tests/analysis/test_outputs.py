@@ -53,7 +53,8 @@ def test_rows_without_truth_give_the_slot_label_and_the_capture_s_mismatch():
 
 
 def test_captions_name_the_classes_where_the_dataset_has_names():
-    from gi.world.data import CIFAR10_CLASSES, class_names
+    from gi.world.classes import CIFAR10_CLASSES
+    from gi.world.data import class_names
 
     assert class_names("cifar10-samples") == CIFAR10_CLASSES and class_names("fashion-mnist")[9] == "Ankle boot"
     assert class_names("folder") == [] and class_names("no-such-set") == []

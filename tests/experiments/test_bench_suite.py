@@ -21,7 +21,7 @@ from gi.experiments.config.bench import BENCH_CONFIGS, BenchConfig, SuiteConfig
 from gi.experiments.config.ttq import TTQConfig
 from gi.experiments.outdir import cells_dir, staged_output
 from gi.experiments.suite_output import format_suite
-from gi.experiments.ttq import Curve, summarize_curves
+from gi.experiments.ttq_curves import Curve, summarize_curves
 
 REPO = Path(__file__).resolve().parents[2]
 LENET = str(REPO / "configs/bench/ttq-lenet.yaml")

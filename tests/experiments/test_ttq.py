@@ -11,21 +11,14 @@ import torch
 
 import gi
 import gi.experiments.ttq as ttq
+import gi.experiments.ttq_curves as ttq_curves
 from gi.core.config import load
 from gi.core.errors import ConfigError
 from gi.experiments.bench import bench_kind
 from gi.experiments.config.bench import BenchConfig
 from gi.experiments.config.ttq import BreachingOptions, TTQConfig
-from gi.experiments.ttq import (
-    AttackClock,
-    format_ttq,
-    median_bound,
-    ratio,
-    run_ttq,
-    summarize_curves,
-    time_to,
-    without_normalize,
-)
+from gi.experiments.ttq import AttackClock, format_ttq, run_ttq, without_normalize
+from gi.experiments.ttq_curves import median_bound, ratio, summarize_curves, time_to
 from gi.experiments.ttq_output import psnr_at
 from gi.world.fl.protocol import Protocol
 from gi.world.models import build
@@ -58,7 +51,7 @@ def test_summary_per_capture_and_over_captures():
     for k, (ours, theirs) in enumerate([([(1, 24.0), (3, 31.0)], [(30, 26.0), (60, 30.5)]),
                                         ([(2, 26.0), (4, 30.0)], [(50, 27.0), (100, 28.0)])]):
         for name, pts in (("gi", ours), ("breaching", theirs)):
-            c = ttq.Curve(name, k)
+            c = ttq_curves.Curve(name, k)
             for i, (t, p) in enumerate(pts):
                 c.add(i, {"wall": t + 0.5, "cpu": t}, p)
             curves.append(c)
@@ -239,7 +232,7 @@ def test_merge_runs_joins_disjoint_parts_and_refuses_overlaps(tmp_path):
         curves = []
         for k in captures:
             for who, (t, p) in (("gi", (2.0 + k, 31.0)), ("breaching", (40.0 + k, 30.5))):
-                c = ttq.Curve(who, k)
+                c = ttq_curves.Curve(who, k)
                 c.add(10, {"wall": t, "cpu": t}, p)
                 curves.append(json.loads(json.dumps(c.__dict__)))
         write_json(d / "curves.json", curves)
@@ -271,7 +264,7 @@ def test_breaching_setup_runs_on_grey_images():
 
 
 def _curve(who, k, points, variant="", **info):
-    c = ttq.Curve(who, k, variant=variant)
+    c = ttq_curves.Curve(who, k, variant=variant)
     for it, (t, p) in enumerate(points, 1):
         c.add(10 * it, {"wall": t, "cpu": t}, p)
     c.info = dict(info)
@@ -281,7 +274,7 @@ def _curve(who, k, points, variant="", **info):
 def test_best_of_takes_the_earliest_variant_and_censors_honestly():
     fast = _curve("breaching", 0, [(30.0, 26.0), (40.0, 31.0)], "6000 it", stopped_by_budget=False)
     slow = _curve("breaching", 0, [(50.0, 29.0), (60.0, 33.0)], "24000 it", stopped_by_budget=False)
-    row = ttq.best_of([slow, fast], "cpu", [25.0, 30.0, 40.0], when=55.0)
+    row = ttq_curves.best_of([slow, fast], "cpu", [25.0, 30.0, 40.0], when=55.0)
     assert row["time_to_25"] == 30.0 and row["time_to_30"] == 40.0 and row["best_variant_30"] == "6000 it"
     assert row["time_to_40"] is None and row["best_variant_40"] is None
     assert row["final_psnr"] == 33.0 and row["psnr_at_equal_time"] == 31.0  # 24000 it: 29 dB at 50 s
@@ -289,20 +282,20 @@ def test_best_of_takes_the_earliest_variant_and_censors_honestly():
     # a level no variant reached: censored at the shortest run the budget cut, else at the longest run
     done = _curve("breaching", 0, [(80.0, 12.0)], "6000 it", stopped_by_budget=False)
     cut = _curve("breaching", 0, [(150.0, 14.0)], "24000 it", stopped_by_budget=True)
-    assert ttq.best_of([done, cut], "cpu", [30.0], 10.0)["seconds"] == 150.0
+    assert ttq_curves.best_of([done, cut], "cpu", [30.0], 10.0)["seconds"] == 150.0
     cut_early = _curve("breaching", 0, [(100.0, 14.0)], "24000 it", stopped_by_budget=True)
     long_done = _curve("breaching", 0, [(300.0, 14.0)], "48000 it", stopped_by_budget=False)
-    assert ttq.best_of([cut_early, long_done], "cpu", [30.0], 10.0)["seconds"] == 100.0
-    assert ttq.best_of([done, long_done], "cpu", [30.0], 10.0)["seconds"] == 300.0
-    one = ttq.best_of([fast], "cpu", [30.0], 55.0)
+    assert ttq_curves.best_of([cut_early, long_done], "cpu", [30.0], 10.0)["seconds"] == 100.0
+    assert ttq_curves.best_of([done, long_done], "cpu", [30.0], 10.0)["seconds"] == 300.0
+    one = ttq_curves.best_of([fast], "cpu", [30.0], 55.0)
     assert "variants" not in one and "best_variant_30" not in one and one["seconds"] == 40.0
 
 
 def test_stopped_by_budget_reads_old_curves_by_their_iterations():
-    assert ttq.stopped_by_budget(_curve("breaching", 0, [(1.0, 5.0)], max_iterations=10)) is False  # 10 of 10
-    assert ttq.stopped_by_budget(_curve("breaching", 0, [(1.0, 5.0)], max_iterations=24000)) is True
-    assert ttq.stopped_by_budget(_curve("gi", 0, [(1.0, 5.0)])) is True  # unknown: the conservative reading
-    assert ttq.stopped_by_budget(_curve("gi", 0, [(1.0, 5.0)], stopped_by_budget=False)) is False
+    assert ttq_curves.stopped_by_budget(_curve("breaching", 0, [(1.0, 5.0)], max_iterations=10)) is False  # 10 of 10
+    assert ttq_curves.stopped_by_budget(_curve("breaching", 0, [(1.0, 5.0)], max_iterations=24000)) is True
+    assert ttq_curves.stopped_by_budget(_curve("gi", 0, [(1.0, 5.0)])) is True  # unknown: the conservative reading
+    assert ttq_curves.stopped_by_budget(_curve("gi", 0, [(1.0, 5.0)], stopped_by_budget=False)) is False
 
 
 def test_breaching_schedules_are_variants_and_bad_schedules_are_errors():
@@ -376,7 +369,7 @@ def test_merge_runs_longest_keeps_the_same_attack_run_further_and_refuses_a_diff
         return d
 
     def breaching(points, stopped):  # checkpoints every 10 iterations, the answer at the end
-        c = ttq.Curve("breaching", 0, variant="24000 it", info={"stopped_by_budget": stopped})
+        c = ttq_curves.Curve("breaching", 0, variant="24000 it", info={"stopped_by_budget": stopped})
         for i, (t, p) in enumerate(points):
             c.add(10 * (i + 1), {"wall": t, "cpu": t}, p)
         return c

@@ -14,9 +14,11 @@ import pytest
 import torch
 
 import gi.experiments.ttq as ttq
+import gi.experiments.ttq_curves as ttq_curves
 from gi.core.config import load
 from gi.experiments.config.ttq import TTQConfig
-from gi.experiments.ttq import AttackClock, Contender, Curve, attack_until_budget, format_ttq, run_ttq
+from gi.experiments.ttq import AttackClock, Contender, attack_until_budget, format_ttq, run_ttq
+from gi.experiments.ttq_curves import Curve
 from gi.experiments.ttq_output import TTQ_SCHEMA
 
 LENET = "configs/bench/ttq-lenet.yaml"
@@ -160,12 +162,13 @@ def test_a_contender_stopped_after_two_iterations_prints_them_and_gives_no_zero_
 
 
 def test_ratio_of_a_near_zero_time_is_not_applicable():
-    assert ttq.ratio(0.01, 30.0, 10.0, 100.0) == (None, "n/a")  # ours 0.01 s: no division by it
-    assert ttq.ratio(2.0, None, 10.0, 0.02) == (None, "n/a")  # theirs censored at 0.02 s: no "0.0x" bound
-    assert "ours time to the level is 0.01 s" in ttq.ratio_not_applicable(0.01, 30.0, 10.0, 100.0)
-    assert ttq.ratio(2.0, None, 10.0, 100.0) == (50.0, ">=") and ttq.ratio_not_applicable(None, None, 0, 0) is None
-    assert ttq.seconds_text(0.0213) == "0.0213" and ttq.seconds_text(12.34) == "12.3"
-    assert ttq.ratio_text(0.004) == "0.004" and ttq.ratio_text(12.0) == "12.0"
+    assert ttq_curves.ratio(0.01, 30.0, 10.0, 100.0) == (None, "n/a")  # ours 0.01 s: no division by it
+    assert ttq_curves.ratio(2.0, None, 10.0, 0.02) == (None, "n/a")  # theirs censored at 0.02 s: no "0.0x" bound
+    assert "ours time to the level is 0.01 s" in ttq_curves.ratio_not_applicable(0.01, 30.0, 10.0, 100.0)
+    assert ttq_curves.ratio(2.0, None, 10.0, 100.0) == (50.0, ">=")
+    assert ttq_curves.ratio_not_applicable(None, None, 0, 0) is None
+    assert ttq_curves.seconds_text(0.0213) == "0.0213" and ttq_curves.seconds_text(12.34) == "12.3"
+    assert ttq_curves.ratio_text(0.004) == "0.004" and ttq_curves.ratio_text(12.0) == "12.0"
 
 
 def test_merging_a_part_written_before_fill_budget_reads_it_as_false(tmp_path):
