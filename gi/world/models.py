@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -609,9 +610,11 @@ def spec_of(model: nn.Module) -> dict[str, Any]:
 
 def builder_of(model: nn.Module) -> Callable[..., nn.Module] | None:
     """The callable this process holds that rebuilds ``model``'s factory spec (:func:`spec_of`): the factory
-    :func:`from_factory` imported at the caller's request, else the model's own class when the spec names it.
-    In-memory captures of the model keep it (``Capture.factory``), so they rebuild without ``trust_factory``;
-    a saved and loaded capture does not have it. None for other specs."""
+    :func:`from_factory` imported at the caller's request, else, when the spec names the model's own class, a copy
+    of the model's structure as it is now (:func:`structure_copier`: a class that needs arguments, such as
+    ``nn.Sequential``, would rebuild empty from its name alone). In-memory captures of the model keep it
+    (``Capture.factory``), so they rebuild without ``trust_factory``; a saved and loaded capture does not have it.
+    None for other specs."""
     spec = spec_of(model)
     if provider_of(spec) != "factory":
         return None
@@ -619,4 +622,34 @@ def builder_of(model: nn.Module) -> Callable[..., nn.Module] | None:
     if callable(fn):
         return fn
     cls = type(model)
-    return cls if spec.get("factory") == f"{cls.__module__}:{cls.__qualname__}" else None
+    if spec.get("factory") != f"{cls.__module__}:{cls.__qualname__}":
+        return None
+    return structure_copier(model)
+
+
+def structure_copier(model: nn.Module) -> Callable[..., nn.Module]:
+    """A callable that returns a fresh copy of ``model`` as it is now (a deep copy taken once, copied again per
+    call; the capture's state is loaded into it), named as ``model``'s class so that errors name the user's class.
+    A model that cannot be deep-copied (e.g. a hook holding a lock) gets its class instead, called without
+    arguments. One copier per model object (:data:`COPIERS`): the many captures of one model (a federation's
+    clients, a Flower round) share one copy."""
+    import copy
+
+    cls = type(model)
+    known = COPIERS.get(model)
+    if known is not None:
+        return known
+    try:
+        template = copy.deepcopy(model)
+    except Exception:  # noqa: BLE001 - any deepcopy failure: fall back to the class, as before
+        return cls
+
+    def rebuild(**kwargs: Any) -> nn.Module:
+        return copy.deepcopy(template)
+
+    rebuild.__module__, rebuild.__qualname__ = cls.__module__, cls.__qualname__
+    COPIERS[model] = rebuild
+    return rebuild
+
+
+COPIERS: weakref.WeakKeyDictionary[nn.Module, Callable[..., nn.Module]] = weakref.WeakKeyDictionary()

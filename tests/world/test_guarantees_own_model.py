@@ -186,3 +186,40 @@ def test_an_attacked_capture_whose_rebuilt_model_returns_a_tuple_is_refused_befo
     out = tmp_path / "out"
     assert main(["attack", str(tmp_path / "cap"), f"model={__name__}:tuple_net", f"out={out}"]) == 2
     assert not out.exists()
+
+
+@pytest.mark.parametrize("build", [
+    lambda: torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 32), torch.nn.ReLU(),
+                                torch.nn.Linear(32, 4)),
+    lambda: Widened(32),
+], ids=["sequential", "class-with-arguments"])
+def test_an_in_process_capture_of_a_model_that_needs_arguments_rebuilds_and_attacks(build):
+    """docs/usage.md "Your own model": any classifier module works in the process that made it, also one whose
+    class rebuilds empty or fails without arguments (nn.Sequential, a class taking a width): the capture keeps a
+    copy of its structure, and the attack answers (one ReLU image through a fully-connected net: analytic)."""
+    import gi
+    from gi.world.fl.protocol import Protocol
+
+    torch.manual_seed(0)
+    net = build()
+    x, y = torch.rand(1, 3, 8, 8), torch.tensor([2])
+    loss = torch.nn.functional.cross_entropy(net(x), y)
+    grads = dict(zip([n for n, _ in net.named_parameters()], torch.autograd.grad(loss, list(net.parameters()))))
+    capture = gi.Capture.from_gradients(net, grads, Protocol(), 1, in_shape=(3, 8, 8))
+    with torch.no_grad():
+        net[-1].weight.add_(1.0) if isinstance(net, torch.nn.Sequential) else net.head.weight.add_(1.0)
+    rebuilt = capture.model()  # the capture's state, not the model's later weights
+    assert all(torch.equal(rebuilt.state_dict()[k], v) for k, v in capture.model_state.items())
+    result = gi.attack.run(capture, iterations=20, progress=False)
+    assert result.verdict.labels == [[2]]
+    assert float((result.reconstructions[0].images - x).abs().max()) < 1e-3
+
+
+class Widened(torch.nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, width), torch.nn.ReLU())
+        self.head = torch.nn.Linear(width, 4)
+
+    def forward(self, x):
+        return self.head(self.body(x))
