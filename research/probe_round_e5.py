@@ -1,0 +1,42 @@
+"""Probe: over E > 1 local epochs, how close are the candidates of the top-N subspace to the round's N inputs?
+
+The hidden layer's −ΔW/η of a round of E epochs spans up to E·N visits (each image once an epoch, at drifting
+parameters). This searches the top-N right singular vectors for nonnegative sparse vertices at loose tolerances and
+scores each true input (the hidden layer's input at the global model) by its best candidate's cosine.
+  .venv/bin/python research/probe_round_e5.py E zero_tol sign_tol programs      (e.g. 5 1e-2 5e-2 400)
+"""
+import sys
+import time
+
+import torch
+
+from fcn_analytic.disaggregate import linear_inputs
+from gi.world import data as gdata
+from gi.world.fl.protocol import Protocol
+from gi.world.fl.victim import simulate_client
+from gi.world.models import build
+
+torch.set_num_threads(1)
+n,b,e,lr,hidden = 50,5,int(sys.argv[1]),0.01,256
+zt, st = float(sys.argv[2]), float(sys.argv[3])
+ds = gdata.load("fashion-mnist")
+model = build("cnn", 10, activation="relu", in_shape=(1, 28, 28), seed=0, channels=[32, 64], hidden=hidden)
+gen = torch.Generator().manual_seed(0)
+idx = torch.randperm(len(ds.labels), generator=gen)[:n]
+proto = Protocol(scheme="fedavg", batch_size=b, num_samples=n, local_epochs=e, lr=lr)
+cap, truth = simulate_client(model, (ds.images[idx], ds.labels[idx]), proto, rng=gen)
+dw, db = -cap.update["body.1.weight"].double() / lr, -cap.update["body.1.bias"].double() / lr
+with torch.no_grad():
+    x = model.body[0](model.normalize(ds.images[idx])).double()
+sv = torch.linalg.svdvals(dw)
+print("sv", [f"{v:.2e}" for v in sv[[0,n-2,n-1,n,n+1,2*n,e*n-1] if e*n<256 else [0,n-2,n-1,n,n+1,2*n]].tolist()])
+t = time.process_time()
+try:
+    c = linear_inputs(dw, db, n, samples=1, programs=int(sys.argv[4]), seed=0, method="lp", zero_tol=zt,
+                      sign_tol=st).inputs
+except Exception as ex:  # noqa: BLE001
+    print("fail", ex)
+    sys.exit()
+best = ((c / c.norm(dim=1, keepdim=True)) @ (x / x.norm(dim=1, keepdim=True)).T).max(0).values
+print(f"found {c.shape[0]} in {time.process_time() - t:.1f}s; true inputs with a candidate at cos > 0.99: "
+      f"{int((best > 0.99).sum())}, > 0.95: {int((best > 0.95).sum())}, median best cos {best.median():.4f}")
