@@ -54,10 +54,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
     _apply_threads()
     result = run(cfg)
     _print_summary(result.metrics)
+    _notice_no_effect(args.overrides, result.reconstructions)
     _print_wrote(result.out, result.latest)
     out = shlex.quote(str(result.out))
     print(f"attack its capture: gi attack {out} truth={out}")
     return 0
+
+
+def _notice_no_effect(overrides: list[str], reconstructions: list) -> None:
+    """Name the ``attack.`` overrides that had no effect on this run (the analytic inversion answered every capture:
+    :func:`gi.attack.stages.result.no_effect`), on stderr, so that a silent no-op is not mistaken for a result."""
+    from gi.attack.stages.result import no_effect, no_effect_notice
+
+    keys = [o.split("=", 1)[0].removeprefix("attack.") for o in overrides if o.startswith("attack.")]
+    unused = no_effect(keys, reconstructions)
+    if unused:
+        print(no_effect_notice(unused), file=sys.stderr)
 
 
 def _print_wrote(out: os.PathLike, latest: os.PathLike | None) -> None:
@@ -109,6 +121,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     _apply_threads()
     result = run_attack(cfg)
     _print_summary(result.metrics)
+    _notice_no_effect(args.overrides, result.outcome.reconstructions)
     _print_wrote(result.out, result.latest)
     return 0
 

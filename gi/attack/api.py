@@ -23,6 +23,7 @@ from gi.analysis.outputs import Summary, summarise, write_outputs
 from gi.attack.recon.config import ReconConfig
 from gi.attack.recon.presets import AUTO, apply_preset
 from gi.attack.stages import AttackResult, LabelConfig, attack_stages, derived_attack
+from gi.attack.stages.result import no_effect, no_effect_notice
 from gi.core.config import to_dict
 from gi.core.errors import ConfigError, OutputError
 from gi.experiments.outdir import staged_output
@@ -93,6 +94,8 @@ class Attack(AttackResult):
                 for k, (t, c) in enumerate(zip(truths, self.captures))]
 
 
+log = logging.getLogger("gi.attack")
+
 def run(capture: Capture | Sequence[Capture], aux: Any = None, preset: str = AUTO,
         labels: LabelConfig | str = "auto", callbacks: Sequence[Any] = (), progress: bool = True,
         **attack: Any) -> Attack:
@@ -118,6 +121,11 @@ def run(capture: Capture | Sequence[Capture], aux: Any = None, preset: str = AUT
                                                           model=model)))
     with progress_log(progress):
         result = attack_stages(lcfg, cfg, captures, None, aux, callbacks)
+    unused = no_effect(attack, result.reconstructions)
+    if unused:  # a silent no-op would read as a result of those keys
+        notice = no_effect_notice(unused, section="")
+        log.warning(notice)
+        result.warnings.append(notice)
     fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(AttackResult)}
     return Attack(**fields, label_config=lcfg, attack=cfg)
 

@@ -22,6 +22,11 @@ def test_run_answers_a_sigmoid_lenet_capture_analytically_as_gi_attack_does():
     assert result.reconstructions[0].history["answered_by"] == "analytic inversion"
     assert int(result.label_results[0].counts.argmax()) == int(truth.labels[0])
     assert float(gi.analysis.metrics.psnr(result.reconstructions[0].images, truth.images)) > 40  # exact: ~100 dB
+    assert result.warnings == []  # nothing asked that it ignored
+    ignored = gi.attack.run(capture, iterations=5000, restarts=4, analytic=True, progress=False)
+    assert [w for w in ignored.warnings if w.startswith("notice:")] == [
+        "notice: iterations, restarts had no effect on this run: the analytic inversion answered every capture, so "
+        "no optimisation ran (analytic=false runs the optimisation instead)"]
 
 
 def test_run_takes_preset_keys_and_a_label_method_and_optimises_when_nothing_inverts():

@@ -35,3 +35,19 @@ def test_check_loads_the_config_and_does_no_work(tmp_path, monkeypatch, capsys):
     assert "unknown config key" in capsys.readouterr().err
     assert main(["attack", "runs/demo", "--check"]) == 2  # gi attack also checks that the capture exists
     assert "no such capture file" in capsys.readouterr().err
+
+
+def test_an_override_the_analytic_answer_ignores_is_named_in_a_notice(tmp_path, capsys):
+    """The demo's sigmoid LeNet is answered by the analytic inversion: attack.iterations, read by the optimisation
+    only, had no effect, and the run says so; attack.analytic (read) is not named; with the optimisation on,
+    no notice."""
+    from gi.attack.stages.result import no_effect
+
+    assert main(["--threads", "1", "run", "configs/demo.yaml", "attack.iterations=5000", "attack.analytic=true",
+                 "metrics.lpips_vgg=false", f"out={tmp_path / 'a'}"]) == 0
+    err = capsys.readouterr().err
+    assert "notice: attack.iterations had no effect on this run" in err and "attack.analytic had" not in err
+    assert main(["--threads", "1", "run", "configs/demo.yaml", "attack.iterations=20", "attack.analytic=false",
+                 "metrics.lpips_vgg=false", f"out={tmp_path / 'b'}"]) == 0
+    assert "had no effect" not in capsys.readouterr().err
+    assert no_effect(["iterations"], []) == []  # nothing reconstructed: nothing to say

@@ -35,6 +35,15 @@ def compile_mode(value: bool | str, key: str = "attack.compile") -> str | None:
     return ("default" if value is True else value) if value else None
 
 
+# The ReconConfig keys only the optimisation reads: where the analytic inversion answers every capture they have
+# no effect (gi.attack.stages.result.no_effect names them in a notice).
+OPTIMISATION_KEYS = frozenset({
+    "iterations", "lr", "optimizer", "objective", "regularizers", "layer_weights", "last_layer_weight",
+    "feature_weight", "label_lr", "restarts", "cull_after", "init", "init_noise", "signed", "boxed", "schedule",
+    "seed", "batching", "log_every", "compile", "pack", "memory_budget", "retries", "retry_ratio", "lbfgs_history",
+    "aux_rank", "match_weight", "feature_relative", "feature_draws", "alternatives"})
+
+
 @dataclass
 class ReconConfig:
     """Inverting-Gradients defaults (frameworks.md §4) expressed in pixel space [0, 1].

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gi.attack.recon.config import ReconConfig
+from gi.attack.stages.result import ANALYTIC_ANSWER
 
 if TYPE_CHECKING:
     from gi.attack.recon import Reconstruction
@@ -53,6 +54,6 @@ def analytic_reconstruction(inversion: Any, label_result: LabelResult | None, ca
     residual = inversion_residual(inversion)
     return Reconstruction(images=image, all_images=image[None], labels=soft,
                           objective=torch.tensor([residual]), best_restart=0,
-                          history={"step": [], "objective": [], "warnings": [], "answered_by": "analytic inversion",
+                          history={"step": [], "objective": [], "warnings": [], "answered_by": ANALYTIC_ANSWER,
                                    "analytic_residual": residual},
                           seconds=float(inversion.info["seconds"]), iterations=0, all_labels=soft[None])

@@ -3,6 +3,7 @@ reconstruction ended with (docs/architecture.md "Data flow")."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +60,28 @@ class AttackResult:
         if not self.captures:
             return [True] * len(self.reconstructions)
         return [order_known(c.protocol, c.num_samples) for c in self.captures]
+
+
+ANALYTIC_ANSWER = "analytic inversion"  # a reconstruction's history["answered_by"] when the inversion answered it
+
+
+def no_effect(keys: Iterable[str], reconstructions: Sequence[Reconstruction]) -> list[str]:
+    """The attack keys among ``keys`` (names of :class:`~gi.attack.recon.config.ReconConfig` fields, e.g. a user's
+    ``attack.iterations`` without its section) that had no effect on this run: those only the optimisation reads
+    (:data:`~gi.attack.recon.config.OPTIMISATION_KEYS`), where the analytic inversion answered every
+    reconstruction, so no optimisation ran. Empty otherwise."""
+    from gi.attack.recon.config import OPTIMISATION_KEYS
+
+    if not reconstructions or any(r.history.get("answered_by") != ANALYTIC_ANSWER for r in reconstructions):
+        return []
+    return sorted({k.split(".")[0] for k in keys} & OPTIMISATION_KEYS)
+
+
+def no_effect_notice(keys: Sequence[str], section: str = "attack.") -> str:
+    """The one-line notice for :func:`no_effect`'s keys (``section``: how the user spelled their prefix)."""
+    names = ", ".join(f"{section}{k}" for k in keys)
+    return (f"notice: {names} had no effect on this run: the analytic inversion answered every capture, so no "
+            f"optimisation ran ({section}analytic=false runs the optimisation instead)")
 
 
 def mismatch_of(rec: Reconstruction) -> float:
