@@ -20,7 +20,6 @@ The cache is removed once the output directory is complete.
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
 import hashlib
 import json
 import logging
@@ -38,7 +37,16 @@ from gi.core.config import to_dict
 from gi.core.errors import GIError
 from gi.experiments.ablate_output import write_ablation
 from gi.experiments.config.ablate import AblateConfig, setting_config
-from gi.experiments.outdir import cells_dir, file_slug, load_cell, restore_cell_file, save_cell, staged_output
+from gi.experiments.outdir import (
+    cells_dir,
+    file_slug,
+    link_latest,
+    load_cell,
+    restore_cell_file,
+    save_cell,
+    staged_output,
+    stamped_out,
+)
 from gi.world.build import build_victim, capture_client, make_aux
 
 log = logging.getLogger("gi.experiments.ablate")
@@ -187,8 +195,7 @@ def run_ablation(cfg: AblateConfig) -> Path:
     """Run every setting × variant × mode and write the table (Markdown/CSV/JSON), per-image CSV, grids, plot."""
     import torch
 
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = Path(cfg.out or f"runs/ablate-{cfg.name}-{stamp}")
+    out = Path(cfg.out) if cfg.out else stamped_out(f"ablate-{cfg.name}", "runs")
     torch.manual_seed(cfg.seed)
     cache = cells_dir(out)
     with staged_output(out, overwrite=cfg.overwrite) as tmp:
@@ -205,4 +212,6 @@ def run_ablation(cfg: AblateConfig) -> Path:
             table.append(s)
         print(write_ablation(tmp, cfg.name, table, [r for row in rows for r in row.per_image], t0))
     shutil.rmtree(cache, ignore_errors=True)
+    if not cfg.out:  # runs/<name>-latest names the newest (docs/usage.md, "Where a run writes")
+        link_latest(out, f"ablate-{cfg.name}")
     return out

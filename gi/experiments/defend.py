@@ -30,7 +30,6 @@ command after an interruption computes only the missing ones.
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
 import hashlib
 import json
 import logging
@@ -51,7 +50,16 @@ from gi.core.config import to_dict
 from gi.core.errors import GIError
 from gi.experiments.config.defend import BASELINE, DefendConfig, cell_protocol, defence_sweep
 from gi.experiments.defend_output import write_defend
-from gi.experiments.outdir import cells_dir, file_slug, load_cell, restore_cell_file, save_cell, staged_output
+from gi.experiments.outdir import (
+    cells_dir,
+    file_slug,
+    link_latest,
+    load_cell,
+    restore_cell_file,
+    save_cell,
+    staged_output,
+    stamped_out,
+)
 from gi.world.build import FederationSetup, build_federation_setup, group_capture
 from gi.world.fl.protocol import Protocol
 
@@ -243,8 +251,7 @@ def _compute_cells(cfg: DefendConfig, todo: list[tuple[str, float | None, Protoc
 def run_defend(cfg: DefendConfig) -> Path:
     """Every cell (resuming finished ones; ``workers`` at a time), then the table, per-image and per-client CSVs,
     grids and plots."""
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = Path(cfg.out or f"runs/defend-{cfg.name}-{stamp}")
+    out = Path(cfg.out) if cfg.out else stamped_out(f"defend-{cfg.name}", "runs")
     cache = cells_dir(out)
     with staged_output(out, overwrite=cfg.overwrite) as tmp:
         t0 = time.perf_counter()
@@ -263,4 +270,6 @@ def run_defend(cfg: DefendConfig) -> Path:
         records = [load_cell(cache, key) for _, _, _, key, _ in grid_cells]
         print(write_defend(tmp, cfg, records, t0))
     shutil.rmtree(cache, ignore_errors=True)
+    if not cfg.out:  # runs/<name>-latest names the newest (docs/usage.md, "Where a run writes")
+        link_latest(out, f"defend-{cfg.name}")
     return out

@@ -29,7 +29,6 @@ and ``logit-means.json``, histograms of the ``[n, j]`` pairs and the class means
 from __future__ import annotations
 
 import copy
-import datetime as _dt
 import logging
 import statistics
 import time
@@ -41,7 +40,7 @@ from gi.core.errors import ConfigError
 from gi.experiments.config.labels import LabelBenchConfig, grid_points
 from gi.experiments.labels_diagnostics import collect_diagnostics
 from gi.experiments.labels_output import write_label_bench
-from gi.experiments.outdir import staged_output
+from gi.experiments.outdir import link_latest, staged_output, stamped_out
 
 log = logging.getLogger("gi.labels")
 
@@ -62,8 +61,7 @@ def run_label_bench(cfg: LabelBenchConfig) -> Path:
     from gi.world.scenarios import get_scenario
 
     scenario = get_scenario(cfg.scenario)
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = Path(cfg.out or f"runs/labels/{cfg.name}-{stamp}")
+    out = Path(cfg.out) if cfg.out else stamped_out(cfg.name, "runs/labels")
     points = grid_points(cfg)
     summary_labels = [p for p, _ in grid_points(cfg, pooled=True)]
     rows: list[dict[str, Any]] = []
@@ -101,6 +99,8 @@ def run_label_bench(cfg: LabelBenchConfig) -> Path:
         bar.close()
         print(write_label_bench(tmp, cfg, rows, summarize_rows(cfg, rows), list(dict.fromkeys(summary_labels)), t0,
                                 collected))
+    if not cfg.out:  # runs/<name>-latest names the newest (docs/usage.md, "Where a run writes")
+        link_latest(out, cfg.name)
     return out
 
 

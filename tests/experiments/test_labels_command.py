@@ -249,3 +249,16 @@ def test_two_seeds_give_two_federations():
         not torch.equal(first[0].capture.model_state["fc.weight"], first[1].capture.model_state["fc.weight"])
     with pytest.raises(ConfigError, match=r"seed=3 would not reach .*: setup.seed=0 fixes them"):
         LabelBenchConfig(scenario="fedavg-client", seed=3, labels=LabelTable(["rlu"]), setup={"seed": 0})
+
+
+def test_without_out_each_run_gets_its_own_folder_and_the_latest_link_names_the_newest(tmp_path, monkeypatch):
+    """docs/usage.md "Where a run writes": gi labels without out= writes runs/labels/<name>-<stamp> (never an
+    existing folder) and points runs/labels/<name>-latest at the newest."""
+    monkeypatch.chdir(tmp_path)
+    cfg = LabelBenchConfig(name="a", scenario="test-global-acc", trials=1, labels=LabelTable(["idlg"]),
+                           progress=False)
+    first, second = run_label_bench(cfg), run_label_bench(cfg)
+    assert first != second and first.is_dir() and second.is_dir()
+    latest = tmp_path / "runs" / "labels" / "a-latest"
+    assert latest.is_symlink() and latest.resolve() == second.resolve()
+    assert sorted(p.name for p in latest.iterdir()) == sorted(p.name for p in second.iterdir())
