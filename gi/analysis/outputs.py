@@ -395,10 +395,14 @@ def write_outputs(tmp: Path, name: str, config: dict[str, Any], captures: Sequen
 
 
 def dataset_classes(config: dict[str, Any], captures: Sequence[Capture]) -> list[str]:
-    """The class names of the dataset a config names (``gi run``'s ``data``, else ``gi attack``'s ``aux_data``;
-    :func:`gi.world.data.class_names`) when they are as many as every capture's classes; else none."""
+    """The class names a config gives (``class_names``: a list, as :meth:`gi.attack.Attack.save` writes it), else
+    those of the dataset it names (``gi run``'s ``data``, else ``gi attack``'s ``aux_data``;
+    :func:`gi.world.data.class_names`), when they are as many as every capture's classes; else none."""
     from gi.world.data import class_names
 
+    given = config.get("class_names")
+    if isinstance(given, list) and given and all(c.model_spec.get("num_classes") == len(given) for c in captures):
+        return [str(n) for n in given]
     for key in ("data", "aux_data"):
         section = config.get(key)
         if isinstance(section, dict) and isinstance(section.get("name"), str):

@@ -53,14 +53,17 @@ class Attack(AttackResult):
         return summarise(self.name, self.captures, self.checked(truths), self, self.label_config, self.attack.seed,
                          {"match": True, "lpips_vgg": lpips_vgg})
 
-    def save(self, out: str | Path, truths: Truth | Sequence[Truth] | None = None, lpips_vgg: bool = False) -> Path:
+    def save(self, out: str | Path, truths: Truth | Sequence[Truth] | None = None, lpips_vgg: bool = False,
+             classes: Sequence[str] | str = ()) -> Path:
         """Write the self-contained output directory ``gi attack`` writes (:func:`gi.analysis.outputs.write_outputs`:
         config.yaml, metrics.json, results.csv, grid.png, the plots, reconstructions.safetensors and images/, the
         captures; with ``truths``, scored as :meth:`score` and the truths beside) to ``out``, staged and moved into
         place (:func:`gi.experiments.outdir.staged_output`). ``out`` must not exist or be an empty directory: an
         existing result is never overwritten. Any failure to write (an existing non-empty ``out``, a file in its
         place, a read-only place, a full disk) is a one-line :class:`~gi.core.errors.OutputError` and nothing is
-        left half-written. Returns ``out``."""
+        left half-written. ``classes``: the class names the captions and report.html show beside each label (a
+        list, one per class, or a dataset name of :func:`gi.world.data.class_names`, e.g. ``"cifar10-samples"``);
+        names that do not match the captures' class count are not shown. Returns ``out``."""
         out = Path(out)
         if out.is_dir() and not out.is_symlink():
             if any(out.iterdir()):
@@ -69,7 +72,9 @@ class Attack(AttackResult):
             out.rmdir()  # empty: the staged directory takes its place (the rename never replaces a directory)
         checked = self.checked(truths) if truths is not None else None
         config = {"name": self.name, "seed": self.attack.seed, "labels": to_dict(self.label_config),
-                  "attack": to_dict(self.attack)}
+                  "attack": to_dict(self.attack),
+                  **({"data": {"name": classes}} if isinstance(classes, str)
+                     else {"class_names": [str(c) for c in classes]} if classes else {})}
         logger = logging.getLogger("gi")
         level = logger.level  # the staged output logs to its log.txt at INFO: the caller's level is put back
         try:

@@ -124,3 +124,21 @@ def test_a_disk_that_fills_while_the_reconstructions_are_written_is_one_output_e
         result.save(tmp_path / "out")
     assert "\n" not in str(err.value) and "reconstructions.safetensors" in str(err.value)
     assert list(tmp_path.iterdir()) == []  # nothing published, the staging folder removed
+
+
+def test_save_names_the_classes_it_is_given_in_the_report(tmp_path):
+    """``classes``: a dataset's name or a list of names; report.html then names each slot's class, and names that
+    do not fit the capture's class count are left out (numbers only)."""
+    capture, _ = _capture()
+    result = gi.attack.run(capture, **FAST)
+    label = int(result.reconstructions[0].labels.argmax(1)[0])
+    cifar = gi.world.data.class_names("cifar10-samples")
+    result.save(tmp_path / "by-name", classes="cifar10-samples")
+    assert f"{label} {cifar[label]}" in (tmp_path / "by-name" / "report.html").read_text()
+    own = [f"kind-{k}" for k in range(10)]
+    result.save(tmp_path / "by-list", classes=own)
+    assert f"{label} kind-{label}" in (tmp_path / "by-list" / "report.html").read_text()
+    result.save(tmp_path / "too-few", classes=["a", "b"])
+    assert f"{label} a" not in (tmp_path / "too-few" / "report.html").read_text()
+    result.save(tmp_path / "none")
+    assert f"{label} {cifar[label]}" not in (tmp_path / "none" / "report.html").read_text()
