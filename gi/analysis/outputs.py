@@ -187,6 +187,7 @@ def truth_table(outcome: AttackResult, truths: Sequence[Truth], lcfg: LabelConfi
     from gi.analysis.verdict import image_verdict, mismatch_verdict, trivial_baselines
 
     table = Table()
+    simulable = outcome.simulable  # per capture, once: it derives each capture's local schedule
     for k, (rec, truth, label_result) in enumerate(zip(outcome.reconstructions, truths, outcome.label_results)):
         s = score(rec.images, truth.images, labels_rec=rec.labels.argmax(1), labels_true=truth.labels,
                   match=metric_options["match"], vgg=metric_options["lpips_vgg"])
@@ -200,7 +201,7 @@ def truth_table(outcome: AttackResult, truths: Sequence[Truth], lcfg: LabelConfi
             table.label_scores.append(label_metrics(label_result, truth))
         table.final_label_scores.append(label_metrics(used_labels(rec, lcfg.mode), truth))
         slots = rec.labels.argmax(1).tolist()
-        mismatch, known = mismatch_of(rec), outcome.simulable[k]
+        mismatch, known = mismatch_of(rec), simulable[k]
         indices = truth.meta.get("indices") or [None] * truth.images.shape[0]
         for i in range(truth.images.shape[0]):
             trivial = max(base["grey_psnr"][i], base["mean_colour_psnr"][i])
@@ -226,8 +227,8 @@ def plain_table(outcome: AttackResult, classes: Sequence[str] = ()) -> Table:
     from gi.analysis.verdict import mismatch_verdict
 
     table = Table()
-    for k, rec in enumerate(outcome.reconstructions):
-        mismatch, known = mismatch_of(rec), outcome.simulable[k]
+    for k, (rec, known) in enumerate(zip(outcome.reconstructions, outcome.simulable)):
+        mismatch = mismatch_of(rec)
         for i in range(rec.images.shape[0]):
             label = int(rec.labels[i].argmax())
             table.rows.append({"capture": k, "image": i, "slot_label": label, "gradient_mismatch": mismatch,

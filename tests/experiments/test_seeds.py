@@ -68,7 +68,7 @@ def tensors(capture) -> list[torch.Tensor]:
 def trains(cfg) -> bool:
     """Whether building the victim trains a model first (minutes on CPU: those configs are checked by the rule
     above, their generators seeded from ``seed`` like every other's)."""
-    return bool(cfg.train.epochs) or (cfg.model.init or "") == "pretrained"
+    return bool(cfg.train.epochs)
 
 
 RUN_CONFIGS = [p for p in CONFIGS if command(p) in (RunConfig, AblateConfig)]

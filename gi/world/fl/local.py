@@ -78,7 +78,8 @@ def order_known(protocol: Any, num_samples: int | None = None) -> bool:
     if not getattr(protocol, "is_update", False):
         return True
     schedule = local_schedule(protocol, num_samples)
-    return len(schedule) == 1 or all(size >= distinct_samples(protocol, num_samples) for size in schedule)
+    touched = distinct_samples(protocol, num_samples)
+    return len(schedule) == 1 or min(schedule) >= touched
 
 
 def slot_schedule(protocol: Any, num_samples: int) -> list[tuple[int, int]]:
