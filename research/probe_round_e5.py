@@ -9,27 +9,17 @@ import sys
 import time
 
 import torch
+from probe_round_visits import round_layer  # research/ is on the path when a script of it runs
 
 from fcn_analytic.disaggregate import linear_inputs
-from gi.world import data as gdata
-from gi.world.fl.protocol import Protocol
-from gi.world.fl.victim import simulate_client
-from gi.world.models import build
 
 torch.set_num_threads(1)
-n,b,e,lr,hidden = 50,5,int(sys.argv[1]),0.01,256
+n, b, e, lr, hidden = 50, 5, int(sys.argv[1]), 0.01, 256
 zt, st = float(sys.argv[2]), float(sys.argv[3])
-ds = gdata.load("fashion-mnist")
-model = build("cnn", 10, activation="relu", in_shape=(1, 28, 28), seed=0, channels=[32, 64], hidden=hidden)
-gen = torch.Generator().manual_seed(0)
-idx = torch.randperm(len(ds.labels), generator=gen)[:n]
-proto = Protocol(scheme="fedavg", batch_size=b, num_samples=n, local_epochs=e, lr=lr)
-cap, truth = simulate_client(model, (ds.images[idx], ds.labels[idx]), proto, rng=gen)
-dw, db = -cap.update["body.1.weight"].double() / lr, -cap.update["body.1.bias"].double() / lr
-with torch.no_grad():
-    x = model.body[0](model.normalize(ds.images[idx])).double()
+dw, db, x = round_layer(n, b, e, lr, hidden)
 sv = torch.linalg.svdvals(dw)
-print("sv", [f"{v:.2e}" for v in sv[[0,n-2,n-1,n,n+1,2*n,e*n-1] if e*n<256 else [0,n-2,n-1,n,n+1,2*n]].tolist()])
+picks = [0, n - 2, n - 1, n, n + 1, 2 * n] + ([e * n - 1] if e * n < 256 else [])
+print("sv", [f"{v:.2e}" for v in sv[picks].tolist()])
 t = time.process_time()
 try:
     c = linear_inputs(dw, db, n, samples=1, programs=int(sys.argv[4]), seed=0, method="lp", zero_tol=zt,
