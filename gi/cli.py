@@ -8,6 +8,7 @@ import os
 import shlex
 import signal
 import sys
+import textwrap
 import threading
 from collections.abc import Callable, Sequence
 
@@ -15,24 +16,26 @@ from gi.core.config import load
 from gi.core.devices import env_threads
 from gi.core.errors import ConfigError, GIError, Stopped
 
-EPILOG = """examples (each runs as written from the repository root; runs/demo-latest exists once the first has run):
+EPILOG = """examples (each runs as written from the repository root, in seconds on a CPU; runs/demo-latest exists once
+the first has run):
   gi run configs/demo.yaml                      end-to-end reconstruction of one CIFAR-10 sample: writes
                                                 runs/demo-<YYYYmmdd-HHMMSS>, links runs/demo-latest to it
   gi run configs/demo.yaml labels.mode=truth    the same with oracle labels
-  gi run configs/default.yaml                   the default job over all 20 bundled CIFAR-10 samples
-  gi run configs/default.yaml attack.analytic=false   ... without the analytic inversion: the optimisation alone
   gi attack runs/demo-latest                    the label-first attack on the last demo run's capture (no truth)
   gi attack runs/demo-latest truth=runs/demo-latest   ... scored against the truth gi run saved
-  gi labels configs/labels/softlabel-table1.yaml      a label-recovery benchmark table (configs/labels/)
-  gi ablate configs/ablate/table3.yaml out=runs/t3    label-knowledge ablation (soft-label paper Table 3);
-                                                interrupted? the same command again reuses finished rows
-  gi defend configs/defend/fmnist.yaml          defences x strengths: label/image leakage vs utility; re-run resumes
-  gi sweep configs/sweep/demo-cpu.yaml          grid of jobs over devices/machines; re-run resumes
-  gi bench configs/bench/default.yaml           speed/quality benchmark as JSON (LeNet, ResNet-18; B = 1, 8);
+  gi labels configs/labels/demo.yaml            a label-recovery table (configs/labels/ holds the papers' tables)
+  gi ablate configs/ablate/demo.yaml            label-knowledge ablation: one capture, one-hot vs recovered labels
+  gi defend configs/defend/demo.yaml            defences x strengths: label/image leakage vs utility
+  gi sweep configs/sweep/demo.yaml              a grid of gi run jobs, aggregated; re-run skips finished jobs
+  gi bench configs/bench/demo.yaml              speed/quality benchmark as JSON (ms per iteration, PSNR, memory);
                                                 kind: time-to-quality (ttq-*.yaml): PSNR vs seconds, vs breaching
                                                 kind: suite (realistic.yaml): several bench configs, one table
   gi run configs/default.yaml --check           load and check a config (every key and type), run nothing
   gi methods                                    list the registered label-recovery methods
+
+The full reproductions (the default job over 20 samples, the papers' tables, the defence study, sweeps over GPUs
+and machines, benchmarks against breaching: minutes to hours): docs/usage.md#full-reproductions. With out=DIR,
+gi ablate and gi defend resume an interrupted run (the same command again reuses finished rows).
 
 A capture of your own model is rebuilt only by model=pkg.mod:fn (your factory; gi attack --help): a capture
 file never imports or runs code on its own word (trust_factory=true runs the factory the file names: only for
@@ -232,6 +235,19 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str, bool | str]]
 }
 
 
+def command_examples(name: str) -> str:
+    """The examples of :data:`EPILOG` for ``gi NAME``, with their descriptions: the epilog of ``gi NAME --help``."""
+    lines, keep = [], False
+    for line in EPILOG.split("\n\n", 1)[0].splitlines():
+        if not line.startswith("  "):  # the heading
+            continue
+        if not line.startswith(" " * 4):  # an example; the lines indented further continue its description
+            keep = line.split()[1] == name
+        if keep:
+            lines.append(line)
+    return "examples (seconds on a CPU; full reproductions: docs/usage.md#full-reproductions):\n" + "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gi", description="Label-first gradient inversion for federated learning: recover labels, then "
@@ -244,7 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "small models on a busy machine")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text, takes_config) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        p = sub.add_parser(name, help=help_text, description=textwrap.fill(help_text, 78),  # raw: wrapped here
+                           epilog=command_examples(name), formatter_class=argparse.RawDescriptionHelpFormatter)
         if takes_config == "optional":
             p.add_argument("config", nargs="?", help="YAML config file (optional)")
             p.add_argument("overrides", nargs="*", help="key.sub=value overrides")
