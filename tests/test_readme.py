@@ -4,11 +4,12 @@
   fast); the README's run in a fresh folder, with none of the repository's uninstalled folders (``examples``,
   ``scripts``, ``tests``) importable: they must run from wherever a user pastes them.
 - Every shell command of the README's code blocks and every example of ``gi --help`` / ``gi <command> --help``
-  follows one rule: a ``make`` line names a target of the Makefile; a ``gi`` line in :data:`FAST` (or one that
-  ends in ``--check``) runs verbatim, in document order, in a fresh folder holding the repository's ``configs``
-  (a clone's layout, so ``gi attack runs/demo-latest`` finds what ``gi run configs/demo.yaml`` wrote); any other
-  ``gi`` line (a long job) runs verbatim with ``--check`` appended: its config and overrides load through the
-  command's own loader.
+  runs verbatim: a ``make`` line names a target of the Makefile; a ``gi`` line runs, in document order, in a fresh
+  folder holding the repository's ``configs`` (a clone's layout, so ``gi attack runs/demo-latest`` finds what
+  ``gi run configs/demo.yaml`` wrote), exits 0 and prints its answer (the verdict, the folder or file it wrote, the
+  config it checked). They are the seconds-long demos (``configs/**/demo.yaml``); the long reproductions are in
+  docs/usage.md ("Full reproductions"), whose ``gi`` lines of "Commands" not run above run with ``--check``
+  appended: their config and overrides load through the command's own loader.
 - Every relative link of the README and of docs/ names a file of the repository and, with ``#``, a heading of it;
   no link leaves the repository.
 """
@@ -20,20 +21,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-DOCS = ["README.md", "docs/usage.md"]
-UNINSTALLED = ("examples", "scripts", "tests", "research")  # folders of the repository that pip does not install
+from gi.cli import COMMANDS
 
-# the gi lines that run verbatim: seconds each (the demo is one image the analytic inversion answers)
-FAST = {
-    "gi --help",
-    "gi run configs/demo.yaml",
-    "gi attack runs/demo-latest",
-    "gi attack runs/demo-latest truth=runs/demo-latest",
-    "gi run configs/demo.yaml labels.mode=truth",
-    "gi run configs/demo.yaml labels.mode=truth attack.iterations=5000",
-    "gi methods",
-}
+ROOT = Path(__file__).resolve().parents[1]
+UNINSTALLED = ("examples", "scripts", "tests", "research")  # folders of the repository that pip does not install
 
 
 def _psnr(rec, truth):
@@ -81,9 +72,12 @@ def test_readme_python_blocks_run_from_any_folder(tmp_path):
 
 
 # ----------------------------------------------------------------------------- shell commands
-def readme_commands() -> list[str]:
-    """The command lines of the README's unlabelled code blocks (comments stripped)."""
-    text = (ROOT / "README.md").read_text()
+def shell_commands(doc: str, section: str | None = None) -> list[str]:
+    """The command lines of ``doc``'s unlabelled code blocks (comments stripped), or of those in ``section`` (a
+    ``##`` heading: up to the next one)."""
+    text = (ROOT / doc).read_text()
+    if section is not None:
+        text = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
     blocks = [m[2] for m in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.S | re.M) if not m[1]]
     lines = [line.split("#", 1)[0].strip() for block in blocks for line in block.splitlines()]
     return [line for line in lines if line]
@@ -92,8 +86,6 @@ def readme_commands() -> list[str]:
 def help_commands(capsys) -> list[str]:
     """The example lines of ``gi --help`` and of every ``gi <command> --help``: a line indented by two spaces that
     starts with ``gi ``, up to the first gap of two spaces (the description column)."""
-    from gi.cli import COMMANDS
-
     texts = [_gi(["--help"], capsys)[1]] + [_gi([name, "--help"], capsys)[1] for name in COMMANDS]
     return [re.split(r"\s{2,}", line.strip())[0] for text in texts for line in text.splitlines()
             if re.match(r"  gi \S", line)]
@@ -114,12 +106,34 @@ def _gi(argv: list[str], capsys) -> tuple[int, str]:
     return code, captured.out + captured.err
 
 
+def _answered(command: str, out: str) -> None:
+    """What a command prints when it has done its work: the verdict of an attack, the folder or file it wrote (which
+    exists), the config it checked, the help's examples, the label methods."""
+    words = command.split()
+    if words[-1] == "--check":
+        assert "the config loads" in out, f"{command}: {out[-2000:]}"
+    elif words[1] == "--help":
+        assert "examples (" in out and all(f"  gi {name} " in out for name in ("run", "labels", "bench"))
+    elif words[1] == "methods":
+        assert "idlg" in out and "soft-lambda" in out
+    else:
+        wrote = re.search(r"^wrote (\S+)", out, re.M)
+        assert wrote and Path(wrote[1]).exists(), f"{command}: names no output it wrote\n{out[-2000:]}"
+        if words[1] in ("run", "attack"):
+            assert re.search(r"^verdict: ", out, re.M), f"{command}: no verdict\n{out[-2000:]}"
+        if words[1] == "run":
+            assert f"attack its capture: gi attack {wrote[1]} truth={wrote[1]}" in out
+            assert os.path.realpath("runs/demo-latest") == os.path.realpath(wrote[1])
+
+
 def test_every_command_of_the_readme_and_of_gi_help_runs_as_written(tmp_path, monkeypatch, capsys):
-    readme, helps = readme_commands(), help_commands(capsys)
+    readme, helps = shell_commands("README.md"), help_commands(capsys)
     assert "gi run configs/demo.yaml" in readme and "gi attack runs/demo-latest" in helps
     commands = list(dict.fromkeys(readme + helps))  # document order, each once
     bad = [c for c in commands if "<" in c or "[" in c or "CAPTURE" in c or "CONFIG" in c]
     assert not bad, f"placeholders in commands shown as runnable: {bad}"
+    shown = {c.split()[1] for c in commands if c.startswith("gi ")}
+    assert shown >= {"--help", *COMMANDS}, f"no example of gi {sorted({*COMMANDS} - shown)}"
     (tmp_path / "configs").symlink_to(ROOT / "configs")  # a clone's layout: configs/ in the working folder
     monkeypatch.chdir(tmp_path)
     targets = make_targets()
@@ -129,13 +143,19 @@ def test_every_command_of_the_readme_and_of_gi_help_runs_as_written(tmp_path, mo
             assert set(words[1:]) <= targets, f"{command}: no such Makefile target"
             continue
         assert words[0] == "gi", f"{command}: a README command is a gi or make line"
-        verbatim = command in FAST or words[-1] == "--check"
-        code, out = _gi(words[1:] if verbatim else [*words[1:], "--check"], capsys)
-        assert code == 0, f"{command}{'' if verbatim else ' --check'}: exit {code}\n{out[-2000:]}"
-        if words[:2] == ["gi", "run"] and verbatim and words[-1] != "--check":
-            wrote = re.search(r"^wrote (\S+)", out, re.M)[1]
-            assert f"attack its capture: gi attack {wrote} truth={wrote}" in out
-            assert os.path.realpath("runs/demo-latest") == os.path.realpath(wrote)
+        code, out = _gi(words[1:], capsys)
+        assert code == 0, f"{command}: exit {code}\n{out[-2000:]}"
+        _answered(command, out)
+    # docs/usage.md's "Commands" (the full reproductions too): what the lines above did not run loads by --check
+    for command in dict.fromkeys(shell_commands("docs/usage.md", "Commands")):
+        words = command.split()
+        if words[0] == "make":
+            assert set(words[1:]) <= targets, f"{command}: no such Makefile target"
+        elif command not in commands:
+            checked = words if words[-1] == "--check" else [*words, "--check"]
+            code, out = _gi(checked[1:], capsys)
+            assert code == 0, f"{' '.join(checked)}: exit {code}\n{out[-2000:]}"
+            _answered(" ".join(checked), out)
 
 
 # ----------------------------------------------------------------------------- links
