@@ -213,3 +213,39 @@ def test_an_update_problem_that_matches_no_layer_runs_the_forward_pass_alone():
     with torch.no_grad():
         expect = model.body[0](model.normalize(truth.images))
     assert shared == {} and torch.allclose(features, expect)
+
+
+def test_a_multi_epoch_round_refreshes_each_slot_target_from_its_images_zeros():
+    """Over E = 3 epochs the visits of an image differ by the drift, so the feature stage's inputs are approximate;
+    the refresh replaces each slot's target by the row-space direction that vanishes where the slot's image's input
+    does: with the true images, each image's input at the global model (cosine > 0.99, against < 0.3 for others)."""
+    from gi.world.fl.victim import simulate_client
+
+    data = load("fashion-mnist")
+    first: dict[int, int] = {}
+    for i, y in enumerate(data.labels.tolist()):
+        first.setdefault(y, i)
+    idx = [first[c] for c in (7, 2, 5, 0, 9, 3)]
+    images, labels = data.images[idx], data.labels[idx]
+    model = build("cnn", 10, activation="relu", in_shape=(1, 28, 28), seed=0, channels=[16, 32], hidden=64)
+    protocol = Protocol(scheme="fedavg", num_samples=6, batch_size=2, lr=0.01, local_epochs=3)
+    capture, truth = simulate_client(model, (images, labels), protocol, rng=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        x0 = model.body[0](model.normalize(truth.images)).double()
+    cfg = ReconConfig(match_weight=0.0, feature_weight=1.0, feature_layer="first-linear", feature_relative=True,
+                      objective="l2", feature_refresh=10, **FAST)
+    problem = build_problem([capture], [oracle(truth)], cfg)
+    assert problem.feature_basis is not None and problem.feature_basis[0].shape[1] == 18  # 3 visits of 6 images
+    module = GradientInversion(problem, cfg)
+    with torch.no_grad():
+        module.images.copy_(truth.images[None])
+    before = module.feature_target.clone()
+    module.refresh_features()
+    after = module.feature_target[0].double()
+    cos = torch.nn.functional.normalize(after, dim=1) @ torch.nn.functional.normalize(x0, dim=1).T
+    assert bool((cos.diagonal() > 0.99).all()) and float((cos - 2 * torch.eye(6)).max()) < 0.9
+    assert not torch.equal(after, before[0].double())
+    one_epoch = build_problem([_round()[0]], [oracle(_round()[1])], cfg)
+    assert one_epoch.feature_basis is None  # one epoch: the inputs are exact, nothing to refresh
+    with pytest.raises(ConfigError, match="feature_refresh"):
+        ReconConfig(feature_refresh=-1)

@@ -154,3 +154,56 @@ def test_spanning_keeps_one_direction_of_each_input_and_passes_over_near_copies(
     order = torch.randperm(len(candidates), generator=gen)
     picked = spanning(candidates[order], b)
     assert sorted(owner[order][picked].tolist()) == list(range(b))
+
+
+def _visits(n_images: int = 6, epochs: int = 3, n: int = 200, m: int = 64, drift: float = 1e-2, seed: int = 0):
+    """A synthetic multi-epoch sum ``Σ_visits δ_v x_vᵀ``: each image's E visits share its zeros (half of the
+    entries) and differ by a random drift of relative size ``drift`` times the epoch on its support."""
+    g = torch.Generator().manual_seed(seed)
+    base = torch.rand(n_images, n, generator=g, dtype=torch.float64) + 0.1
+    base[torch.rand(n_images, n, generator=g) < 0.5] = 0.0
+    scale = drift * base.mean(1, keepdim=True) * (base > 0)
+    visits = torch.cat([base + e * scale * torch.randn(n_images, n, generator=g, dtype=torch.float64)
+                        for e in range(epochs)]).clamp_min(0)
+    delta = torch.randn(len(visits), m, generator=g, dtype=torch.float64)
+    return delta.T @ visits, delta.sum(0), base
+
+
+def test_row_space_is_the_span_of_every_visit():
+    from fcn_analytic.disaggregate import row_space
+
+    gw, _, base = _visits()
+    basis = row_space(gw)
+    assert basis.shape == (200, 18)  # 6 images × 3 epochs, each visit its own direction
+    assert torch.allclose(basis.T @ basis, torch.eye(18, dtype=torch.float64), atol=1e-10)
+    assert float((base - (base @ basis) @ basis.T).norm() / base.norm()) < 1e-10  # epoch 0's visits are in it
+
+
+def test_null_directions_recover_an_input_from_its_zero_pattern_exactly():
+    from fcn_analytic.disaggregate import null_directions, row_space
+
+    gw, _, base = _visits(drift=0.0, epochs=1)
+    basis = row_space(gw)
+    pattern = base * 0.3 + (base > 0) * 5.0  # other values, the same zeros
+    found, ratio = null_directions(basis, pattern)
+    unit = torch.nn.functional.normalize(base, dim=1)
+    assert torch.allclose(found, unit, atol=1e-9)  # unit, signed to a positive sum, the input itself
+    assert bool((ratio < 1e-6).all())
+    dense = torch.rand(6, 200, generator=torch.Generator().manual_seed(1), dtype=torch.float64) + 0.5
+    dense[:, :20] = 0.0  # 20 zeros no input has in common: no direction of the span vanishes there
+    assert bool((null_directions(basis, dense)[1] > 1e-3).all())
+    with pytest.raises(GIError, match="a basis"):
+        null_directions(basis, base[:, :10])
+
+
+def test_drifting_inputs_find_every_image_of_a_multi_epoch_sum():
+    from fcn_analytic.disaggregate import drifting_inputs
+
+    gw, gb, base = _visits()
+    found = drifting_inputs(gw, gb, 6, seed=0)
+    cos = torch.nn.functional.normalize(found.inputs, dim=1) @ torch.nn.functional.normalize(base, dim=1).T
+    assert found.inputs.shape == (6, 200) and bool((found.inputs > -1e-9).all())
+    assert bool((cos.max(0).values > 0.99).all())  # each image has its own input (measured > 0.999)
+    assert len(set(cos.argmax(1).tolist())) == 6
+    with pytest.raises(GIError, match="must be >= 2"):
+        drifting_inputs(gw, gb, 1)

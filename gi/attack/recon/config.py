@@ -41,7 +41,7 @@ OPTIMISATION_KEYS = frozenset({
     "iterations", "lr", "optimizer", "objective", "regularizers", "layer_weights", "last_layer_weight",
     "feature_weight", "label_lr", "restarts", "cull_after", "init", "init_noise", "signed", "boxed", "schedule",
     "seed", "batching", "log_every", "compile", "pack", "memory_budget", "retries", "retry_ratio", "lbfgs_history",
-    "aux_rank", "match_weight", "feature_relative", "feature_draws", "alternatives"})
+    "aux_rank", "match_weight", "feature_relative", "feature_draws", "feature_refresh", "alternatives"})
 
 
 @dataclass
@@ -132,6 +132,10 @@ class ReconConfig:
     CPU second at B = 8, and an input with a fraction ρ of zeros needs about ρ^−(B−1)). ``match_weight`` scales the
     whole match term (0: none; the feature term and priors alone). ``feature_relative``: the feature term compares
     f/‖f*‖ with f*/‖f*‖ per capture (for ``l2``: ‖f − f*‖²/‖f*‖², free of the features' scale).
+    ``feature_refresh``: every so many steps (0: never), where f* comes from a named layer's update over several
+    local epochs (only approximate, :func:`gi.attack.recon.problem.drift_basis`), each slot's target is replaced
+    by the direction of that layer's row space that best vanishes where the slot's current image's input does
+    (:func:`fcn_analytic.disaggregate.null_directions`), scaled to that input's projection on it.
     ``alternatives``: up to :data:`MAX_ALTERNATIVES` mappings of keys of this section, each a further fit of every
     optimised capture with those keys over the base settings; per capture, the fit whose final relative gradient
     mismatch (:func:`gi.attack.recon.mismatch.shared_mismatch`, the attack's own signal, never the truth) is
@@ -179,6 +183,7 @@ class ReconConfig:
     match_weight: float = 1.0
     feature_relative: bool = False
     feature_draws: int = 1_000_000
+    feature_refresh: int = 0
     alternatives: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -263,6 +268,10 @@ class ReconConfig:
         if not isinstance(self.feature_layer, str) or not self.feature_layer:
             raise ConfigError(f"attack.feature_layer must be last or a module name (e.g. body.1), got "
                               f"{self.feature_layer!r}")
+        if isinstance(self.feature_refresh, bool) or not isinstance(self.feature_refresh, int) or \
+                self.feature_refresh < 0:
+            raise ConfigError(f"attack.feature_refresh must be an int >= 0 (steps between refreshes of a "
+                              f"multi-epoch round's feature targets; 0: never), got {self.feature_refresh!r}")
         if isinstance(self.feature_draws, bool) or not isinstance(self.feature_draws, int) or \
                 not 1 <= self.feature_draws <= 100_000_000:
             raise ConfigError(f"attack.feature_draws must be an int in [1, 1e8] (draws of the named layer's input "

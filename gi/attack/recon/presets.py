@@ -130,7 +130,7 @@ register_preset("fc-inputs", {"optimizer": "adam", "lr": 0.05, "signed": False, 
                               "objective": "l2", "iterations": 500, "restarts": 1, "cull_after": 0, "retries": 0,
                               "regularizers": {"aux-span": 1.0}, "aux_rank": 200, "init": "aux-mean",
                               "feature_weight": 1.0, "feature_relative": True, "match_weight": 0.0,
-                              "feature_layer": "first-linear", "labels": "fixed"})
+                              "feature_layer": "first-linear", "labels": "fixed", "feature_refresh": 1000})
 for _model in ("resnet18", "resnet32", "resnet50"):
     register_model_preset(_model, "resnet")
 

@@ -47,6 +47,8 @@ class Problem:
     time); ``ids``: the positions of the N captures in the list given to :func:`gi.attack.recon.reconstruct_many` (a
     pack
     chunk or a retry holds some of them; callbacks follow the captures across problems by them; empty: 0 … N−1).
+    ``feature_basis``: per capture, the row space of the feature layer's update over several local epochs
+    (:func:`drift_basis`), against which ``attack.feature_refresh`` refreshes the feature targets; None without.
     """
 
     model: torch.nn.Module
@@ -68,6 +70,7 @@ class Problem:
     notes: tuple[str, ...] = ()
     feature_layer: str | None = None
     aux_span: tuple[Tensor, Tensor] | None = None
+    feature_basis: tuple[Tensor, ...] | None = None
 
     def __post_init__(self) -> None:
         if "features" in self.terms and self.features is None:
@@ -248,7 +251,9 @@ def layer_inputs(capture: Capture, layer: str, soft: Tensor | None, seed: int = 
     One sample: ``∇Wᵀ∇b/‖∇b‖²`` (every row of ∇W is ``∇b_r·x``). A FedSGD batch:
     :func:`fcn_analytic.disaggregate.linear_inputs` (the vertices of the nonnegative cone in ∇W's row space, then
     SPEAR's sparsity sampling, Dimitrov et al. 2024, on the layer's input side: a ReLU / max-pool feature map),
-    which finds the inputs in no particular order. They are
+    which finds the inputs in no particular order; a round of several local epochs, whose visits of an image
+    differ by the drift: :func:`fcn_analytic.disaggregate.drifting_inputs` (approximate inputs, which the fit
+    refines, :func:`drift_basis`). They are
     put in slot order by their own labels: the inputs are forwarded through the rest of the net together (the
     client's forward, BatchNorm in the protocol's mode), the last layer's input h_i read, each sample's output
     error δ_i solved from the last layer's gradient ``∇W_L ∝ Σ_i δ_i h_iᵀ`` (least squares), and inputs paired with
@@ -258,7 +263,7 @@ def layer_inputs(capture: Capture, layer: str, soft: Tensor | None, seed: int = 
     """
     from scipy.optimize import linear_sum_assignment
 
-    from fcn_analytic.disaggregate import linear_inputs, sample_errors, summed_layer
+    from fcn_analytic.disaggregate import drifting_inputs, linear_inputs, sample_errors, summed_layer
 
     summed = summed_layer(capture, layer)
     if summed is None:
@@ -270,6 +275,8 @@ def layer_inputs(capture: Capture, layer: str, soft: Tensor | None, seed: int = 
 
     def search() -> Tensor | None:
         try:
+            if not summed.once:  # several local epochs: each image's visits differ by the drift
+                return drifting_inputs(gw, gb, b, seed=seed).inputs
             return linear_inputs(gw, gb, b, samples=draws, seed=seed, **summed.tolerances).inputs
         except GIError:
             return None
@@ -285,6 +292,20 @@ def layer_inputs(capture: Capture, layer: str, soft: Tensor | None, seed: int = 
     order = torch.empty(b, dtype=torch.long)
     order[torch.as_tensor(cols)] = torch.as_tensor(rows)
     return x[order]
+
+
+def drift_basis(capture: Capture, layer: str | None) -> Tensor | None:
+    """The row space (n × r, float64) of the ``nn.Linear`` layer ``layer``'s summed update where the capture is a
+    round of several local epochs (:func:`fcn_analytic.disaggregate.row_space`): the space every visit of every
+    image lies in, against which the fit refreshes its feature targets (``attack.feature_refresh``,
+    :func:`fcn_analytic.disaggregate.null_directions`). None for a FedSGD batch, a one-epoch round (its inputs are
+    found exactly) or a capture without the layer's summed update."""
+    from fcn_analytic.disaggregate import row_space, summed_layer
+
+    summed = None if layer is None else summed_layer(capture, layer)
+    if summed is None or summed.once:
+        return None
+    return row_space(summed.weight)
 
 
 def aux_span(images: Tensor, rank: int) -> tuple[Tensor, Tensor]:
@@ -518,6 +539,8 @@ def build_problem(captures: Sequence[Capture], label_results: Sequence[LabelResu
         else:
             rows = torch.stack(found)
     weights = match_weights(list(targets), cfg, first.last_layer_name)
+    layer = resolve_feature_layer(first, cfg.feature_layer_name) if rows is not None else None
+    bases = tuple(drift_basis(c, layer) for c in captures) if cfg.feature_refresh and layer is not None else ()
     span = None
     if cfg.regularizers.get("aux-span") or cfg.init == "aux-mean":
         if aux_images is None or aux_images.shape[0] < 2:
@@ -539,6 +562,7 @@ def build_problem(captures: Sequence[Capture], label_results: Sequence[LabelResu
         if cfg.init == "aux-mean" else None,
         bn_targets=bn_targets(first, model, cfg.bn_stats) if cfg.regularizers.get("bn") else None,
         output_error=output_errors(captures, cfg.output_error, joint=cfg.labels == "joint"), notes=notes,
-        feature_layer=resolve_feature_layer(first, cfg.feature_layer_name) if rows is not None else None,
+        feature_layer=layer,
         aux_span=span,
+        feature_basis=bases if bases and all(basis is not None for basis in bases) else None,
     )
