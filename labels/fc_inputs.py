@@ -13,7 +13,10 @@ fallback then fills the gap with a spurious one: a vector of the cone that is no
 input mixes its missing sample's error into every other sample's e_i, because Δ = ∇W X⁺ solves all columns
 together. The true inputs are the vertices with many zeros; a linear objective orthogonal to the coefficient
 vectors of those already found vanishes on them, so its optimum over the polytope is one of the missing vertices
-(every point of the polytope is a nonnegative mixture of the vertices): a few programs per missing input.
+(every point of the polytope is a nonnegative mixture of the vertices): a few programs per missing input. The
+search itself runs so from the first program (:func:`vertex_inputs`): each objective orthogonal to the vertices
+found before, one program per input (all 50 inputs of each of the three rounds above that missed some, in
+14–15 CPU s where 8·B random objectives took 65 s and missed them); ``linear_inputs`` remains the fallback.
 
 Each sample's label from its own error. When the layer is followed by a ReLU and the last layer (h = relu(z)),
 each sample's error is ``e_i = relu'(z_i) ⊙ W_Lᵀ g_i`` with g_i = ∂ℓ_i/∂logits (the chain rule): the units where
@@ -76,13 +79,39 @@ def recover_fc_inputs(capture: Capture, aux=None, layer: str | None = None, draw
                                                    "differ by the parameters' drift, so they are not one input each")
     if summed.samples < 2:
         return LabelResult.failure("fc-inputs", c, "one sample: its layer input is ∇Wᵀ∇b/‖∇b‖²; use soft-lambda")
-    try:
-        found = linear_inputs(summed.weight, summed.bias, summed.samples, samples=draws, **summed.tolerances)
-    except GIError as exc:
-        return LabelResult.failure("fc-inputs", c, str(exc))
-    result = labels_from_inputs(capture, name, summed, found.inputs, programs)
-    result.info["draws"] = found.draws
+    inputs = vertex_inputs(summed.weight, summed.bias, summed.samples, **summed.tolerances)
+    vertices, used = len(inputs), 0
+    if vertices < summed.samples:  # the vertices missed some: the search of linear_inputs, sampling included
+        try:
+            found = linear_inputs(summed.weight, summed.bias, summed.samples, samples=draws, **summed.tolerances)
+        except GIError as exc:
+            return LabelResult.failure("fc-inputs", c, str(exc))
+        inputs, used = found.inputs, found.draws
+    result = labels_from_inputs(capture, name, summed, inputs, programs)
+    result.info.update({"draws": used, "vertices": vertices})
     return result
+
+
+def reads_round(capture: Capture) -> bool:
+    """Whether ``fc-inputs`` applies to ``capture`` as a FedAvg round (the ``auto`` picker's test, cheap: no
+    linear program): a plain-SGD update of one local epoch (each sample seen once) under the cross-entropy loss, of
+    a net whose first Linear layer comes after a convolution (its input a feature map, not raw pixels) and before
+    the last, with at least 2 and at most min(m, n) samples for that layer's m × n weight."""
+    from fcn_analytic.disaggregate import first_linear, summed_layer
+
+    if not capture.is_update or capture.protocol.loss != "ce":
+        return False
+    with torch.device("meta"):
+        model = capture.architecture()
+    name = first_linear(model)
+    if name is None or name == capture.last_layer_name:
+        return False
+    modules = [n for n, _ in model.named_modules()]
+    convs = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Conv2d)]
+    if not convs or modules.index(convs[0]) > modules.index(name):
+        return False
+    summed = summed_layer(capture, name)
+    return summed is not None and summed.once and 2 <= summed.samples <= min(summed.weight.shape)
 
 
 def labels_from_inputs(capture: Capture, name: str, summed, inputs: torch.Tensor, programs: int = 8
@@ -169,9 +198,6 @@ def complete_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, inputs: torch.Te
     doubtful ones with the most zeros. The output errors are then solved for the completed inputs as
     :func:`fcn_analytic.disaggregate.linear_inputs` does (∇W V C⁻ᵀ, one scale per sample from ∇b). Returns
     ``(LinearInputs, replaced, doubtful)``, ``doubtful`` (B,) marking the rows kept without being sure."""
-    import numpy as np
-    from scipy.optimize import linprog
-
     from fcn_analytic.disaggregate import LinearInputs, factor_residual, spanning
 
     gw, gb = grad_w.double(), grad_b.double()
@@ -185,25 +211,14 @@ def complete_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, inputs: torch.Te
         sure[doubt] = False
     replaced, left = 0, 0
     if programs > 0 and not bool(sure.all()):
-        norms = v.norm(dim=1)
-        live = norms > 1e-6 * norms.max()
-        vn = (v[live] / norms[live, None]).numpy()
+        vn = _live_rows(v)
         gen = torch.Generator().manual_seed(seed)
         kept = coef[sure]
         for _ in range(programs * int((~sure).sum())):
             if len(kept) >= batch:
                 break
-            q = torch.linalg.qr(kept.T, mode="complete").Q[:, len(kept):]  # the objectives that vanish on `kept`
-            w = q @ torch.randn(q.shape[1], generator=gen, dtype=torch.float64)
-            res = linprog(-w.numpy(), A_ub=-vn, b_ub=np.zeros(vn.shape[0]), A_eq=vn.sum(0, keepdims=True),
-                          b_eq=[1.0], bounds=[(None, None)] * batch, method="highs")
-            if res.status != 0:
-                continue
-            c = torch.nn.functional.normalize(torch.from_numpy(res.x), dim=0)
-            x = c @ v.T
-            x = x / x.abs().max()
-            if (float(_zeros(x[None], zero_tol)[0]) < need or bool((x < -sign_tol).any())
-                    or bool(((kept @ c) > 1 - 1e-4).any())):
+            c = _vertex(vn, kept, gen)
+            if c is None or not _new(c, v, kept, need, zero_tol, sign_tol):
                 continue
             kept = torch.cat([kept, c[None]])
             replaced += 1
@@ -222,6 +237,70 @@ def complete_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, inputs: torch.Te
     x, errors = (v @ c / scale).T, (deltas * scale).T
     doubtful = torch.arange(batch) >= batch - left
     return LinearInputs(x, errors, 0, factor_residual(gw, gb, x, errors)), replaced, doubtful
+
+
+def vertex_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, batch: int, *, programs: int = 4,
+                  zero_tol: float = 1e-4, sign_tol: float = 1e-3, min_zeros: int | None = None, seed: int = 0
+                  ) -> torch.Tensor:
+    """Up to ``batch`` inputs of a Linear layer (rows, each up to its scale) from its gradient, one linear program
+    each: the vertices of {c : V c ≥ 0, 1ᵀ V c = 1} (:func:`fcn_analytic.disaggregate.linear_inputs`, "Vertices"),
+    each program's random objective orthogonal to the coefficient vectors found before, so that it vanishes on
+    their vertices and its optimum is a vertex not yet found (module docstring, "Completing the inputs"), where
+    random objectives alone find the last vertices as a coupon collector does (8·B programs). A vertex is kept
+    when it is one-signed (``sign_tol``), new, and has at least ``min_zeros`` (default B − 1 + 20) zeros and
+    :data:`SURE_ZEROS` of the median of those kept before; at most ``programs``·B programs. ``grad_b`` is not
+    read (the scales come later, :func:`complete_inputs`); fewer rows than ``batch``: not all were found."""
+    gw = grad_w.double()
+    sv, vh = torch.linalg.svd(gw, full_matrices=False)[1:]
+    if not 2 <= batch <= min(gw.shape) or sv[batch - 1] <= 1e-9 * sv[0]:
+        return gw[:0]
+    v = vh[:batch].T
+    vn = _live_rows(v)
+    gen = torch.Generator().manual_seed(seed)
+    floor = batch - 1 + 20 if min_zeros is None else min_zeros
+    kept = torch.zeros(0, batch, dtype=torch.float64)
+    counts: list[float] = []
+    for _ in range(programs * batch):
+        if len(kept) >= batch:
+            break
+        c = _vertex(vn, kept, gen)
+        need = max(floor, SURE_ZEROS * float(torch.tensor(counts).median())) if counts else floor
+        if c is None or not _new(c, v, kept, need, zero_tol, sign_tol):
+            continue
+        kept = torch.cat([kept, c[None]])
+        counts.append(float(_zeros((c @ v.T)[None], zero_tol)[0]))
+    return kept @ v.T
+
+
+def _live_rows(v: torch.Tensor):
+    """The rows of V (n × B) that are not zero in every sample, each scaled to unit norm (numpy)."""
+    norms = v.norm(dim=1)
+    live = norms > 1e-6 * norms.max()
+    return (v[live] / norms[live, None]).numpy()
+
+
+def _vertex(vn, kept: torch.Tensor, gen: torch.Generator) -> torch.Tensor | None:
+    """A vertex of {c : V c ≥ 0, 1ᵀ V c = 1} (rows ``vn``; HiGHS) maximising a random objective orthogonal to the
+    rows of ``kept`` (any, where none is kept), as a unit vector; None where the program fails."""
+    import numpy as np
+    from scipy.optimize import linprog
+
+    batch = vn.shape[1]
+    q = torch.linalg.qr(kept.T, mode="complete").Q[:, len(kept):] if len(kept) else torch.eye(batch,
+                                                                                              dtype=torch.float64)
+    w = q @ torch.randn(q.shape[1], generator=gen, dtype=torch.float64)
+    res = linprog(-w.numpy(), A_ub=-vn, b_ub=np.zeros(vn.shape[0]), A_eq=vn.sum(0, keepdims=True), b_eq=[1.0],
+                  bounds=[(None, None)] * batch, method="highs")
+    return None if res.status != 0 else torch.nn.functional.normalize(torch.from_numpy(res.x), dim=0)
+
+
+def _new(c: torch.Tensor, v: torch.Tensor, kept: torch.Tensor, need: float, zero_tol: float, sign_tol: float
+         ) -> bool:
+    """Whether vertex ``c`` joins ``kept``: its input V c has ``need`` zeros, one sign, and is not kept already."""
+    x = c @ v.T
+    x = x / x.abs().max()
+    return (float(_zeros(x[None], zero_tol)[0]) >= need and not bool((x < -sign_tol).any())
+            and not bool(((kept @ c) > 1 - 1e-4).any()))
 
 
 def _zeros(x: torch.Tensor, tol: float) -> torch.Tensor:
