@@ -8,11 +8,16 @@ output errors under DIR; stage ``score`` reads them and scores the estimators:
 
 - ``fc-inputs-logits``: the inputs forwarded at θᵗ, the head's update solved by least squares for each δ_i,
   y = softmax(z) − δ (the method before this probe);
-- ``hidden-error``: each sample's head error g_i from its hidden-layer output error e_i = relu'(z_i) ⊙ W₂ᵀ g_i
-  (least squares on its active units, W₂ at θᵗ), y_i = argmin g_i;
-- ``hidden-error+bias``: the same labels, then the head's summed bias update Σ_i g_i = −B Δb/η read for the
-  samples whose errors do not look like one cross-entropy error (the classes of missed inputs);
+- ``hidden-error``: each sample's head error g_i from its own hidden-layer output error e_i = relu'(z_i) ⊙ W₂ᵀ g_i
+  (least squares on its active units, W₂ at θᵗ), y_i = argmin g_i, on the inputs as found;
+- ``completed``: the same after ``labels.fc_inputs.complete_inputs`` (missed inputs found again by linear programs
+  orthogonal to the sure ones);
+- ``fc-inputs``: ``labels.fc_inputs.labels_from_inputs`` on the inputs as found (the completion, the leak of
+  inputs still doubtful fitted out, their classes from the head's bias identity);
 - ``rlu``: RLU on the update (aux data).
+
+The label method itself now searches the vertices with orthogonal objectives from the start
+(``labels.fc_inputs.vertex_inputs``); ``gi labels`` measures it (docs/results/client-round.md).
 
     GI_CACHE_DIR=/tmp/gicache PYTHONPATH=$PWD python research/probe_round_counts.py inputs DIR [trials=2]
     GI_CACHE_DIR=/tmp/gicache PYTHONPATH=$PWD python research/probe_round_counts.py score DIR [trials=2]
@@ -75,93 +80,6 @@ def true_inputs(capture, images: torch.Tensor) -> torch.Tensor:
     model = capture.model().double()
     with torch.no_grad():
         return model.body[0](model.normalize(images.double()))
-
-
-def head_errors(capture, inputs: torch.Tensor, errors: torch.Tensor, per_mean: int, active_tol: float = 1e-3
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each sample's head error g_i (B × C) from its hidden output error e_i = relu'(z_i) ⊙ W₂ᵀ g_i: least squares
-    on the units where e_i is not zero (W₂ at θᵗ); and each fit's relative residual."""
-    w2 = capture.model().get_submodule(capture.last_layer_name).weight.detach().double()  # C × H, at θᵗ
-    e = errors.double() * per_mean
-    out, res = [], []
-    for row in e:
-        act = row.abs() > active_tol * row.abs().max()
-        a = w2[:, act].T  # (active, C)
-        g = torch.linalg.lstsq(a, row[act, None]).solution.squeeze(1)
-        out.append(g)
-        res.append(float((a @ g - row[act]).norm() / row[act].norm()))
-    return torch.stack(out), torch.tensor(res)
-
-
-def forward_masks(capture, layer: str, inputs: torch.Tensor) -> torch.Tensor:
-    """Which hidden units each found input turns on at θᵗ (B × H, bool): W₁ x_i + b₁ > 0."""
-    lin = capture.model().get_submodule(layer).double()
-    with torch.no_grad():
-        return lin(inputs.double()) > 0
-
-
-def fit_errors(w2: torch.Tensor, masks: torch.Tensor, e: torch.Tensor, basis: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per sample: e_i ≈ D_i W₂ᵀ g_i + U a_i (least squares, all H units), U = ``basis`` (H × k, the errors of
-    samples judged spurious: the span their missed samples' errors leak into); returns g (B × C) and each fit's
-    relative residual."""
-    a = masks.double()[:, :, None] * w2.T[None]  # B × H × C
-    if basis.shape[1]:
-        a = torch.cat([a, basis[None].expand(len(e), -1, -1)], 2)
-    sol = torch.linalg.lstsq(a, e[:, :, None]).solution
-    res = (a @ sol).squeeze(2) - e
-    return sol[:, : w2.shape[0], 0], res.norm(dim=1) / e.norm(dim=1).clamp_min(1e-30)
-
-
-def decontaminate(w2: torch.Tensor, masks: torch.Tensor, e: torch.Tensor, most: int = 6, gain: float = 0.7
-                  ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """Greedily pick found samples as spurious (their errors span the leak of missed inputs) while the others' fit
-    improves: returns g, residuals and the spurious set."""
-    spurious: list[int] = []
-    g, res = fit_errors(w2, masks, e, e[:0].T)
-    score = float(res.median())
-    for _ in range(most):
-        best = None
-        for s in range(len(e)):
-            if s in spurious:
-                continue
-            pick = spurious + [s]
-            keep = torch.ones(len(e), dtype=torch.bool)
-            keep[pick] = False
-            g2, r2 = fit_errors(w2, masks[keep], e[keep], e[pick].T)
-            sc = float(r2.median())
-            if best is None or sc < best[0]:
-                best = (sc, s)
-        if best is None or best[0] > gain * score:
-            break
-        score = best[0]
-        spurious.append(best[1])
-    keep = torch.ones(len(e), dtype=torch.bool)
-    keep[spurious] = False
-    g = torch.zeros(len(e), w2.shape[0], dtype=e.dtype)
-    res = torch.zeros(len(e), dtype=e.dtype)
-    g[keep], res[keep] = fit_errors(w2, masks[keep], e[keep], e[spurious].T)
-    return g, res, spurious
-
-
-def bias_fill(capture, g: torch.Tensor, good: torch.Tensor, per_mean: int) -> torch.Tensor:
-    """Counts from the samples judged ``good`` (argmin of their g_i) plus the classes of the others read from the
-    head's bias identity Σ_i g_i = −B Δb/η: their Σ (p − y) is the rest R, so Σ y = Σ p − R with Σ p ≈ (#bad)/C
-    each class (an untrained head)."""
-    c = g.shape[1]
-    bias = capture.shared[capture.last_layer_keys[1]].double() * (-per_mean / capture.protocol.lr)
-    counts = torch.bincount(g[good].argmin(1), minlength=c)
-    bad = int((~good).sum())
-    if bad:
-        rest = bias - g[good].sum(0)
-        want = (bad / c - rest)  # Σ_bad y ≈ Σ_bad p − R
-        fill = torch.zeros(c, dtype=torch.long)
-        for _ in range(bad):  # greedy: the class most wanted, one sample at a time
-            j = int(want.argmax())
-            fill[j] += 1
-            want[j] -= 1
-        counts = counts + fill
-    return counts
 
 
 def stage_score(out: Path, argv: list[str]) -> None:
