@@ -49,6 +49,7 @@ SURE_ZEROS = 0.5  # complete_inputs: an input is sure with at least this fractio
 ACTIVE = 1e-2  # hidden_errors: an error entry below this fraction of the sample's largest marks an inactive unit
 BIAS_TOL = 0.05  # labels_from_inputs: a relative miss of the bias identity that doubts a suspect row
 DOUBTS = 2  # labels_from_inputs: rows doubted at most, one at a time
+PASSING = (torch.nn.MaxPool2d, torch.nn.Flatten, torch.nn.Dropout, torch.nn.Identity)  # reads_round: keep x ≥ 0
 LEAK_ROUNDS = 3  # hidden_errors: refits of the active set with doubtful inputs' errors mixed in
 
 
@@ -96,8 +97,9 @@ def recover_fc_inputs(capture: Capture, aux=None, layer: str | None = None, draw
 def reads_round(capture: Capture) -> bool:
     """Whether ``fc-inputs`` applies to ``capture`` as a FedAvg round (the ``auto`` picker's test, cheap: no
     linear program): a plain-SGD update of one local epoch (each sample seen once) under the cross-entropy loss, of
-    a net whose first Linear layer comes after a convolution (its input a feature map, not raw pixels) and before
-    the last, with at least 2 and at most min(m, n) samples for that layer's m × n weight."""
+    a net whose first Linear layer comes after a convolution and a ReLU (its input a sparse nonnegative feature
+    map, not raw pixels; pooling, flattening and dropout between them pass, :data:`PASSING`) and before the last,
+    with at least 2 and at most min(m, n) samples for that layer's m × n weight."""
     from fcn_analytic.disaggregate import first_linear, summed_layer
 
     if not capture.is_update or capture.protocol.loss != "ce":
@@ -107,9 +109,13 @@ def reads_round(capture: Capture) -> bool:
     name = first_linear(model)
     if name is None or name == capture.last_layer_name:
         return False
-    modules = [n for n, _ in model.named_modules()]
-    convs = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Conv2d)]
-    if not convs or modules.index(convs[0]) > modules.index(name):
+    before = []
+    for n, m in model.named_modules():
+        if n == name:
+            break
+        if not list(m.children()) and not isinstance(m, PASSING):
+            before.append(m)
+    if not any(isinstance(m, torch.nn.Conv2d) for m in before) or not isinstance(before[-1], torch.nn.ReLU):
         return False
     summed = summed_layer(capture, name)
     return summed is not None and summed.once and 2 <= summed.samples <= min(summed.weight.shape)

@@ -168,3 +168,27 @@ def test_the_classes_of_missed_samples_follow_from_the_bias_identity():
     assert missed_labels(g.sum(0), g[:3], p[:3], 1).tolist() == [2]
     assert sorted(missed_labels(g.sum(0), g[:2], p[:2], 2).tolist()) == [2, 2]
     assert sorted(missed_labels(g.sum(0), g[1:3], p[1:3], 2).tolist()) == [0, 2]
+
+
+def test_auto_reads_a_one_epoch_round_of_a_conv_net_with_fc_inputs():
+    """The picker's rule: a one-epoch plain-SGD round of a net whose first Linear layer follows a convolution →
+    fc-inputs (counts exact here); two epochs, momentum, a first Linear on raw pixels or on a sigmoid map → the
+    rules after it."""
+    from labels.auto import pick
+
+    capture, truth, _, _, _ = _replayed_round()
+    aux = object()  # the picker only asks whether aux data is given
+    assert pick(capture, aux).method == "fc-inputs" and pick(capture).method == "fc-inputs"
+    result = labels.recover(capture, "auto")
+    assert result.method == "fc-inputs" and result.info["picked_by"] == "auto"
+    assert torch.equal(result.counts, truth.counts)
+    images, y = first_of_classes()
+    for protocol in (Protocol(scheme="fedavg", batch_size=2, lr=0.01, local_epochs=2),
+                     Protocol(scheme="fedavg", batch_size=2, lr=0.01, momentum=0.9)):
+        other, _ = simulate_client(_cnn(), (images, y), protocol, torch.Generator().manual_seed(0))
+        assert pick(other, aux).method == "rlu"
+    for net in (build("fcn3", 10, in_shape=(1, 28, 28), seed=0),  # its first Linear sees the pixels
+                build("cnn", 10, activation="sigmoid", in_shape=(1, 28, 28), seed=0, channels=[16, 32], hidden=64)):
+        dense, _ = simulate_client(net, (images, y), Protocol(scheme="fedavg", batch_size=2, lr=0.01),
+                                   torch.Generator().manual_seed(0))
+        assert pick(dense, aux).method == "rlu"  # dense inputs of the first Linear: not a ReLU map
