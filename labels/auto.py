@@ -4,6 +4,8 @@ The picker is a table of rules (:data:`PICK_RULES`), tried in order; the first w
 its options and the reason. It reads only what the server sees (the capture's protocol and batch size) and
 whether the attacker holds auxiliary samples:
 
+* a one-epoch plain-SGD FedAvg round of a conv net with a hidden Linear layer → ``fc-inputs`` (each sample's label
+  from that layer's disaggregated update, :func:`labels.fc_inputs.reads_round`; on a failure the next rule);
 * a FedAvg-style update → ``rlu`` (Chen & Vikalo 2024), which reads the bias update and needs aux samples
   (without them: ``ilrg-update``, iLRG on the averaged step gradient);
 * a single-sample FedSGD gradient → ``soft-lambda`` with ``kind=auto`` (Wang, Liang & He 2024: one-hot, label
@@ -25,6 +27,7 @@ from typing import Any
 from gi.capture import Capture
 from gi.label_result import LabelResult
 from labels.base import METHODS, register
+from labels.fc_inputs import reads_round
 
 NAME = "auto"
 
@@ -40,6 +43,9 @@ class Rule:
 
 
 PICK_RULES: list[Rule] = [
+    Rule(lambda c, aux: reads_round(c), "fc-inputs",
+         "a one-epoch plain-SGD FedAvg round of a conv net with a hidden Linear layer: each sample's label from that "
+         "layer's disaggregated update (docs/results/client-round.md: counts exact on 19 of 20 rounds, RLU 7)"),
     Rule(lambda c, aux: c.is_update and aux is not None, "rlu",
          "a FedAvg-style update with aux data: RLU's least squares on the bias update"),
     Rule(lambda c, aux: c.is_update, "ilrg-update",

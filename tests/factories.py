@@ -49,3 +49,15 @@ def fedsgd_capture(model: torch.nn.Module, b: int, seed: int, classes: int, shap
     x, y = random_batch(b, shape, classes, seed)
     capture, truth = capture_gradients(model, x, y, protocol or Protocol(batch_size=b))
     return capture, oracle(truth)
+
+
+def first_of_classes(classes: tuple[int, ...] = (7, 2, 5, 0, 9, 3)) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first Fashion-MNIST test image of each of ``classes``, in that order: ``(images, labels)``."""
+    from gi.world.data import load
+
+    data = load("fashion-mnist")
+    first: dict[int, int] = {}
+    for i, y in enumerate(data.labels.tolist()):
+        first.setdefault(y, i)
+    idx = [first[c] for c in classes]
+    return data.images[idx], data.labels[idx]

@@ -17,7 +17,7 @@ from gi.world.data import load
 from gi.world.fl.protocol import Protocol
 from gi.world.fl.victim import capture_gradients
 from gi.world.models import build
-from tests.factories import oracle
+from tests.factories import first_of_classes, oracle
 
 FAST = dict(iterations=3, progress=False, threads=1, log_every=1)
 
@@ -164,12 +164,7 @@ def _round(momentum: float = 0.0):
     of the step that saw it (the client's order replayed with torch.optim.SGD: the generator's first permutation)."""
     from gi.world.fl.victim import simulate_client
 
-    data = load("fashion-mnist")
-    first: dict[int, int] = {}
-    for i, y in enumerate(data.labels.tolist()):
-        first.setdefault(y, i)
-    idx = [first[c] for c in (7, 2, 5, 0, 9, 3)]
-    images, labels = data.images[idx], data.labels[idx]
+    images, labels = first_of_classes()
     model = build("cnn", 10, activation="relu", in_shape=(1, 28, 28), seed=0, channels=[16, 32], hidden=64)
     protocol = Protocol(scheme="fedavg", num_samples=6, batch_size=2, lr=0.01, momentum=momentum)
     capture, truth = simulate_client(model, (images, labels), protocol, rng=torch.Generator().manual_seed(0))
