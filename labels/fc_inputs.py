@@ -7,16 +7,8 @@ inputs X are the extreme rays of the nonnegative cone in ∇W's row space
 fallback; Dimitrov et al. 2024 sample the other factor), and with them come each sample's output errors
 e_i = ∂ℓ_i/∂z_i of that layer (the columns of Δ).
 
-Completing the inputs (:func:`complete_inputs`). Random linear objectives can miss a vertex, and the sampling
-fallback then fills the gap with a spurious one: a vector of the cone that is not an input (on a FedAvg round of
-50 Fashion-MNIST images, 4 of 50 in some rounds, with ~100 zeros of 3136 where an input has ~700). One spurious
-input mixes its missing sample's error into every other sample's e_i, because Δ = ∇W X⁺ solves all columns
-together. The true inputs are the vertices with many zeros; a linear objective orthogonal to the coefficient
-vectors of those already found vanishes on them, so its optimum over the polytope is one of the missing vertices
-(every point of the polytope is a nonnegative mixture of the vertices): a few programs per missing input. The
-search itself runs so from the first program (:func:`vertex_inputs`): each objective orthogonal to the vertices
-found before, one program per input (all 50 inputs of each of the three rounds above that missed some, in
-14–15 CPU s where 8·B random objectives took 65 s and missed them); ``linear_inputs`` remains the fallback.
+The inputs come from :func:`fcn_analytic.disaggregate.vertex_inputs` and are completed by
+:func:`fcn_analytic.disaggregate.complete_inputs` (that module's docstring, "Completing the inputs").
 
 Each sample's label from its own error. When the layer is followed by a ReLU and the last layer (h = relu(z)),
 each sample's error is ``e_i = relu'(z_i) ⊙ W_Lᵀ g_i`` with g_i = ∂ℓ_i/∂logits (the chain rule): the units where
@@ -45,7 +37,6 @@ from gi.core.errors import GIError
 from gi.label_result import LabelResult
 from labels.base import register
 
-SURE_ZEROS = 0.5  # complete_inputs: an input is sure with at least this fraction of the found inputs' median zeros
 ACTIVE = 1e-2  # hidden_errors: an error entry below this fraction of the sample's largest marks an inactive unit
 BIAS_TOL = 0.05  # labels_from_inputs: a relative miss of the bias identity that doubts a suspect row
 DOUBTS = 2  # labels_from_inputs: rows doubted at most, one at a time
@@ -64,7 +55,7 @@ def recover_fc_inputs(capture: Capture, aux=None, layer: str | None = None, draw
     (:func:`complete_inputs`; 0: none). ``ok=False`` with the reason where it does not apply: an update of another
     optimiser or of more than one epoch, one sample, a loss other than cross-entropy, a layer without shared weight
     and bias gradients, inputs not found."""
-    from fcn_analytic.disaggregate import first_linear, linear_inputs, summed_layer
+    from fcn_analytic.disaggregate import first_linear, search_inputs, summed_layer
 
     c = capture.num_classes
     if capture.protocol.loss != "ce":
@@ -81,14 +72,11 @@ def recover_fc_inputs(capture: Capture, aux=None, layer: str | None = None, draw
                                                    "differ by the parameters' drift, so they are not one input each")
     if summed.samples < 2:
         return LabelResult.failure("fc-inputs", c, "one sample: its layer input is ∇Wᵀ∇b/‖∇b‖²; use soft-lambda")
-    inputs = vertex_inputs(summed.weight, summed.bias, summed.samples, **summed.tolerances)
-    vertices, used = len(inputs), 0
-    if vertices < summed.samples:  # the vertices missed some: the search of linear_inputs, sampling included
-        try:
-            found = linear_inputs(summed.weight, summed.bias, summed.samples, samples=draws, **summed.tolerances)
-        except GIError as exc:
-            return LabelResult.failure("fc-inputs", c, str(exc))
-        inputs, used = found.inputs, found.draws
+    try:
+        inputs, used, vertices = search_inputs(summed.weight, summed.bias, summed.samples, draws=draws,
+                                               **summed.tolerances)
+    except GIError as exc:
+        return LabelResult.failure("fc-inputs", c, str(exc))
     result = labels_from_inputs(capture, name, summed, inputs, programs)
     result.info.update({"draws": used, "vertices": vertices})
     return result
@@ -182,7 +170,7 @@ def _suspects(read: _Reading, each: int = 3) -> list[int]:
 
 def _reading(capture: Capture, name: str, summed, inputs: torch.Tensor, programs: int, doubt: list[int]
              ) -> _Reading:
-    from fcn_analytic.disaggregate import sample_errors
+    from fcn_analytic.disaggregate import complete_inputs, sample_errors, zero_counts
 
     c = capture.num_classes
     found, added, doubtful = complete_inputs(summed.weight, summed.bias, inputs, programs=programs, doubt=doubt,
@@ -211,130 +199,7 @@ def _reading(capture: Capture, name: str, summed, inputs: torch.Tensor, programs
             explained = explained + len(missed) * probs[sure].mean(0) - soft[doubtful].sum(0)
         bias = float((explained - t * total).norm() / (t * total).norm().clamp_min(1e-30))
     return _Reading(found.inputs, soft, hard, fit, doubtful, bias, added, found.residual, g.norm(dim=1),
-                    _zeros(found.inputs, summed.tolerances.get("zero_tol", 1e-4)))
-
-
-def complete_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, inputs: torch.Tensor, *, programs: int = 8,
-                    zero_tol: float = 1e-4, sign_tol: float = 1e-3, seed: int = 0, doubt: list[int] | None = None):
-    """The B inputs ``inputs`` (B × n, :func:`fcn_analytic.disaggregate.linear_inputs`) with the doubtful ones
-    replaced by the vertices they stand for (module docstring, "Completing the inputs"), and how many were replaced.
-
-    An input is sure when its zeros (entries below ``zero_tol`` of its largest) are at least :data:`SURE_ZEROS` of
-    the median over the B (the rows ``doubt`` are doubted regardless); for each of the others,
-    ``programs`` linear programs maximise a random objective orthogonal to the sure inputs' coefficient vectors
-    (in the basis V of ∇W's top-B right singular vectors), and an optimum that is sure, one-signed (``sign_tol``)
-    and new joins them. Inputs still missing keep the
-    doubtful ones with the most zeros. The output errors are then solved for the completed inputs as
-    :func:`fcn_analytic.disaggregate.linear_inputs` does (∇W V C⁻ᵀ, one scale per sample from ∇b). Returns
-    ``(LinearInputs, replaced, doubtful)``, ``doubtful`` (B,) marking the rows kept without being sure."""
-    from fcn_analytic.disaggregate import LinearInputs, factor_residual, spanning
-
-    gw, gb = grad_w.double(), grad_b.double()
-    batch = inputs.shape[0]
-    v = torch.linalg.svd(gw, full_matrices=False)[2][:batch].T  # n × B
-    coef = torch.nn.functional.normalize(inputs.double() @ v, dim=1)  # x = V c: c = Vᵀ x
-    zeros = _zeros(coef @ v.T, zero_tol)
-    need = SURE_ZEROS * float(zeros.median())
-    sure = zeros >= need
-    if doubt:
-        sure[doubt] = False
-    replaced, left = 0, 0
-    if programs > 0 and not bool(sure.all()):
-        vn = _live_rows(v)
-        gen = torch.Generator().manual_seed(seed)
-        kept = coef[sure]
-        for _ in range(programs * int((~sure).sum())):
-            if len(kept) >= batch:
-                break
-            c = _vertex(vn, kept, gen)
-            if c is None or not _new(c, v, kept, need, zero_tol, sign_tol):
-                continue
-            kept = torch.cat([kept, c[None]])
-            replaced += 1
-        if len(kept) < batch:  # what the programs did not find: the doubtful inputs with the most zeros
-            rest = coef[~sure][zeros[~sure].argsort(descending=True)]
-            left = batch - len(kept)
-            kept = torch.cat([kept, rest[:left]])
-        coef = kept
-    elif not bool(sure.all()):
-        coef, left = torch.cat([coef[sure], coef[~sure]]), int((~sure).sum())
-    if len(coef) > batch:
-        coef = coef[spanning(coef, batch)]
-    c = coef.T
-    deltas = gw @ v @ torch.linalg.inv(c.T)
-    scale = torch.linalg.lstsq(deltas, gb[:, None]).solution.squeeze(1)
-    x, errors = (v @ c / scale).T, (deltas * scale).T
-    doubtful = torch.arange(batch) >= batch - left
-    return LinearInputs(x, errors, 0, factor_residual(gw, gb, x, errors)), replaced, doubtful
-
-
-def vertex_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, batch: int, *, programs: int = 4,
-                  zero_tol: float = 1e-4, sign_tol: float = 1e-3, min_zeros: int | None = None, seed: int = 0
-                  ) -> torch.Tensor:
-    """Up to ``batch`` inputs of a Linear layer (rows, each up to its scale) from its gradient, one linear program
-    each: the vertices of {c : V c ≥ 0, 1ᵀ V c = 1} (:func:`fcn_analytic.disaggregate.linear_inputs`, "Vertices"),
-    each program's random objective orthogonal to the coefficient vectors found before, so that it vanishes on
-    their vertices and its optimum is a vertex not yet found (module docstring, "Completing the inputs"), where
-    random objectives alone find the last vertices as a coupon collector does (8·B programs). A vertex is kept
-    when it is one-signed (``sign_tol``), new, and has at least ``min_zeros`` (default B − 1 + 20) zeros and
-    :data:`SURE_ZEROS` of the median of those kept before; at most ``programs``·B programs. ``grad_b`` is not
-    read (the scales come later, :func:`complete_inputs`); fewer rows than ``batch``: not all were found."""
-    gw = grad_w.double()
-    sv, vh = torch.linalg.svd(gw, full_matrices=False)[1:]
-    if not 2 <= batch <= min(gw.shape) or sv[batch - 1] <= 1e-9 * sv[0]:
-        return gw[:0]
-    v = vh[:batch].T
-    vn = _live_rows(v)
-    gen = torch.Generator().manual_seed(seed)
-    floor = batch - 1 + 20 if min_zeros is None else min_zeros
-    kept = torch.zeros(0, batch, dtype=torch.float64)
-    counts: list[float] = []
-    for _ in range(programs * batch):
-        if len(kept) >= batch:
-            break
-        c = _vertex(vn, kept, gen)
-        need = max(floor, SURE_ZEROS * float(torch.tensor(counts).median())) if counts else floor
-        if c is None or not _new(c, v, kept, need, zero_tol, sign_tol):
-            continue
-        kept = torch.cat([kept, c[None]])
-        counts.append(float(_zeros((c @ v.T)[None], zero_tol)[0]))
-    return kept @ v.T
-
-
-def _live_rows(v: torch.Tensor):
-    """The rows of V (n × B) that are not zero in every sample, each scaled to unit norm (numpy)."""
-    norms = v.norm(dim=1)
-    live = norms > 1e-6 * norms.max()
-    return (v[live] / norms[live, None]).numpy()
-
-
-def _vertex(vn, kept: torch.Tensor, gen: torch.Generator) -> torch.Tensor | None:
-    """A vertex of {c : V c ≥ 0, 1ᵀ V c = 1} (rows ``vn``; HiGHS) maximising a random objective orthogonal to the
-    rows of ``kept`` (any, where none is kept), as a unit vector; None where the program fails."""
-    import numpy as np
-    from scipy.optimize import linprog
-
-    batch = vn.shape[1]
-    q = torch.linalg.qr(kept.T, mode="complete").Q[:, len(kept):] if len(kept) else torch.eye(batch,
-                                                                                              dtype=torch.float64)
-    w = q @ torch.randn(q.shape[1], generator=gen, dtype=torch.float64)
-    res = linprog(-w.numpy(), A_ub=-vn, b_ub=np.zeros(vn.shape[0]), A_eq=vn.sum(0, keepdims=True), b_eq=[1.0],
-                  bounds=[(None, None)] * batch, method="highs")
-    return None if res.status != 0 else torch.nn.functional.normalize(torch.from_numpy(res.x), dim=0)
-
-
-def _new(c: torch.Tensor, v: torch.Tensor, kept: torch.Tensor, need: float, zero_tol: float, sign_tol: float
-         ) -> bool:
-    """Whether vertex ``c`` joins ``kept``: its input V c has ``need`` zeros, one sign, and is not kept already."""
-    x = c @ v.T
-    x = x / x.abs().max()
-    return (float(_zeros(x[None], zero_tol)[0]) >= need and not bool((x < -sign_tol).any())
-            and not bool(((kept @ c) > 1 - 1e-4).any()))
-
-
-def _zeros(x: torch.Tensor, tol: float) -> torch.Tensor:
-    """Entries of each row below ``tol`` of the row's largest magnitude."""
-    return (x.abs() < tol * x.abs().amax(1, keepdim=True)).sum(1)
+                    zero_counts(found.inputs, summed.tolerances.get("zero_tol", 1e-4)))
 
 
 def hidden_errors(capture: Capture, layer: str, inputs: torch.Tensor, errors: torch.Tensor,

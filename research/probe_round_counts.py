@@ -10,8 +10,8 @@ output errors under DIR; stage ``score`` reads them and scores the estimators:
   y = softmax(z) − δ (the method before this probe);
 - ``hidden-error``: each sample's head error g_i from its own hidden-layer output error e_i = relu'(z_i) ⊙ W₂ᵀ g_i
   (least squares on its active units, W₂ at θᵗ), y_i = argmin g_i, on the inputs as found;
-- ``completed``: the same after ``labels.fc_inputs.complete_inputs`` (missed inputs found again by linear programs
-  orthogonal to the sure ones);
+- ``completed``: the same after ``complete_inputs`` (of fcn_analytic.disaggregate: missed inputs found again
+  by linear programs orthogonal to the sure ones);
 - ``fc-inputs``: ``labels.fc_inputs.labels_from_inputs`` on the inputs as found (the completion, the leak of
   inputs still doubtful fitted out, their classes from the head's bias identity);
 - ``rlu``: RLU on the update (aux data).
@@ -84,8 +84,8 @@ def true_inputs(capture, images: torch.Tensor) -> torch.Tensor:
 
 def stage_score(out: Path, argv: list[str]) -> None:
     """Score the estimators on every stored client (module docstring)."""
-    from fcn_analytic.disaggregate import sample_errors
-    from labels.fc_inputs import complete_inputs, hidden_errors, labels_from_inputs
+    from fcn_analytic.disaggregate import complete_inputs, sample_errors
+    from labels.fc_inputs import hidden_errors, labels_from_inputs
 
     rows: dict[str, list[torch.Tensor]] = {m: [] for m in ("fc-inputs-logits", "hidden-error", "completed",
                                                            "fc-inputs", "rlu", "truth")}

@@ -144,8 +144,7 @@ def test_a_missed_input_is_found_again_by_programs_orthogonal_to_the_others():
     """One input replaced by a mixture of four (176 zeros, the intersection of theirs, against 464–521 of an input):
     the completion doubts it and finds the missed input, x_0, as the vertex that objectives vanishing on the other
     five reach."""
-    from fcn_analytic.disaggregate import summed_layer
-    from labels.fc_inputs import complete_inputs
+    from fcn_analytic.disaggregate import complete_inputs, summed_layer
 
     capture, _, x, _, _ = _replayed_round()
     summed = summed_layer(capture, "body.1")
