@@ -259,10 +259,12 @@ def drifting_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, samples: int, *,
     averages of an image's visits (cosine ~0.95); each is refined ``iterations`` times by
     :func:`null_directions` in the whole row space (:func:`row_space`), from its own zero pattern. Of the refined
     candidates, the ``samples`` with the smallest null-direction ratio are kept, skipping one within cosine
-    ``distinct`` of a kept one; their scales are those that fit the bias update (least squares, as in
+    ``distinct`` of a kept one (where the refinements of many vertices meet, fewer than ``samples`` are distinct:
+    the rest are the unrefined vertices farthest from those kept, which the fit refreshes); their scales are those
+    that fit the bias update (least squares, as in
     :func:`linear_inputs`), an approximation where an image's visits are not one direction. ``residual`` is
     :func:`factor_residual` of the answer (not 0: the visits differ). Raises :class:`GIError` where fewer than
-    ``samples`` distinct candidates are found."""
+    ``samples`` vertices are found."""
     grad_w, grad_b = grad_w.double(), grad_b.double()
     if not 2 <= samples <= min(grad_w.shape):
         raise GIError(f"drifting_inputs: samples={samples} must be >= 2 and <= min(m, n) = {min(grad_w.shape)}")
@@ -288,9 +290,14 @@ def drifting_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, samples: int, *,
             kept.append(i)
         if len(kept) == samples:
             break
-    if len(kept) < samples:
-        raise GIError(f"drifting_inputs: {len(kept)} of {samples} distinct inputs found in {programs} programs")
     u = unit[kept]
+    start = torch.nn.functional.normalize(coeffs @ top.T, dim=1)
+    while len(u) < samples and len(start):  # refinements that met: the vertices farthest from those kept
+        far = int((start @ u.T).amax(1).argmin()) if len(u) else 0
+        u = torch.cat([u, start[far][None]])
+        start = torch.cat([start[:far], start[far + 1:]])
+    if len(u) < samples:
+        raise GIError(f"drifting_inputs: {len(u)} of {samples} inputs found in {programs} programs")
     deltas = torch.linalg.lstsq(u.T, grad_w.T).solution.T  # m × N: ∇W ≈ Σ_i δ̃_i u_iᵀ
     scale = torch.linalg.lstsq(deltas, grad_b[:, None]).solution.squeeze(1)
     scale = torch.where(scale.abs() > 1e-12, scale.abs(), torch.ones_like(scale))  # the inputs are nonnegative

@@ -207,3 +207,5 @@ def test_drifting_inputs_find_every_image_of_a_multi_epoch_sum():
     assert len(set(cos.argmax(1).tolist())) == 6
     with pytest.raises(GIError, match="must be >= 2"):
         drifting_inputs(gw, gb, 1)
+    with pytest.raises(GIError, match="of 6 inputs found in 2 programs"):  # two vertices cannot stand for six
+        drifting_inputs(gw, gb, 6, programs=2)
