@@ -46,7 +46,7 @@ def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_result
         refresh = (f"refreshed from the images' zeros every {attack.feature_refresh} steps" if attack.feature_refresh
                    else "not refreshed: attack.feature_refresh=0")
         how = (f"drifting_inputs: approximate over several local epochs, {refresh}"
-               if drift_basis(captures[0], layer) is not None else "search_inputs")
+               if drift_basis(captures[0], layer) is not None else "linear_inputs")
         source = f"inputs of {layer} per slot (fcn_analytic.disaggregate.{how}, ordered by their labels)"
 
     elif available:
