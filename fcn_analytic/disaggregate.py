@@ -260,8 +260,8 @@ def drifting_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, samples: int, *,
     :func:`null_directions` in the whole row space (:func:`row_space`), from its own zero pattern. Of the refined
     candidates, the ``samples`` with the smallest null-direction ratio are kept, skipping one within cosine
     ``distinct`` of a kept one (where the refinements of many vertices meet, fewer than ``samples`` are distinct:
-    the rest are the unrefined vertices farthest from those kept, which the fit refreshes); their scales are those
-    that fit the bias update (least squares, as in
+    the rest are the unrefined vertices farthest from those kept, which the fit refreshes); each input's scale is
+    its own vertex's, those that fit the bias update (least squares, as in
     :func:`linear_inputs`), an approximation where an image's visits are not one direction. ``residual`` is
     :func:`factor_residual` of the answer (not 0: the visits differ). Raises :class:`GIError` where fewer than
     ``samples`` vertices are found."""
@@ -290,19 +290,23 @@ def drifting_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, samples: int, *,
             kept.append(i)
         if len(kept) == samples:
             break
-    u = unit[kept]
     start = torch.nn.functional.normalize(coeffs @ top.T, dim=1)
-    while len(u) < samples and len(start):  # refinements that met: the vertices farthest from those kept
-        far = int((start @ u.T).amax(1).argmin()) if len(u) else 0
-        u = torch.cat([u, start[far][None]])
-        start = torch.cat([start[:far], start[far + 1:]])
-    if len(u) < samples:
-        raise GIError(f"drifting_inputs: {len(u)} of {samples} inputs found in {programs} programs")
-    deltas = torch.linalg.lstsq(u.T, grad_w.T).solution.T  # m × N: ∇W ≈ Σ_i δ̃_i u_iᵀ
+    u = unit[kept]
+    while len(kept) < samples and len(kept) < len(start):  # refinements that met: the farthest unrefined vertices
+        cos = (start @ u.T).amax(1) if kept else torch.zeros(len(start), dtype=start.dtype)
+        cos[kept] = float("inf")
+        kept.append(int(cos.argmin()))
+        u = torch.cat([u, start[kept[-1]][None]])
+    if len(kept) < samples:
+        raise GIError(f"drifting_inputs: {len(kept)} of {samples} inputs found in {programs} programs")
+    # each input's scale from its own vertex (∇W ≈ Σ_i δ̃_i s_i v_iᵀ, ∇b = Σ_i δ̃_i: least squares), where the
+    # refined directions' own fit scattered them over three decades (15 to 12 000 against true norms of 13 to 32)
+    vertex = start[kept]
+    deltas = torch.linalg.lstsq(vertex.T, grad_w.T).solution.T  # m × N
     scale = torch.linalg.lstsq(deltas, grad_b[:, None]).solution.squeeze(1)
     scale = torch.where(scale.abs() > 1e-12, scale.abs(), torch.ones_like(scale))  # the inputs are nonnegative
     inputs = u / scale[:, None]
-    output_errors = (deltas * scale).T
+    output_errors = torch.linalg.lstsq(inputs.T, grad_w.T).solution  # N × m, the least squares for these inputs
     return LinearInputs(inputs, output_errors, programs, factor_residual(grad_w, grad_b, inputs, output_errors))
 
 

@@ -135,7 +135,7 @@ class ReconConfig:
     ``feature_refresh``: every so many steps (0: never), where f* comes from a named layer's update over several
     local epochs (only approximate, :func:`gi.attack.recon.problem.drift_basis`), each slot's target is replaced
     by the direction of that layer's row space that best vanishes where the slot's current image's input does
-    (:func:`fcn_analytic.disaggregate.null_directions`), scaled to that input's projection on it.
+    (:func:`fcn_analytic.disaggregate.null_directions`), at that input's norm.
     ``alternatives``: up to :data:`MAX_ALTERNATIVES` mappings of keys of this section, each a further fit of every
     optimised capture with those keys over the base settings; per capture, the fit whose final relative gradient
     mismatch (:func:`gi.attack.recon.mismatch.shared_mismatch`, the attack's own signal, never the truth) is
