@@ -49,7 +49,7 @@ LABEL_OPTIONS: dict[str, tuple[str, ...] | None] = {
     "decaf-paper": ("epochs", "step", "threshold"), "dist-aux-bias-grad": ("aux_steps", "normalize", "solver"),
     "dist-aux-weight-grad": ("aux_steps", "include_bias", "normalize"), "dist-exact": ("strict",),
     "dist-init-bias": ("normalize",), "dist-soft-label": ("aux_steps", "normalize", "solver"),
-    "dist-soft-label-path": ("normalize", "points", "solver"), "fc-inputs": ("draws", "layer"), "idlg": (),
+    "dist-soft-label-path": ("normalize", "points", "solver"), "fc-inputs": ("draws", "layer", "programs"), "idlg": (),
     "idlg-batch": (),
     "ilrg": ("iterations", "probs", "robust"), "ilrg-robust": ("iterations", "probs"), "ilrg-update": None,
     "llg": (), "llg*": ("dtype", "dummy", "seed"), "llg+": ("dtype",), "llg+-update": None,
