@@ -81,6 +81,14 @@ def _valid(x: torch.Tensor, need: int, zero_tol: float, sign_tol: float) -> torc
     return sparse & (((x > sign_tol).sum(1) == 0) | ((x < -sign_tol).sum(1) == 0))
 
 
+def live_rows(v: torch.Tensor) -> torch.Tensor:
+    """The rows of V (n × B) that are not zero in every sample, each scaled to unit norm: the constraints of the
+    cone {c : V c ≥ 0} (a coordinate that is zero in every sample carries nothing)."""
+    norms = v.norm(dim=1)
+    live = norms > 1e-6 * norms.max()
+    return v[live] / norms[live, None]
+
+
 def _vertices(vn: torch.Tensor, batch: int, programs: int, gen: torch.Generator, need: int, zero_tol: float,
               sign_tol: float) -> torch.Tensor:
     """Unit coefficient vectors c (k × B) of the vertices of {c : V c ≥ 0, 1ᵀ V c = 1} that ``programs`` random
@@ -138,9 +146,7 @@ def linear_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, batch: int, *, sam
         raise GIError(f"linear_inputs: the weight gradient has rank < batch={batch} (singular values "
                       f"{[f'{v:.1e}' for v in sv[: batch + 1].tolist()]}): fewer distinct samples than the batch")
     v = vh[:batch].T
-    norms = v.norm(dim=1)
-    live = norms > 1e-6 * norms.max()  # coordinates that are zero in every sample carry nothing
-    vn = v[live] / norms[live, None]
+    vn = live_rows(v)
     need = batch - 1 + 20 if min_zeros is None else min_zeros
     found = torch.zeros(0, batch, dtype=v.dtype)
     draws = 0
@@ -275,11 +281,10 @@ def drifting_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, samples: int, *,
     if basis.shape[1] < samples:
         raise GIError(f"drifting_inputs: the update's row space has rank {basis.shape[1]} < samples={samples}")
     top = basis[:, :samples]
-    norms = top.norm(dim=1)
-    live = norms > 1e-6 * norms.max()
     gen = torch.Generator().manual_seed(seed)
-    coeffs = _vertices(top[live] / norms[live, None], samples, programs, gen, samples - 1 + 20, zero_tol, sign_tol)
+    coeffs = _vertices(live_rows(top), samples, programs, gen, samples - 1 + 20, zero_tol, sign_tol)
     found = coeffs @ top.T
+    start = torch.nn.functional.normalize(found, dim=1)  # the unrefined vertices
     ratio = torch.ones(len(found), dtype=torch.float64)
     for _ in range(iterations):
         found, ratio = null_directions(basis, found, zero_tol)
@@ -290,7 +295,6 @@ def drifting_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, samples: int, *,
             kept.append(i)
         if len(kept) == samples:
             break
-    start = torch.nn.functional.normalize(coeffs @ top.T, dim=1)
     u = unit[kept]
     while len(kept) < samples and len(kept) < len(start):  # refinements that met: the farthest unrefined vertices
         cos = (start @ u.T).amax(1) if kept else torch.zeros(len(start), dtype=start.dtype)
@@ -593,7 +597,7 @@ def complete_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, inputs: torch.Te
         sure[doubt] = False
     replaced, left = 0, 0
     if programs > 0 and not bool(sure.all()):
-        vn = _live_rows(v)
+        vn = live_rows(v)
         gen = torch.Generator().manual_seed(seed)
         kept = coef[sure]
         for _ in range(programs * int((~sure).sum())):
@@ -637,7 +641,7 @@ def vertex_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, batch: int, *, pro
     if not 2 <= batch <= min(gw.shape) or sv[batch - 1] <= 1e-9 * sv[0]:
         return gw[:0]
     v = vh[:batch].T
-    vn = _live_rows(v)
+    vn = live_rows(v)
     gen = torch.Generator().manual_seed(seed)
     floor = batch - 1 + 20 if min_zeros is None else min_zeros
     kept = torch.zeros(0, batch, dtype=torch.float64)
@@ -654,14 +658,7 @@ def vertex_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, batch: int, *, pro
     return kept @ v.T
 
 
-def _live_rows(v: torch.Tensor):
-    """The rows of V (n × B) that are not zero in every sample, each scaled to unit norm (numpy)."""
-    norms = v.norm(dim=1)
-    live = norms > 1e-6 * norms.max()
-    return (v[live] / norms[live, None]).numpy()
-
-
-def _vertex(vn, kept: torch.Tensor, gen: torch.Generator) -> torch.Tensor | None:
+def _vertex(vn: torch.Tensor, kept: torch.Tensor, gen: torch.Generator) -> torch.Tensor | None:
     """A vertex of {c : V c ≥ 0, 1ᵀ V c = 1} (rows ``vn``; HiGHS) maximising a random objective orthogonal to the
     rows of ``kept`` (any, where none is kept), as a unit vector; None where the program fails."""
     import numpy as np
@@ -671,7 +668,8 @@ def _vertex(vn, kept: torch.Tensor, gen: torch.Generator) -> torch.Tensor | None
     q = torch.linalg.qr(kept.T, mode="complete").Q[:, len(kept):] if len(kept) else torch.eye(batch,
                                                                                               dtype=torch.float64)
     w = q @ torch.randn(q.shape[1], generator=gen, dtype=torch.float64)
-    res = linprog(-w.numpy(), A_ub=-vn, b_ub=np.zeros(vn.shape[0]), A_eq=vn.sum(0, keepdims=True), b_eq=[1.0],
+    a = vn.numpy()
+    res = linprog(-w.numpy(), A_ub=-a, b_ub=np.zeros(a.shape[0]), A_eq=a.sum(0, keepdims=True), b_eq=[1.0],
                   bounds=[(None, None)] * batch, method="highs")
     return None if res.status != 0 else torch.nn.functional.normalize(torch.from_numpy(res.x), dim=0)
 

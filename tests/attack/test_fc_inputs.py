@@ -213,7 +213,8 @@ def test_an_update_problem_that_matches_no_layer_runs_the_forward_pass_alone():
 def test_a_multi_epoch_round_refreshes_each_slot_target_from_its_images_zeros():
     """Over E = 3 epochs the visits of an image differ by the drift, so the feature stage's inputs are approximate;
     the refresh replaces each slot's target by the row-space direction that vanishes where the slot's image's input
-    does: with the true images, each image's input at the global model (cosine > 0.99, against < 0.3 for others)."""
+    does: with the true images, each image's input at the global model (measured: cosine 0.9994 or more to its own
+    image, at most 0.87 to another; the feature maps of two images of this net are that alike)."""
     from gi.world.fl.victim import simulate_client
 
     data = load("fashion-mnist")

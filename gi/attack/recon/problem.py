@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,6 +28,9 @@ from gi.label_result import LabelResult
 from gi.world.fl.local import distinct_samples
 from gi.world.fl.protocol import Protocol
 from labels.slot_check import slot_targets
+
+if TYPE_CHECKING:
+    from fcn_analytic.disaggregate import SummedLayer
 
 Tensor = torch.Tensor
 
@@ -298,18 +302,24 @@ def layer_inputs(capture: Capture, layer: str, soft: Tensor | None, seed: int = 
     return x[order]
 
 
-def drift_basis(capture: Capture, layer: str | None) -> Tensor | None:
-    """The row space (n × r, float64) of the ``nn.Linear`` layer ``layer``'s summed update where the capture is a
-    round of several local epochs (:func:`fcn_analytic.disaggregate.row_space`): the space every visit of every
-    image lies in, against which the fit refreshes its feature targets (``attack.feature_refresh``,
-    :func:`fcn_analytic.disaggregate.null_directions`). None for a FedSGD batch, a one-epoch round (its inputs are
-    found exactly) or a capture without the layer's summed update."""
-    from fcn_analytic.disaggregate import row_space, summed_layer
+def drifting_layer(capture: Capture, layer: str | None) -> SummedLayer | None:
+    """The ``nn.Linear`` layer ``layer``'s summed update (:class:`fcn_analytic.disaggregate.SummedLayer`) where the
+    capture is a round of several local epochs, whose visits of an image differ by the drift; None for a FedSGD
+    batch, a one-epoch round (its inputs are found exactly) or a capture without the layer's summed update."""
+    from fcn_analytic.disaggregate import summed_layer
 
     summed = None if layer is None else summed_layer(capture, layer)
-    if summed is None or summed.once:
-        return None
-    return row_space(summed.weight)
+    return None if summed is None or summed.once else summed
+
+
+def drift_basis(capture: Capture, layer: str | None) -> Tensor | None:
+    """The row space (n × r, float64) of :func:`drifting_layer`'s update (:func:`fcn_analytic.disaggregate.row_space`):
+    the space every visit of every image lies in, against which the fit refreshes its feature targets
+    (``attack.feature_refresh``, :func:`fcn_analytic.disaggregate.null_directions`); None where that is None."""
+    from fcn_analytic.disaggregate import row_space
+
+    summed = drifting_layer(capture, layer)
+    return None if summed is None else row_space(summed.weight)
 
 
 def aux_span(images: Tensor, rank: int) -> tuple[Tensor, Tensor]:
