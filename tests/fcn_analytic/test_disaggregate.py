@@ -196,6 +196,27 @@ def test_null_directions_recover_an_input_from_its_zero_pattern_exactly():
         null_directions(basis, base[:, :10])
 
 
+def test_the_pursuit_splits_a_mixture_that_its_zeros_leave_mixed():
+    from fcn_analytic.disaggregate import null_directions, row_space
+
+    g = torch.Generator().manual_seed(3)
+    base = torch.rand(10, 200, generator=g, dtype=torch.float64) + 0.1
+    base[torch.rand(10, 200, generator=g) < 0.3] = 0.0  # 30 % zeros: two inputs share 19
+    basis = row_space(torch.randn(64, 10, generator=g, dtype=torch.float64) @ base)
+    mix = (0.7 * base[0] + 0.3 * base[1])[None]
+    unit = torch.nn.functional.normalize(base, dim=1)
+    _, ratio = null_directions(basis, mix)  # its zeros: the 19 shared, where both inputs vanish
+    assert float(ratio) > 0.1  # two directions vanish there: none singled out
+    found = mix
+    for _ in range(3):
+        found, ratio = null_directions(basis, found, smallest=30)
+    assert float((found @ unit.T)[0, 0]) > 1 - 1e-9 and float(ratio) < 1e-9  # the input that dominates, exactly
+    with pytest.raises(GIError, match="at least the basis' rank 10"):
+        null_directions(basis, mix, smallest=9)
+    with pytest.raises(GIError, match="at most the inputs' length 200"):
+        null_directions(basis, mix, smallest=201)
+
+
 def test_drifting_inputs_find_every_image_of_a_multi_epoch_sum():
     from fcn_analytic.disaggregate import drifting_inputs
 
