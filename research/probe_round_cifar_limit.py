@@ -10,7 +10,7 @@ import sys
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from gi.attack.recon.problem import labels_for_slots, layer_inputs
+from gi.attack.recon.problem import layer_inputs
 from gi.capture import Capture, Truth
 
 torch.set_num_threads(1)
