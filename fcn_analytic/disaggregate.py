@@ -267,9 +267,24 @@ def null_directions(basis: torch.Tensor, inputs: torch.Tensor, zero_tol: float =
     return out, ratio
 
 
+PURSUIT = 2.0  # the pursuit's zeros: each candidate's PURSUIT·rank smallest entries (measured in drifting_inputs)
+
+
+def pursue(basis: torch.Tensor, inputs: torch.Tensor, steps: int, factor: float = PURSUIT
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``steps`` steps of the hard-thresholding pursuit from each row of ``inputs``: :func:`null_directions` with
+    each row's ``factor``·r smallest entries as its zeros (r the rank of ``basis``; at least r, at most the rows'
+    length). Returns the directions and their null ratios (``inputs`` and ratios of 1 for ``steps`` 0)."""
+    k = min(max(int(factor * basis.shape[1]), basis.shape[1]), basis.shape[0])
+    found, ratio = inputs, torch.ones(inputs.shape[0], dtype=torch.float64)
+    for _ in range(steps):
+        found, ratio = null_directions(basis, found, smallest=k)
+    return found, ratio
+
+
 def drifting_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, samples: int, *, programs: int | None = None,
                     zero_tol: float = 1e-2, sign_tol: float = 5e-2, iterations: int = 8, distinct: float = 0.98,
-                    pursuit: float = 2.0, seed: int = 0) -> LinearInputs:
+                    pursuit: float = PURSUIT, seed: int = 0) -> LinearInputs:
     """Each of ``samples`` images' input of a Linear layer from the summed update of several local epochs, in which
     every image is visited once an epoch at drifting parameters (so the row space holds up to E·N visits and has
     no gap at N). The vertices of the nonnegative cone in the top-N right singular subspace, found by ``programs``
@@ -303,12 +318,9 @@ def drifting_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, samples: int, *,
     found = coeffs @ top.T
     start = torch.nn.functional.normalize(found, dim=1)  # the unrefined vertices
     ratio = torch.ones(len(found), dtype=torch.float64)
-    pursued, pursued_ratio = found, ratio
-    k = min(max(int(pursuit * basis.shape[1]), basis.shape[1]), basis.shape[0])
+    pursued, pursued_ratio = pursue(basis, found, iterations if pursuit > 0 else 0, pursuit)
     for _ in range(iterations):
         found, ratio = null_directions(basis, found, zero_tol)
-        if pursuit > 0:
-            pursued, pursued_ratio = null_directions(basis, pursued, smallest=k)
     vertices = len(start)
     if pursuit > 0 and iterations > 0:
         found, ratio = torch.cat([found, pursued]), torch.cat([ratio, pursued_ratio])

@@ -197,7 +197,7 @@ def test_null_directions_recover_an_input_from_its_zero_pattern_exactly():
 
 
 def test_the_pursuit_splits_a_mixture_that_its_zeros_leave_mixed():
-    from fcn_analytic.disaggregate import null_directions, row_space
+    from fcn_analytic.disaggregate import null_directions, pursue, row_space
 
     g = torch.Generator().manual_seed(3)
     base = torch.rand(10, 200, generator=g, dtype=torch.float64) + 0.1
@@ -211,6 +211,9 @@ def test_the_pursuit_splits_a_mixture_that_its_zeros_leave_mixed():
     for _ in range(3):
         found, ratio = null_directions(basis, found, smallest=30)
     assert float((found @ unit.T)[0, 0]) > 1 - 1e-9 and float(ratio) < 1e-9  # the input that dominates, exactly
+    pursued, pursued_ratio = pursue(basis, mix, 3, factor=3.0)  # 3·rank = the 30 smallest entries
+    assert torch.equal(pursued, found) and torch.equal(pursued_ratio, ratio)
+    assert torch.equal(pursue(basis, mix, 0)[0], mix)
     with pytest.raises(GIError, match="at least the basis' rank 10"):
         null_directions(basis, mix, smallest=9)
     with pytest.raises(GIError, match="at most the inputs' length 200"):

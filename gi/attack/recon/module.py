@@ -49,8 +49,8 @@ FLAT_MAX = 4_000_000
 # image per call 5.7-8.6 ms native vs 9.5-11.2 ms oneDNN per objective + backward, 4 images 14.8-17.4 vs 16.5-21.1,
 # 5 images about even, 20 images 58-67 vs 38-56; ResNet-18 (0.56G MACs per image) 1.0-1.3 s native vs 0.37-0.43 s.
 NATIVE_CONV_MACS = 4_000_000
-# steps of the hard-thresholding pursuit (fcn_analytic.disaggregate.null_directions, its 2·rank smallest entries)
-# after each refreshed feature target's null direction from its image's zeros (GradientInversion.refresh_features)
+# steps of the hard-thresholding pursuit (fcn_analytic.disaggregate.pursue) after each refreshed feature target's
+# null direction from its image's zeros (GradientInversion.refresh_features)
 REFRESH_PURSUIT = 2
 
 
@@ -407,7 +407,7 @@ class GradientInversion(L.LightningModule):
         the truth's than the approximate inputs' (a multi-epoch round's visits differ by the drift, their zeros
         barely), so target and images sharpen each other. The best iterates are tracked anew, since the objective
         changed."""
-        from fcn_analytic.disaggregate import null_directions
+        from fcn_analytic.disaggregate import null_directions, pursue
 
         with torch.no_grad():
             y = self.output_error if self.captured_error else self.current_soft()
@@ -419,9 +419,7 @@ class GradientInversion(L.LightningModule):
             for row in range(rows):
                 basis = self.problem.feature_basis[min(row // per, len(self.problem.feature_basis) - 1)]
                 f = feats[row].reshape(slots, -1).double().cpu()
-                d, _ = null_directions(basis, f)
-                for _ in range(REFRESH_PURSUIT):
-                    d, _ = null_directions(basis, d, smallest=min(2 * basis.shape[1], basis.shape[0]))
+                d, _ = pursue(basis, null_directions(basis, f)[0], REFRESH_PURSUIT)
                 new[row] = (d * f.norm(dim=1, keepdim=True)).to(old)
             self.feature_target = new.reshape(rows, *self.feature_target.shape[1:])
             self.best_loss.fill_(float("inf"))
