@@ -8,7 +8,7 @@ Reads a `gi run configs/fedavg-round-cifar10.yaml` output directory.
 import sys
 
 import torch
-from scipy.optimize import linear_sum_assignment
+from round_client import matched_psnr
 
 from gi.attack.recon.problem import layer_inputs
 from gi.capture import Capture, Truth
@@ -46,12 +46,6 @@ def fit(target: torch.Tensor) -> torch.Tensor:
     return torch.sigmoid(logit).detach()
 
 
-def psnr(images: torch.Tensor) -> torch.Tensor:
-    mse = ((images[:, None] - truth.images[None]) ** 2).flatten(2).mean(2)
-    rows, cols = linear_sum_assignment(mse.numpy())
-    return 10 * torch.log10(1 / mse[rows, cols])
-
-
 for name, target in (("recovered inputs", rec), ("truth at θ⁰", oracle)):
-    p = psnr(fit(target))
+    p = matched_psnr(fit(target), truth.images)
     print(f"{name}: mean {p.mean():.2f} / median {p.median():.2f} / min {p.min():.2f} dB")

@@ -8,23 +8,13 @@ feature stage's candidates (``drifting_inputs``) to each true input.
 import sys
 
 import torch
+from round_client import round_client
 
 from fcn_analytic.disaggregate import drifting_inputs, null_directions, row_space, summed_layer
-from gi.core.config import load
-from gi.experiments.config.run import RunConfig
-from gi.experiments.run import capture_all
-from gi.world.build import build_victim
 
 torch.set_num_threads(1)
 seed, epochs = int(sys.argv[1]), int(sys.argv[2])
-cfg = load(RunConfig, "configs/fedavg-round.yaml", [f"seed={seed}", f"protocol.local_epochs={epochs}"])
-torch.manual_seed(cfg.seed)
-dataset, model = build_victim(cfg)
-captures, truths = capture_all(cfg, dataset, model, torch.Generator().manual_seed(cfg.seed))[:2]
-capture, truth = captures[0], truths[0]
-net = capture.model()
-with torch.no_grad():
-    x0 = net.body[0](net.normalize(truth.images)).double()
+capture, truth, x0 = round_client(seed, epochs)
 unit = torch.nn.functional.normalize(x0, dim=1)
 summed = summed_layer(capture, "body.1")
 basis = row_space(summed.weight)

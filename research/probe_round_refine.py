@@ -8,23 +8,13 @@ at 0.98, as drifting_inputs keeps them) match. The vertices (400 linear programs
 import sys
 
 import torch
+from round_client import round_client
 
 from fcn_analytic.disaggregate import _vertices, live_rows, null_directions, row_space, summed_layer
-from gi.core.config import load
-from gi.experiments.config.run import RunConfig
-from gi.experiments.run import capture_all
-from gi.world.build import build_victim
 
 torch.set_num_threads(1)
 seed, epochs = int(sys.argv[1]), int(sys.argv[2])
-cfg = load(RunConfig, "configs/fedavg-round.yaml", [f"seed={seed}", f"protocol.local_epochs={epochs}"])
-torch.manual_seed(cfg.seed)
-dataset, model = build_victim(cfg)
-captures, truths = capture_all(cfg, dataset, model, torch.Generator().manual_seed(cfg.seed))[:2]
-capture, truth = captures[0], truths[0]
-net = capture.model()
-with torch.no_grad():
-    x0 = net.body[0](net.normalize(truth.images)).double()
+capture, truth, x0 = round_client(seed, epochs)
 unit0 = torch.nn.functional.normalize(x0, dim=1)
 summed = summed_layer(capture, "body.1")
 n = summed.samples
@@ -56,10 +46,8 @@ r = basis.shape[1]
 
 
 def smallest(found: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """null_directions on each row's k smallest coordinates (a hard-thresholding pursuit) instead of its zeros."""
-    kth = found.kthvalue(k, dim=1, keepdim=True).values
-    marked = torch.where(found <= kth, torch.zeros_like(found), torch.ones_like(found))
-    return null_directions(basis, marked, 0.5)
+    """One pursuit step: null_directions on each row's k smallest coordinates instead of its zeros."""
+    return null_directions(basis, found, smallest=k)
 
 
 mode = sys.argv[3] if len(sys.argv) > 3 else "k"
