@@ -191,3 +191,29 @@ def test_auto_reads_a_one_epoch_round_of_a_conv_net_with_fc_inputs():
         dense, _ = simulate_client(net, (images, y), Protocol(scheme="fedavg", batch_size=2, lr=0.01),
                                    torch.Generator().manual_seed(0))
         assert pick(dense, aux).method == "rlu"  # dense inputs of the first Linear: not a ReLU map
+
+
+@pytest.mark.parametrize("doubtful, readings", [(0, 1 + 2 * 2), (2, 1 + 2 * 2), (3, 1)])
+def test_a_reading_is_doubted_further_only_when_it_doubts_few_rows(monkeypatch, doubtful, readings):
+    """The bias identity missed (0.5 > BIAS_TOL): a first reading with at most DOUBTS doubtful rows is re-read with
+    each suspect doubted (two suspects here, DOUBTS rounds, each better than the last); one with more is not, as
+    each re-reading would repeat the completion's programs for every doubtful row."""
+    import labels.fc_inputs as fc
+
+    b = 6
+    calls: list[list[int]] = []
+
+    def reading(capture, name, summed, inputs, programs, doubt):
+        calls.append(list(doubt))
+        mask = torch.zeros(b, dtype=torch.bool)
+        mask[:doubtful] = True
+        mask[doubt] = True
+        return fc._Reading(inputs, torch.full((b, 10), 0.1), torch.zeros(b, dtype=torch.long), None, mask,
+                           0.5 / (1 + len(doubt)), 0, 0.0, torch.arange(b, dtype=torch.float64),
+                           torch.arange(b))
+
+    monkeypatch.setattr(fc, "_reading", reading)
+    monkeypatch.setattr(fc, "_suspects", lambda read: [int(i) for i in torch.nonzero(~read.doubtful).flatten()[:2]])
+    capture, _, _, _, _ = _replayed_round()
+    fc.labels_from_inputs(capture, "body.1", None, torch.zeros(b, 4), programs=8)
+    assert len(calls) == readings
