@@ -1,6 +1,6 @@
 """The client round's scaling plot (docs/results/client-round.md, "How the leak scales"): % of images the run's
 verdict calls recovered, and mean PSNR beside the mean colour, against N, E and B, from the aggregate.csv of the
-`gi sweep configs/sweep/round-scaling-{n,e,b}.yaml` runs (each point: every job's clients pooled), and the table.
+`gi sweep configs/sweep/round-scaling-{n,e,b,b32}.yaml` runs (each point: every job's clients pooled), and the table.
   .venv/bin/python research/plot_round_scaling.py [OUT.png]
 """
 import json
@@ -15,6 +15,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 AXES = {"n": ("protocol.num_samples", "N (images per client)"), "e": ("protocol.local_epochs", "E (local epochs)"),
         "b": ("protocol.batch_size", "B (batch size)")}
+ROOTS = {"n": ["runs/round-scaling-n"], "e": ["runs/round-scaling-e"],
+         "b": ["runs/round-scaling-b", "runs/round-scaling-b32"]}
 BASE = {"protocol.num_samples": 50.0, "protocol.local_epochs": 1.0, "protocol.batch_size": 5.0}
 
 
@@ -48,7 +50,7 @@ def points(key: str, rows: list[dict]) -> dict[float, dict[str, float]]:
 
 table = {}
 for ax, (key, _) in AXES.items():
-    rows = job_rows(Path(f"runs/round-scaling-{ax}"))
+    rows = [r for d in ROOTS[ax] for r in job_rows(Path(d))]
     if rows:
         table[ax] = points(key, rows)
 shared = table.get("n", {}).get(50.0)  # the base point (N 50, E 1, B 5) is the N sweep's middle one
