@@ -3,6 +3,8 @@ the aux-span image prior and its aux-mean start, the match term's weight and the
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -215,17 +217,7 @@ def test_a_multi_epoch_round_refreshes_each_slot_target_from_its_images_zeros():
     the refresh replaces each slot's target by the row-space direction that vanishes where the slot's image's input
     does: with the true images, each image's input at the global model (measured: cosine 0.9994 or more to its own
     image, at most 0.87 to another; the feature maps of two images of this net are that alike)."""
-    from gi.world.fl.victim import simulate_client
-
-    data = load("fashion-mnist")
-    first: dict[int, int] = {}
-    for i, y in enumerate(data.labels.tolist()):
-        first.setdefault(y, i)
-    idx = [first[c] for c in (7, 2, 5, 0, 9, 3)]
-    images, labels = data.images[idx], data.labels[idx]
-    model = build("cnn", 10, activation="relu", in_shape=(1, 28, 28), seed=0, channels=[16, 32], hidden=64)
-    protocol = Protocol(scheme="fedavg", num_samples=6, batch_size=2, lr=0.01, local_epochs=3)
-    capture, truth = simulate_client(model, (images, labels), protocol, rng=torch.Generator().manual_seed(0))
+    capture, truth, model = _refreshing_round()
     with torch.no_grad():
         x0 = model.body[0](model.normalize(truth.images)).double()
     cfg = ReconConfig(match_weight=0.0, feature_weight=1.0, feature_layer="first-linear", feature_relative=True,
@@ -245,3 +237,41 @@ def test_a_multi_epoch_round_refreshes_each_slot_target_from_its_images_zeros():
     assert one_epoch.feature_basis is None  # one epoch: the inputs are exact, nothing to refresh
     with pytest.raises(ConfigError, match="feature_refresh"):
         ReconConfig(feature_refresh=-1)
+
+
+def _refreshing_round():
+    """A 6-image client over E = 3 epochs (the feature stage's inputs approximate, so the fit refreshes them): its
+    capture, truth and the global model."""
+    from gi.world.fl.victim import simulate_client
+
+    images, labels = first_of_classes((7, 2, 5, 0, 9, 3))
+    model = build("cnn", 10, activation="relu", in_shape=(1, 28, 28), seed=0, channels=[16, 32], hidden=64)
+    protocol = Protocol(scheme="fedavg", num_samples=6, batch_size=2, lr=0.01, local_epochs=3)
+    capture, truth = simulate_client(model, (images, labels), protocol, rng=torch.Generator().manual_seed(0))
+    return capture, truth, model
+
+
+def _rates(module: GradientInversion, steps: int) -> list[float]:
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    sched = module._schedule(opt)
+    rates = []
+    for _ in range(steps):
+        rates.append(round(opt.param_groups[0]["lr"], 12))
+        opt.step()
+        sched.step()
+    return rates
+
+
+def test_the_cycled_schedule_restarts_the_multistep_steps_at_every_refresh():
+    """``multistep-cycle``: Inverting Gradients' ×0.1 at 3/8, 5/8 and 7/8 of every ``feature_refresh`` period where
+    the fit refreshes its targets; without a refresh (one epoch: exact inputs), ``multistep`` over the run."""
+    cfg = ReconConfig(match_weight=0.0, feature_weight=1.0, feature_layer="first-linear", feature_relative=True,
+                      objective="l2", feature_refresh=8, schedule="multistep-cycle", **{**FAST, "iterations": 24})
+    capture, truth, _ = _refreshing_round()
+    cycled = _rates(GradientInversion(build_problem([capture], [oracle(truth)], cfg), cfg), 24)
+    period = [1.0] * 3 + [0.1] * 2 + [0.01] * 2 + [0.001]
+    assert cycled == period * 3
+    once = GradientInversion(build_problem([_round()[0]], [oracle(_round()[1])], cfg), cfg)
+    plain = dataclasses.replace(cfg, schedule="multistep")
+    assert _rates(once, 24) == _rates(GradientInversion(once.problem, plain), 24) == \
+        [1.0] * 9 + [0.1] * 6 + [0.01] * 6 + [0.001] * 3

@@ -8,7 +8,7 @@ from typing import Any
 
 from gi.core.errors import ConfigError
 
-SCHEDULES = ("multistep", "constant", "cosine")
+SCHEDULES = ("multistep", "multistep-cycle", "constant", "cosine")
 LABEL_KINDS = ("fixed", "joint")
 BATCHINGS = ("auto", "vmap", "loop")
 SMALL_MODEL = 2_000_000  # parameters under which one CPU thread and vmap-batched restarts are the defaults
@@ -136,6 +136,10 @@ class ReconConfig:
     local epochs (only approximate, :func:`gi.attack.recon.problem.drift_basis`), each slot's target is replaced
     by the direction of that layer's row space that best vanishes where the slot's current image's input does
     (:func:`fcn_analytic.disaggregate.null_directions`), at that input's norm.
+    ``schedule``: the learning rate over the fit. ``multistep``: Inverting Gradients' ×0.1 at 3/8, 5/8 and 7/8 of
+    ``iterations``; ``multistep-cycle``: the same steps within every ``feature_refresh`` period where the fit
+    refreshes its targets (each refreshed target fitted from the full rate down), else ``multistep``;
+    ``cosine``: cosine annealing to 0; ``constant``.
     ``alternatives``: up to :data:`MAX_ALTERNATIVES` mappings of keys of this section, each a further fit of every
     optimised capture with those keys over the base settings; per capture, the fit whose final relative gradient
     mismatch (:func:`gi.attack.recon.mismatch.shared_mismatch`, the attack's own signal, never the truth) is

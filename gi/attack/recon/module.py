@@ -357,9 +357,19 @@ class GradientInversion(L.LightningModule):
         return torch.cat(losses)
 
     # ----------------------------------------------------------------- Lightning hooks
+    @property
+    def refreshing(self) -> bool:
+        """Whether the fit refreshes its feature targets (``attack.feature_refresh`` on a multi-epoch round's
+        approximate inputs, :meth:`refresh_features`)."""
+        return bool(self.use_features and self.problem.feature_basis is not None and self.cfg.feature_refresh)
+
     def _schedule(self, opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
         n = self.cfg.iterations
-        if self.cfg.schedule == "multistep":  # Inverting Gradients: ×0.1 at 3/8, 5/8, 7/8
+        if self.cfg.schedule == "multistep-cycle" and self.refreshing:  # the multistep steps in every period
+            period = self.cfg.feature_refresh
+            marks = (int(period * 3 / 8), int(period * 5 / 8), int(period * 7 / 8))
+            return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.1 ** sum(s % period >= m for m in marks))
+        if self.cfg.schedule in ("multistep", "multistep-cycle"):  # Inverting Gradients: ×0.1 at 3/8, 5/8, 7/8
             return torch.optim.lr_scheduler.MultiStepLR(opt, [int(n * 3 / 8), int(n * 5 / 8), int(n * 7 / 8)], 0.1)
         if self.cfg.schedule == "cosine":
             return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=n)
@@ -443,8 +453,7 @@ class GradientInversion(L.LightningModule):
         if self.cfg.boxed:
             with torch.no_grad():
                 self.images.clamp_(0, 1)
-        if self.use_features and self.problem.feature_basis is not None and self.cfg.feature_refresh \
-                and batch_idx > 0 and batch_idx % self.cfg.feature_refresh == 0:
+        if self.refreshing and batch_idx > 0 and batch_idx % self.cfg.feature_refresh == 0:
             self.refresh_features()
         if records_history(self.cfg, batch_idx):
             self.history["step"].append(batch_idx)
