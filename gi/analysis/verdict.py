@@ -171,11 +171,12 @@ def mismatch_sentence(mismatches: Sequence[float], what: str = "gradient", known
             + (f"; {CANNOT_TELL} for {unknown} more: {UNKNOWN_ORDER}" if unknown else ""))
 
 
-def feature_summary(layer: str, residuals: Sequence[float | None], image_mismatches: Sequence[float | None]
-                    ) -> dict[str, Any]:
+def feature_summary(layer: str, residuals: Sequence[float | None], image_mismatches: Sequence[float | None],
+                    slot_mismatches: Sequence[Sequence[float] | None] | None = None) -> dict[str, Any]:
     """The ``verdict.features`` record (module docstring, "Features"): per capture whether the matched features
     explain the gradient of ``layer`` (``targets``, :func:`mismatch_verdict` of ``residuals``; None where that
-    layer's gradient is not shared), the residuals, the images' relative feature mismatch, and the sentence, e.g.
+    layer's gradient is not shared), the residuals, the images' relative feature mismatch (per capture, and per
+    slot in ``slot_mismatches``: each image against its own slot's target), and the sentence, e.g.
     ``the feature target (the inputs of body.1) explains that layer's gradient for 3 of 3 captures (residual at
     most 4.1e-08); the images reproduce them to a relative mismatch of 0.081 to 0.15``."""
     words = [None if r is None else mismatch_verdict(r) for r in residuals]
@@ -192,8 +193,10 @@ def feature_summary(layer: str, residuals: Sequence[float | None], image_mismatc
     if fits:
         spread = f"{fits[0]:.2g}" if len(fits) == 1 else f"{min(fits):.2g} to {max(fits):.2g}"
         sentence += f"; the images reproduce them to a relative mismatch of {spread}"
+    slots = [None] * len(residuals) if slot_mismatches is None else [None if m is None else [float(v) for v in m]
+                                                                     for m in slot_mismatches]
     return {"layer": layer, "summary": sentence, "targets": words, "target_residual": list(residuals),
-            "image_feature_mismatch": list(image_mismatches), "rule": FEATURE_RULE}
+            "image_feature_mismatch": list(image_mismatches), "slot_feature_mismatch": slots, "rule": FEATURE_RULE}
 
 
 RULE = (f"recovered: PSNR >= {RECOVERED_MIN_PSNR_DB:g} dB and >= the best trivial guess + {RECOVERED_MARGIN_DB:g} "

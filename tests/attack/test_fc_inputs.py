@@ -160,6 +160,26 @@ def test_feature_mismatch_is_zero_for_the_true_images_and_large_for_a_flat_one(f
     assert feature_mismatch(capture, grey, x, "body.1") > 0.3
 
 
+def test_each_slot_is_judged_against_its_own_target_only():
+    """Per slot ‖f_i(x̂) − f*_i‖ / ‖f*_i‖ on a net without normalisation (the slots do not interact): the true
+    images reproduce every target exactly; a grey image in slot 2 spoils slot 2 and no other; the pooled ratio is
+    the root of the slots' squared errors over the targets' total."""
+    from gi.attack.recon.mismatch import feature_mismatches
+
+    capture, truth, _ = _round()
+    model = capture.model()
+    with torch.no_grad():
+        target = model.body[0](model.normalize(truth.images))
+    pooled, slots = feature_mismatches(capture, truth.images, target, "body.1")
+    assert pooled == 0.0 and slots == [0.0] * 6
+    spoiled = truth.images.clone()
+    spoiled[2] = 0.5
+    pooled, slots = feature_mismatches(capture, spoiled, target, "body.1")
+    assert slots[2] > 0.3 and slots[:2] + slots[3:] == [0.0] * 5
+    share = float(target[2].double().norm() / target.double().norm())
+    assert pooled == pytest.approx(slots[2] * share, rel=1e-9)
+
+
 def _round(momentum: float = 0.0):
     """A FedAvg client's round: six Fashion-MNIST images of six classes, one epoch of three SGD steps of two, on a
     ReLU cnn without normalisation; the capture, its truth and every image's input of ``body.1`` at the parameters

@@ -28,3 +28,6 @@ def test_fc_inputs_run_recovers_more_than_a_trivial_guess(tmp_path, fashion_mnis
     said = m["verdict"]["features"]  # what leaked short of the image, from the attack's own signals
     assert said["layer"] == "body.1" and said["targets"] == ["explains"] and said["target_residual"][0] < 1e-3
     assert 0.0 < said["image_feature_mismatch"][0] < 1.0
+    slots = said["slot_feature_mismatch"][0]  # each image against its own slot's input, pooled to the same ratio
+    assert len(slots) == 4 and all(0.0 < v < 2.0 for v in slots)
+    assert min(slots) <= said["image_feature_mismatch"][0] * (1 + 1e-9) <= max(slots) * (1 + 1e-9) + 1e-12

@@ -66,13 +66,26 @@ def feature_mismatch(capture: Capture, images: Tensor, target: Tensor, layer: st
     layer, eq. 8's f_{N−1}) for the final ``images`` (B, C, H, W) in slot order, forwarded together in the protocol's
     mode (BatchNorm in train mode sees the batch, as the client's forward did); ``target`` f* (B, D), slot order.
     ``model``: the capture's model when the caller already rebuilt it."""
+    return feature_mismatches(capture, images, target, layer, model)[0]
+
+
+def feature_mismatches(capture: Capture, images: Tensor, target: Tensor, layer: str | None = None,
+                       model: torch.nn.Module | None = None) -> tuple[float, list[float]]:
+    """:func:`feature_mismatch` over all slots together, and per slot ‖f_i(x̂) − f*_i‖ / ‖f*_i‖ (one forward
+    pass): how far each image is from reproducing its own slot's target (0 where both are zero, inf where only the
+    target is)."""
     model = (capture.model() if model is None else model).cpu()
     model.train(capture.protocol.model_mode == "train")
     with torch.no_grad():
         f = features_and_logits(model, images.detach().float().cpu(), layer)[0].double()
     t = target.detach().double().cpu().reshape(f.shape)
-    norm = float(t.norm())
-    diff = float((f - t).norm())
+    f, t = f.reshape(f.shape[0], -1), t.reshape(t.shape[0], -1)
+    return _ratio((f - t).norm(), t.norm()), [_ratio(d, n) for d, n in zip((f - t).norm(dim=1), t.norm(dim=1))]
+
+
+def _ratio(diff: Tensor, norm: Tensor) -> float:
+    """``diff / norm`` as a float: 0 where both are 0, inf where only ``norm`` is."""
+    diff, norm = float(diff), float(norm)
     if norm == 0.0:
         return 0.0 if diff == 0.0 else math.inf
     return diff / norm

@@ -137,16 +137,17 @@ def record_mismatch(captures: Sequence[Capture], recs: Sequence[Reconstruction],
     (:func:`gi.attack.recon.mismatch.shared_mismatch`: the final images and labels through the simulator the
     objective uses; for an update capture, the update's): the attack's own verdict signal (docs/usage.md,
     "Verdict"). ``features``: the f* the fit matched (with ``layer``, the resolved module name they are the inputs
-    of, None for the last layer), and then also ``history["feature_mismatch"]``
-    (:func:`gi.attack.recon.mismatch.feature_mismatch`) where a capture has one.
+    of, None for the last layer), and then also ``history["feature_mismatch"]`` and, per slot,
+    ``history["slot_feature_mismatch"]`` (:func:`gi.attack.recon.mismatch.feature_mismatches`) where a capture has
+    one.
     The model is rebuilt once per run of captures of one global model."""
-    from gi.attack.recon.mismatch import feature_mismatch, shared_mismatch
+    from gi.attack.recon.mismatch import feature_mismatches, shared_mismatch
     from gi.attack.recon.problem import same_model
 
     owner, model = None, None
     for k, (capture, rec) in enumerate(zip(captures, recs)):
         target = features[k] if features is not None else None
-        if "gradient_mismatch" in rec.history and (target is None or "feature_mismatch" in rec.history):
+        if "gradient_mismatch" in rec.history and (target is None or "slot_feature_mismatch" in rec.history):
             continue  # measured already (attack.alternatives chose by it)
         if owner is None or not same_model(owner, capture):
             owner, model = capture, capture.model()
@@ -154,4 +155,5 @@ def record_mismatch(captures: Sequence[Capture], recs: Sequence[Reconstruction],
             rec.history["gradient_mismatch"] = shared_mismatch(capture, rec.images, rec.labels,
                                                                rec.history.get("output_error", "simulated"), model)
         if target is not None:
-            rec.history["feature_mismatch"] = feature_mismatch(capture, rec.images, target, layer, model)
+            rec.history["feature_mismatch"], rec.history["slot_feature_mismatch"] = feature_mismatches(
+                capture, rec.images, target, layer, model)

@@ -44,7 +44,8 @@ class AttackResult:
         what = "update" if self.captures and self.captures[0].is_update else "gradient"
         stage = next((s for s in self.stages if s.get("name") == "features" and "target_residual" in s), None)
         features = None if stage is None else feature_summary(
-            stage["feature_layer"], stage["target_residual"], [r.history.get("feature_mismatch") for r in recs])
+            stage["feature_layer"], stage["target_residual"], [r.history.get("feature_mismatch") for r in recs],
+            [r.history.get("slot_feature_mismatch") for r in recs])
         silent = [bool(self.captures) and self.captures[k].silent for k in range(len(recs))]
         labels = [None if quiet else [int(c) for c in r.labels.argmax(1)] for r, quiet in zip(recs, silent)]
         return AttackVerdict(mismatch_summary([mismatch_of(r) for r in recs], what, self.simulable), features,
