@@ -17,6 +17,16 @@ Each block is then scaled by its right-hand side's norm, so neither swamps the o
 solved by least squares: the normal equations are formed from the sparse
 rows (every row touches one kernel window) and solved by Cholesky, falling back to an SVD-based solve when the
 system is rank-deficient (dead ReLUs). ``∂L/∂x = convᵀ δ`` then feeds the layer below.
+
+**A rank-deficient hidden layer.** Where the input is a ReLU's output (a hidden layer's), the minimum-norm answer
+is off by a vector of the normal matrix's null space N (its eigenvectors below :data:`NULL_TOL` of the largest
+eigenvalue), and that null space is small beside the input's zeros: on the ReLU LeNet's conv2 (3072 unknowns),
+23–88 directions against ~1750 zeros (cifar10-samples, PyTorch's init, seed 1). So x ≥ 0 pins it, as a
+nonnegative factor's sparsity pins the vertices of :mod:`fcn_analytic.disaggregate`: the coefficients c
+minimising ‖min(x₀ + N c, 0)‖² (a convex problem in d = dim N unknowns) give the input to 2e-5 relative where
+the minimum-norm x₀ was 0.13–0.15 off (:func:`nonnegative_null_fit`). The answer is pinned when the rows of N at
+its zero entries have full column rank (smallest singular value above :data:`PINNED_TOL`): no direction of the null
+space then keeps every zero nonnegative.
 """
 
 from __future__ import annotations
@@ -32,12 +42,35 @@ from gi.core.errors import GIError
 Tensor = torch.Tensor
 
 
+RELU_SNAP = 1e-5  # a recovered ReLU output below this fraction of its largest entry is a dead unit's zero
+# ... or below this multiple of its most negative entry: a ReLU output is never negative, so the negative entries
+# are the recovery's own error, which the dead units carry too (ReLU LeNet, seed 1, cifar10-samples 9: dead
+# units up to 3.1e-4, negatives down to -2.8e-4, the smallest active unit 6.0e-4, where 1e-5 of the largest entry
+# is 1.8e-5 and called 70 dead units active: docs/results/realistic.md, S1)
+RELU_SNAP_NOISE = 1.5
+NULL_TOL = 1e-9  # an eigenvalue of the normal matrix below this fraction of the largest spans the null space
+PINNED_TOL = 1e-3  # smallest singular value of the null basis at the input's zeros above which x ≥ 0 pins it
+NONNEGATIVE_STEPS = 500  # L-BFGS iterations of the null-space fit (d ≤ a few hundred unknowns, a convex objective)
+
+
+@dataclass
+class NullFit:
+    """:func:`nonnegative_null_fit`'s answer: ``x`` the input, ``dim`` the null space's dimension, ``pinned``
+    whether x ≥ 0 leaves no direction of it free, ``zeros`` the input's entries read as zeros."""
+
+    x: Tensor
+    dim: int
+    pinned: bool
+    zeros: int
+
+
 @dataclass
 class ConvSolve:
     """``x`` (C, H, W) float64 the recovered layer input; ``residual`` the relative residual ‖∇W − G(x; δ)‖/‖∇W‖
     of the gradient constraint; ``forward_residual`` the relative residual of the forward constraint;
     ``rows`` / ``unknowns`` the system's size; ``solver`` ``cholesky`` | ``lstsq``; ``unread`` the input entries
-    no kernel window reads (left at 0: nothing in the gradient determines them)."""
+    no kernel window reads (left at 0: nothing in the gradient determines them); ``null`` the nonnegative
+    null-space fit of a rank-deficient solve of a nonnegative input (None where none ran)."""
 
     x: Tensor
     residual: float
@@ -46,6 +79,7 @@ class ConvSolve:
     unknowns: int
     solver: str
     unread: int = 0
+    null: NullFit | None = None
 
 
 def window_index(conv: nn.Conv2d, in_shape: tuple[int, int, int]) -> Tensor:
@@ -66,12 +100,14 @@ def check_conv(conv: nn.Conv2d, name: str) -> None:
 
 
 def solve_conv(conv: nn.Conv2d, in_shape: tuple[int, int, int], weight: Tensor, z_minus_b: Tensor, valid: Tensor,
-               delta: Tensor, grad_weight: Tensor, forward_weight: Tensor | None = None) -> ConvSolve:
+               delta: Tensor, grad_weight: Tensor, forward_weight: Tensor | None = None,
+               nonnegative: bool = False) -> ConvSolve:
     """Solve the stacked forward + gradient constraints for the layer input (module docstring).
 
     ``z_minus_b`` / ``valid`` / ``delta``: (O, P) of the layer's output positions; ``weight`` / ``grad_weight`` the
     layer's (O, C, kh, kw) weight and its shared gradient; ``forward_weight`` (O, P) each forward row's weight
-    (σ'(z); None: 1). float64 throughout.
+    (σ'(z); None: 1). ``nonnegative``: the input is a ReLU's output, so a rank-deficient solve's null space is
+    fixed by x ≥ 0 (module docstring, :func:`nonnegative_null_fit`). float64 throughout.
     """
     idx = window_index(conv, in_shape)  # (K, P), K = C·kh·kw
     k, p = idx.shape
@@ -117,12 +153,14 @@ def solve_conv(conv: nn.Conv2d, in_shape: tuple[int, int, int], weight: Tensor, 
     rhs.index_add_(0, jdx.reshape(-1), ((gw * sg).T @ d).reshape(-1))
     rhs = rhs[:n]
     read = gram.diagonal() > 0  # an input pixel no kernel window reads (stride / no padding) is not determined
-    if bool(read.all()):
-        x, solver = solve_normal_equations(gram.contiguous(), rhs)
-    else:
-        keep = read.nonzero()[:, 0]
-        x = torch.zeros(n, dtype=torch.float64)
-        x[keep], solver = solve_normal_equations(gram[keep][:, keep].contiguous(), rhs[keep])
+    keep = read.nonzero()[:, 0]
+    normal = gram[keep][:, keep].contiguous()  # a copy: the Cholesky attempt overwrites its matrix
+    x = torch.zeros(n, dtype=torch.float64)
+    x[keep], solver = solve_normal_equations(normal.clone() if nonnegative else normal, rhs[keep])
+    null = None
+    if nonnegative and solver == "lstsq":
+        null = nonnegative_null_fit(normal, x[keep])
+        x[keep] = null.x
     xs = x.view(1, *in_shape)
     kw = dict(stride=conv.stride, padding=conv.padding, dilation=conv.dilation)
     fwd = F.conv2d(xs, weight.double(), **kw)[0].reshape(o, p)
@@ -131,7 +169,43 @@ def solve_conv(conv: nn.Conv2d, in_shape: tuple[int, int, int], weight: Tensor, 
     f_res = float(((fwd - z_minus_b.double()) * om).norm() / max(float(rf.norm()), 1e-300))
     g_res = float((grad - gw).norm() / ng)
     rows = int(valid.sum()) + o * k
-    return ConvSolve(x.view(in_shape), g_res, f_res, rows, n, solver, int((~read).sum()))
+    return ConvSolve(x.view(in_shape), g_res, f_res, rows, n, solver, int((~read).sum()), null)
+
+
+def zero_bound(a: Tensor) -> float:
+    """The largest value of a recovered ReLU output ``a`` that reads as a dead unit's zero: :data:`RELU_SNAP` of
+    its largest magnitude, or :data:`RELU_SNAP_NOISE` times its largest negative magnitude (the recovery's own
+    error, from float32 gradients amplified by the layers above), whichever is larger."""
+    return max(RELU_SNAP * float(a.abs().max()), RELU_SNAP_NOISE * float((-a).clamp(min=0).max()))
+
+
+def nonnegative_null_fit(normal: Tensor, x: Tensor, tol: float = NULL_TOL, steps: int = NONNEGATIVE_STEPS) -> NullFit:
+    """The nonnegative input among the least-squares answers ``x + N c`` of a rank-deficient normal system
+    ``normal`` (module docstring, "A rank-deficient hidden layer"): N the eigenvectors of ``normal`` below ``tol``
+    of its largest eigenvalue, c minimising ‖min(x + N c, 0)‖² by L-BFGS from 0. The zeros are the entries at or
+    below :func:`zero_bound` (as :func:`fcn_analytic.invert.snap_dead` reads a recovered ReLU output), and the
+    answer is pinned when N's rows there have full column rank (smallest singular value above
+    :data:`PINNED_TOL`)."""
+    ev, vec = torch.linalg.eigh(normal)
+    basis = vec[:, ev < tol * float(ev.max())]
+    d = basis.shape[1]
+    if d == 0:
+        return NullFit(x, 0, True, int((x <= zero_bound(x)).sum()))
+    c = torch.zeros(d, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([c], max_iter=steps, history_size=min(d, 50), line_search_fn="strong_wolfe",
+                            tolerance_grad=1e-14, tolerance_change=1e-18)
+
+    def closure() -> Tensor:
+        opt.zero_grad()
+        loss = torch.relu(-(x + basis @ c)).pow(2).sum()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    out = (x + basis @ c).detach()
+    zero = out <= zero_bound(out)
+    pinned = int(zero.sum()) >= d and float(torch.linalg.svdvals(basis[zero]).min()) > PINNED_TOL
+    return NullFit(out, d, pinned, int(zero.sum()))
 
 
 def solve_normal_equations(gram: Tensor, rhs: Tensor) -> tuple[Tensor, str]:

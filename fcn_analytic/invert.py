@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from fcn_analytic.activations import ACTIVATION_DERIVATIVES, ACTIVATION_INVERSES
-from fcn_analytic.conv import check_conv, conv_input_gradient, solve_conv
+from fcn_analytic.conv import check_conv, conv_input_gradient, solve_conv, zero_bound
 from fcn_analytic.features import feature_source, output_gradient
 from fcn_analytic.polish import PolishLayer, polish
 from fcn_analytic.prior import refine_input
@@ -233,8 +233,9 @@ def _delta_from_derivative(layer: AnalyticLayer, grad_a: Tensor, a_out: Tensor) 
 
 
 def _linear_step(capture: Capture, layer: AnalyticLayer, gw: Tensor, a_out: Tensor, grad_a: Tensor,
-                 need_grad: bool) -> tuple[Tensor, Tensor | None, LayerReport]:
-    """Eq. 7 for a Linear layer (δ from its bias gradient, else from σ'), then eq. 6 for the layer below."""
+                 need_grad: bool, nonnegative: bool = False) -> tuple[Tensor, Tensor | None, LayerReport]:
+    """Eq. 7 for a Linear layer (δ from its bias gradient, else from σ'), then eq. 6 for the layer below
+    (``nonnegative`` is not read: eq. 7's read-out has no null space)."""
     state, lin = capture.model_state, layer.module
     gb = _shared(capture, f"{layer.prefix}.bias") if lin.bias is not None else None
     if gb is not None:
@@ -252,14 +253,6 @@ def _linear_step(capture: Capture, layer: AnalyticLayer, gw: Tensor, a_out: Tens
     return a_in, (_matvec_t(w, delta) if need_grad else None), report
 
 
-RELU_SNAP = 1e-5  # a recovered ReLU output below this fraction of its largest entry is a dead unit's zero
-# ... or below this multiple of its most negative entry: a ReLU output is never negative, so the negative entries
-# are the recovery's own error, which the dead units carry too (ReLU LeNet, seed 1, cifar10-samples 9: dead
-# units up to 3.1e-4, negatives down to -2.8e-4, the smallest active unit 6.0e-4, where 1e-5 of the largest entry
-# is 1.8e-5 and called 70 dead units active: docs/results/realistic.md, S1)
-RELU_SNAP_NOISE = 1.5
-
-
 def _is_relu(act: nn.Module) -> bool:
     return type(act) is nn.ReLU or (type(act) is nn.LeakyReLU and act.negative_slope == 0)
 
@@ -267,20 +260,19 @@ def _is_relu(act: nn.Module) -> bool:
 def snap_dead(act: nn.Module, a_out: Tensor) -> Tensor:
     """A ReLU output recovered by least squares from the layer above holds rounding noise (~1e-8 relative) where
     the unit is dead; read as ``a > 0`` it would mark a quarter of the dead units active and give them forward
-    rows ``z = 0`` and a δ they do not have. Snap it to the exact zero the forward pass had: below
-    :data:`RELU_SNAP` of the largest entry, or below :data:`RELU_SNAP_NOISE` times the largest negative entry's
-    magnitude (the recovery's error, from float32 gradients amplified by the layers above)."""
+    rows ``z = 0`` and a δ they do not have. Snap it to the exact zero the forward pass had: at or below
+    :func:`fcn_analytic.conv.zero_bound`."""
     if not _is_relu(act):
         return a_out
-    bound = max(RELU_SNAP * float(a_out.abs().max()), RELU_SNAP_NOISE * float((-a_out).clamp(min=0).max()))
-    return torch.where(a_out > bound, a_out, torch.zeros_like(a_out))
+    return torch.where(a_out > zero_bound(a_out), a_out, torch.zeros_like(a_out))
 
 
 def _conv_step(capture: Capture, layer: AnalyticLayer, gw: Tensor, a_out: Tensor, grad_a: Tensor,
-               need_grad: bool) -> tuple[Tensor, Tensor | None, LayerReport]:
+               need_grad: bool, nonnegative: bool = False) -> tuple[Tensor, Tensor | None, LayerReport]:
     """A convolution: z = σ⁻¹(a), δ = ∂L/∂a ⊙ σ'(z), then the stacked least squares of
     :func:`fcn_analytic.conv.solve_conv` with the forward rows weighted by σ'(z); eq. 6 (convᵀ δ) for the layer
-    below."""
+    below. ``nonnegative``: the layer's input is a ReLU's output, whose zeros pin a rank-deficient solve's null
+    space (:func:`fcn_analytic.conv.nonnegative_null_fit`)."""
     act, conv = layer.activation, layer.module
     if type(act) not in ACTIVATION_INVERSES:
         raise GIError(f"{layer.prefix} is a convolution followed by {type(act).__name__}, which has no inverse; "
@@ -296,10 +288,16 @@ def _conv_step(capture: Capture, layer: AnalyticLayer, gw: Tensor, a_out: Tensor
     delta = grad_a * slope  # eq. 6 (every activation with an inverse has its derivative registered)
     o = w.shape[0]
     solved = solve_conv(conv, layer.in_shape, w, z.reshape(o, -1), valid.reshape(o, -1), delta.reshape(o, -1),
-                        gw, slope.reshape(o, -1))
+                        gw, slope.reshape(o, -1), nonnegative=nonnegative)
     x, residual, forward = solved.x, solved.residual, solved.forward_residual
     unread = f", {solved.unread} input entries no window reads" if solved.unread else ""
     route = f"least-squares ({solved.solver}{unread})"
+    if solved.null is not None:
+        null = solved.null
+        route = (f"least-squares (a {null.dim}-dimensional null space pinned by the input's {null.zeros} zeros"
+                 f"{unread})" if null.pinned else
+                 f"least-squares ({solved.solver}{unread}; its {null.dim}-dimensional null space is not pinned by "
+                 f"the input's {null.zeros} zeros)")
     k = int(w[0].numel())
     if not need_grad and (solved.solver == "lstsq" or int(valid.sum()) + o * k < solved.unknowns):
         # the input layer leaves a null space (a ReLU's dead units drop their forward rows): fill it with the
@@ -382,7 +380,8 @@ def invert(capture: Capture, label_result: LabelResult | None = None, features: 
                                f"{tuple(layer.module.weight.shape)}: capture and model differ")
         step = LAYER_ROUTES[type(layer.module)]
         a_in, grad_a, report = step(capture, layer, gw, a_out.reshape(layer.out_shape),
-                                    grad_a.reshape(layer.out_shape), need_grad=i > 0)
+                                    grad_a.reshape(layer.out_shape), need_grad=i > 0,
+                                    nonnegative=i > 0 and _is_relu(layers[i - 1].activation))
         reports.append(report)
         recovered[layer.prefix] = a_in
         a_out = a_in
