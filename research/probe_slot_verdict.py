@@ -31,7 +31,7 @@ for arg in sys.argv[1:]:
     pooled += r
     print(f"| {arg} | " + " | ".join(spread([s for s, w, _ in r if w == k])
                                    for k in ("recovered", "partial", "not recovered")) + " |")
-print(f"| all | " + " | ".join(spread([s for s, w, _ in pooled if w == k])
+print("| all | " + " | ".join(spread([s for s, w, _ in pooled if w == k])
                                for k in ("recovered", "partial", "not recovered")) + " |")
 print("\nthreshold t: slot mismatch < t reads 'recovered'; agreement with the verdict with truth (recovered or not)")
 for t in (0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2):
