@@ -207,6 +207,7 @@ def test_captures_stopped_at_different_layers_are_padded_and_drawn(tmp_path, mon
     layers = features["analytic_layers"]
     assert [la["name"] for la in layers] == ["fc", "body.4", "body.2"]
     assert layers[-1]["residual"][0] is None and layers[-1]["residual"][1] is not None
+    assert layers[-1]["routes"][0] is None and layers[-1]["routes"][1].startswith("least-squares")  # per capture
     assert reconstruct.get("analytic_captures", 0) == 0
     assert [r.history["answered_by"] for r in result.outcome.reconstructions] == ["optimisation", "optimisation"]
     assert (tmp_path / "r" / "analytic.png").is_file() and (tmp_path / "r" / "psnr.png").is_file()

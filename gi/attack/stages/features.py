@@ -75,6 +75,7 @@ def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_result
         deepest = max(inversions, key=lambda inv: len(inv.layers))  # a stopped inversion reports fewer layers
         record["analytic_layers"] = [
             {"name": layer.name, "route": layer.route,
+             "routes": [inv.layers[k].route if k < len(inv.layers) else None for inv in inversions],
              "residual": [inv.layers[k].residual if k < len(inv.layers) else None for inv in inversions],
              "forward": [inv.layers[k].forward_error if k < len(inv.layers) else None for inv in inversions]}
             for k, layer in enumerate(deepest.layers)]
