@@ -154,7 +154,7 @@ def solve_conv(conv: nn.Conv2d, in_shape: tuple[int, int, int], weight: Tensor, 
     rhs = rhs[:n]
     read = gram.diagonal() > 0  # an input pixel no kernel window reads (stride / no padding) is not determined
     keep = read.nonzero()[:, 0]
-    normal = gram[keep][:, keep].contiguous()  # a copy: the Cholesky attempt overwrites its matrix
+    normal = (gram if bool(read.all()) else gram[keep][:, keep]).contiguous()  # a copy the Cholesky overwrites
     x = torch.zeros(n, dtype=torch.float64)
     x[keep], solver = solve_normal_equations(normal.clone() if nonnegative else normal, rhs[keep])
     null = None
