@@ -54,6 +54,12 @@ NATIVE_CONV_MACS = 4_000_000
 REFRESH_PURSUIT = 2
 
 
+def multistep_marks(steps: int) -> list[int]:
+    """Inverting Gradients' multistep schedule over ``steps``: the steps at 3/8, 5/8 and 7/8, where the rate drops
+    ×0.1."""
+    return [int(steps * f) for f in (3 / 8, 5 / 8, 7 / 8)]
+
+
 def leaf_outputs(net: torch.nn.Module, image_shape: tuple[int, ...], meta: bool = True
                  ) -> list[tuple[torch.nn.Module, list[torch.Size]]]:
     """Every leaf module of ``net`` that ran in one forward pass of one image of ``image_shape``, in call order,
@@ -367,10 +373,10 @@ class GradientInversion(L.LightningModule):
         n = self.cfg.iterations
         if self.cfg.schedule == "multistep-cycle" and self.refreshing:  # the multistep steps in every period
             period = self.cfg.feature_refresh
-            marks = (int(period * 3 / 8), int(period * 5 / 8), int(period * 7 / 8))
+            marks = multistep_marks(period)
             return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.1 ** sum(s % period >= m for m in marks))
-        if self.cfg.schedule in ("multistep", "multistep-cycle"):  # Inverting Gradients: ×0.1 at 3/8, 5/8, 7/8
-            return torch.optim.lr_scheduler.MultiStepLR(opt, [int(n * 3 / 8), int(n * 5 / 8), int(n * 7 / 8)], 0.1)
+        if self.cfg.schedule in ("multistep", "multistep-cycle"):
+            return torch.optim.lr_scheduler.MultiStepLR(opt, multistep_marks(n), 0.1)
         if self.cfg.schedule == "cosine":
             return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=n)
         return torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)  # constant
