@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fcn_analytic.disaggregate import factor_residual, linear_inputs, spanning
+from fcn_analytic.disaggregate import ConeProgram, factor_residual, linear_inputs, spanning
 from gi.core.errors import GIError
 from gi.world.data import load
 from gi.world.fl.protocol import Protocol
@@ -117,6 +117,23 @@ def test_vertices_find_inputs_too_dense_for_the_sampling():
     assert got.draws == 64 and got.residual < 1e-10  # 8·B programs, no sampling
     auto = linear_inputs(grad_w, grad_b, 8)
     assert torch.allclose(auto.inputs, got.inputs)
+
+
+@pytest.mark.parametrize("warm", [True, False])
+def test_cone_program_ends_on_the_vertex_each_objective_picks(warm, capfd):
+    """Rows e_1 … e_4 and their sum: the cross-section is the simplex {c ≥ 0, Σc = 1}, whose vertex minimising r·c
+    is e_argmin(r), for every objective in turn, warm-started from the last optimum or cold; HiGHS prints nothing."""
+    program = ConeProgram(torch.eye(4, dtype=torch.float64), warm=warm)
+    g = torch.Generator().manual_seed(0)
+    for r in torch.randn(12, 4, generator=g, dtype=torch.float64):
+        assert torch.equal(program.minimise(r), torch.eye(4, dtype=torch.float64)[int(r.argmin())])
+    assert capfd.readouterr().out == ""
+
+
+def test_cone_program_without_an_optimum_says_none():
+    """A cone that is not pointed (c₂ is free: one row, [1, 0]) has no lowest point along c₂."""
+    program = ConeProgram(torch.tensor([[1.0, 0.0]], dtype=torch.float64))
+    assert program.minimise(torch.tensor([0.0, 1.0], dtype=torch.float64)) is None
 
 
 def test_bad_inputs_are_clear_errors():
