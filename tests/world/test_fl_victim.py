@@ -91,6 +91,23 @@ def test_local_schedule():
         local_schedule(Protocol(scheme="fedavg"))
 
 
+def test_a_client_whose_epochs_leave_samples_out_is_told_once(caplog):
+    """drop_last with B = 4 over N = 10 never trains on 2 samples an epoch: one notice naming the fix, logged once
+    for two clients of one (N, B) (N = 11 here, which no other test trains); none where B divides N or drop_last is
+    off."""
+    from gi.world.fl.victim import dropped_notice
+
+    p = Protocol(scheme="fedavg", batch_size=4, lr=0.1)
+    assert "leaves 2 out" in dropped_notice(p, 10) and "drop_last=false" in dropped_notice(p, 10)
+    assert dropped_notice(p, 12) is None and dropped_notice(p, 3) is None
+    assert dropped_notice(dataclasses.replace(p, drop_last=False), 10) is None
+    images, labels = _data(11)
+    with caplog.at_level("WARNING", logger="gi.world.fl.victim"):
+        for seed in (0, 1):
+            simulate_client(_linear(), (images, labels), p, rng=torch.Generator().manual_seed(seed))
+    assert sum("leaves 3 out" in r.getMessage() for r in caplog.records) == 1
+
+
 def test_truth_counts_steps_and_epochs():
     images, labels = _data(20)
     protocol = Protocol(scheme="fedavg", batch_size=5, local_epochs=3, lr=0.1)

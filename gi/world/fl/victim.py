@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,6 +37,9 @@ from gi.world.fl.protocol import Protocol
 from gi.world.fl.schemes import SCHEMES, get_scheme
 from gi.world.losses import as_soft_targets, check_class_ids, loss_for
 from gi.world.models import builder_of
+
+log = logging.getLogger("gi.world.fl.victim")
+_DROPS_NOTED: set[tuple[int, int]] = set()  # (N, B) pairs whose drop_last notice was logged
 
 Tensor = torch.Tensor
 State = dict[str, Tensor]
@@ -84,6 +88,27 @@ def _targets(labels: Tensor, num_classes: int, protocol: Protocol, dtype: torch.
     return make_targets(labels, num_classes, kind, protocol.label_eps, dtype=dtype)
 
 
+def dropped_notice(protocol: Protocol, num_samples: int) -> str | None:
+    """The notice for a client whose epochs leave samples out: ``drop_last`` with a batch size that does not divide
+    its N (and is below it) never trains on N mod B of them in each epoch (reshuffled, a different few each time),
+    where a ``DataLoader(shuffle=True)`` keeps the short batch unless told to drop it. None where nothing is left."""
+    b = int(protocol.batch_size)
+    if not protocol.drop_last or num_samples <= b or not num_samples % b:
+        return None
+    return (f"protocol.drop_last: each local epoch trains on {num_samples - num_samples % b} of the client's "
+            f"{num_samples} samples and leaves {num_samples % b} out (B = {b} does not divide N); a "
+            "DataLoader(shuffle=True) client keeps the short batch: protocol.drop_last=false")
+
+
+def note_dropped(protocol: Protocol, num_samples: int) -> None:
+    """Log :func:`dropped_notice` once per (N, B) in this process (a federation's clients would repeat it)."""
+    notice = dropped_notice(protocol, num_samples)
+    key = (num_samples, int(protocol.batch_size))
+    if notice is not None and key not in _DROPS_NOTED:
+        _DROPS_NOTED.add(key)
+        log.warning(notice)
+
+
 def _train_client(
     model: torch.nn.Module,
     images: Tensor,
@@ -108,6 +133,7 @@ def _train_client(
         images, labels = images[keep], labels[keep]
     n = int(labels.shape[0])
     schedule = local_schedule(protocol, n)
+    note_dropped(protocol, n)
     local = copy.deepcopy(model)
     local.train(protocol.model_mode == "train")
     names = [k for k, p in local.named_parameters() if p.requires_grad]
