@@ -48,7 +48,10 @@ class LayerReport:
     """How one layer was inverted: ``route`` (``bias`` | ``derivative`` for hidden layers; where the feature came
     from for the last layer: ``label-result`` | ``bias`` | ``fitted-lambda`` | ``given``), rows of ∇W used, the relative
     rank-one residual ``‖∇W − δaᵀ‖/‖∇W‖``, the relative forward mismatch ``‖σ(Wa + b) − a'‖/‖a'‖``
-    (None for the last layer) and whether both are below :data:`EXACT_TOL`."""
+    (None for the last layer), whether both are below :data:`EXACT_TOL`, ``unique``: whether the solve's
+    equations pin the input to one point (false for a minimum-norm ``lstsq`` answer whose null space nothing pins,
+    and for an input whose null space a prior fills), and ``prior_filled``: whether the image prior filled it
+    (the input layer, :func:`fcn_analytic.prior.refine_input`)."""
 
     name: str
     route: str
@@ -57,6 +60,8 @@ class LayerReport:
     residual: float
     forward_error: float | None
     exact: bool
+    unique: bool = True
+    prior_filled: bool = False
 
 
 @dataclass
@@ -299,6 +304,7 @@ def _conv_step(capture: Capture, layer: AnalyticLayer, gw: Tensor, a_out: Tensor
                  f"least-squares ({solved.solver}{unread}; its {null.dim}-dimensional null space is not pinned by "
                  f"the input's {null.zeros} zeros)")
     k = int(w[0].numel())
+    unique, filled = solved.solver != "lstsq" or (solved.null is not None and solved.null.pinned), False
     if not need_grad and (solved.solver == "lstsq" or int(valid.sum()) + o * k < solved.unknowns):
         # the input layer leaves a null space (a ReLU's dead units drop their forward rows): fill it with the
         # image prior of fcn_analytic.prior instead of the minimum-norm zeros
@@ -309,8 +315,9 @@ def _conv_step(capture: Capture, layer: AnalyticLayer, gw: Tensor, a_out: Tensor
                                mean, std, solved.x, forward_weight=slope)
         x, residual, forward = refined.x, refined.residual, max(refined.forward_residual, refined.hinge)
         route += f" + TV prior ({int(valid.sum()) + o * k} rows < {solved.unknowns} unknowns)"
-    report = LayerReport(layer.prefix, route, solved.rows, solved.unknowns,
-                         residual, forward, residual < EXACT_TOL and forward < EXACT_TOL)
+        unique, filled = False, True
+    report = LayerReport(layer.prefix, route, solved.rows, solved.unknowns, residual, forward,
+                         residual < EXACT_TOL and forward < EXACT_TOL, unique, filled)
     grad_in = conv_input_gradient(conv, layer.in_shape, w, delta) if need_grad else None
     return x, grad_in, report
 
@@ -403,9 +410,10 @@ def invert(capture: Capture, label_result: LabelResult | None = None, features: 
 
 
 def determined(report: LayerReport) -> bool:
-    """Whether a layer's solve pinned its input down: a full-rank solve (no minimum-norm ``lstsq``, no TV prior)
-    whose :func:`layer_error` is below :data:`DETERMINED_TOL`."""
-    return "lstsq" not in report.route and "TV prior" not in report.route and layer_error(report) < DETERMINED_TOL
+    """Whether a layer's solve pinned its input down: a ``unique`` solve (a full-rank one, or a rank-deficient one
+    whose null space the input's zeros pin; no minimum-norm ``lstsq`` point, no prior fill) whose
+    :func:`layer_error` is below :data:`DETERMINED_TOL`."""
+    return report.unique and layer_error(report) < DETERMINED_TOL
 
 
 def polish_layers(layers: list[AnalyticLayer], recovered: dict[str, Tensor],
@@ -423,5 +431,5 @@ def polish_layers(layers: list[AnalyticLayer], recovered: dict[str, Tensor],
 def polishable(reports: list[LayerReport]) -> bool:
     """The body polish (:mod:`fcn_analytic.polish`) runs when the input layer needed the TV prior and every layer
     above it was determined: the image then fills a null space, and the layers above say what it must produce."""
-    return "TV prior" in reports[-1].route and all(determined(r) for r in reports[:-1])
+    return reports[-1].prior_filled and all(determined(r) for r in reports[:-1])
 

@@ -6,15 +6,17 @@ from __future__ import annotations
 from fcn_analytic.invert import DETERMINED_TOL, LayerReport, determined, polishable
 
 
-def _report(name: str, route: str, residual: float, forward: float | None = 0.0) -> LayerReport:
-    return LayerReport(name, route, 10, 10, residual, forward, False)
+def _report(name: str, route: str, residual: float, forward: float | None = 0.0, unique: bool = True,
+            filled: bool = False) -> LayerReport:
+    return LayerReport(name, route, 10, 10, residual, forward, False, unique, filled)
 
 
 FC = _report("fc", "label-result", 1e-7, None)
 CONV3 = _report("body.4", "least-squares (cholesky)", 2e-5)
 CONV2 = _report("body.2", "least-squares (cholesky)", 4e-4)
-CONV2_RANK_DEFICIENT = _report("body.2", "least-squares (lstsq)", 4e-4)
-INPUT_PRIOR = _report("body.0", "least-squares (lstsq) + TV prior (1200 rows < 3072 unknowns)", 2e-4)
+CONV2_RANK_DEFICIENT = _report("body.2", "least-squares (lstsq)", 4e-4, unique=False)
+INPUT_PRIOR = _report("body.0", "least-squares (lstsq) + TV prior (1200 rows < 3072 unknowns)", 2e-4, unique=False,
+                      filled=True)
 INPUT_EXACT = _report("body.0", "least-squares (cholesky)", 1e-6)
 
 
