@@ -50,8 +50,9 @@ class LayerReport:
     rank-one residual ``‖∇W − δaᵀ‖/‖∇W‖``, the relative forward mismatch ``‖σ(Wa + b) − a'‖/‖a'‖``
     (None for the last layer), whether both are below :data:`EXACT_TOL`, ``unique``: whether the solve's
     equations pin the input to one point (false for a minimum-norm ``lstsq`` answer whose null space nothing pins,
-    and for an input whose null space a prior fills), and ``prior_filled``: whether the image prior filled it
-    (the input layer, :func:`fcn_analytic.prior.refine_input`)."""
+    and for an input whose null space a prior fills), ``prior_filled``: whether the image prior filled it
+    (the input layer, :func:`fcn_analytic.prior.refine_input`), and ``free``: there, a lower bound on the input
+    values the equations leave to the prior (unknowns less equations, plus the entries no window reads)."""
 
     name: str
     route: str
@@ -62,6 +63,7 @@ class LayerReport:
     exact: bool
     unique: bool = True
     prior_filled: bool = False
+    free: int = 0
 
 
 @dataclass
@@ -316,8 +318,9 @@ def _conv_step(capture: Capture, layer: AnalyticLayer, gw: Tensor, a_out: Tensor
         x, residual, forward = refined.x, refined.residual, max(refined.forward_residual, refined.hinge)
         route += f" + TV prior ({int(valid.sum()) + o * k} rows < {solved.unknowns} unknowns)"
         unique, filled = False, True
+    free = max(solved.unknowns - int(valid.sum()) - o * k, 0) + solved.unread if filled else 0
     report = LayerReport(layer.prefix, route, solved.rows, solved.unknowns, residual, forward,
-                         residual < EXACT_TOL and forward < EXACT_TOL, unique, filled)
+                         residual < EXACT_TOL and forward < EXACT_TOL, unique, filled, free)
     grad_in = conv_input_gradient(conv, layer.in_shape, w, delta) if need_grad else None
     return x, grad_in, report
 

@@ -286,7 +286,8 @@ def verdict_summary(table: Table, outcome: AttackResult, truths: Sequence[Truth]
     """metrics.json's ``verdict`` (:mod:`gi.analysis.verdict`): without truth, the attack's own
     (:attr:`gi.attack.stages.AttackResult.verdict`'s ``record``: the mismatch verdict, the labels); with truth, per
     image against the best trivial guess, with the mismatch verdict under ``gradient``. Where the attack matched
-    features, ``features`` (:func:`gi.analysis.verdict.feature_summary`) in both."""
+    features, ``features`` (:func:`gi.analysis.verdict.feature_summary`) in both, and where the analytic walk's
+    prior filled input values, ``prior`` (:func:`gi.analysis.verdict.prior_summary`)."""
     from gi.analysis.verdict import image_summary
 
     own = outcome.verdict
@@ -295,7 +296,8 @@ def verdict_summary(table: Table, outcome: AttackResult, truths: Sequence[Truth]
     rows = table.rows
     return {**image_summary([r["psnr"] for r in rows], [r["grey_psnr"] for r in rows],
                             [r["mean_colour_psnr"] for r in rows]), "gradient": own.gradient,
-            **({"features": own.features} if own.features is not None else {})}
+            **({"features": own.features} if own.features is not None else {}),
+            **({"prior": own.prior} if own.prior is not None else {})}
 
 
 def attack_summary(outcome: AttackResult, num_images: int) -> dict[str, Any]:

@@ -33,6 +33,13 @@ a number, no word: how a feature error maps to image quality depends on the net)
 image: on a trained BatchNorm CNN the first fully-connected layer's inputs of every sample come out exact (residual
 ~1e-8) while the images are only partial and do not explain the gradient.
 
+**Prior-filled pixels** (where the analytic walk reached the input): a ReLU's dead units drop their forward
+equations, so the input layer can have fewer independent equations than pixels, and the image prior fills what
+they leave free (:func:`fcn_analytic.prior.refine_input`). Those pixels are the prior's guess, not the capture's;
+the record says per capture how many at least (:func:`prior_summary`), with or without truth, and no word changes:
+on the ReLU LeNet every capture leaves 360–1000 of its 3072 input values to the prior, and most come back
+recovered all the same.
+
 The rule here is pure (floats and words); :func:`trivial_baselines` scores the two guesses.
 """
 
@@ -199,6 +206,24 @@ def feature_summary(layer: str, residuals: Sequence[float | None], image_mismatc
             "image_feature_mismatch": list(image_mismatches), "slot_feature_mismatch": slots, "rule": FEATURE_RULE}
 
 
+def prior_summary(layer: str, free: Sequence[int | None], unknowns: Sequence[int | None]) -> dict[str, Any] | None:
+    """The ``verdict.prior`` record (module docstring, "Prior-filled pixels"): per capture the input values of
+    ``layer`` that the walk's equations leave to the image prior at least (``free``; None where the prior filled
+    nothing) out of ``unknowns``, and the sentence, e.g. ``the image prior fills at least 499 to 1001 of the 3072
+    input values (body.0) of 10 of 10 captures: the capture's equations do not determine them``. None where no
+    capture's input was filled."""
+    filled = [(f, u) for f, u in zip(free, unknowns) if f is not None and u is not None]
+    if not filled:
+        return None
+    least, most = min(f for f, _ in filled), max(f for f, _ in filled)
+    spread = f"{least}" if least == most else f"{least} to {most}"
+    sizes = sorted({u for _, u in filled})
+    of = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}–{sizes[-1]}"
+    sentence = (f"the image prior fills at least {spread} of the {of} input values ({layer}) of {len(filled)} of "
+                f"{len(free)} captures: the capture's equations do not determine them")
+    return {"layer": layer, "free": list(free), "unknowns": list(unknowns), "summary": sentence}
+
+
 RULE = (f"recovered: PSNR >= {RECOVERED_MIN_PSNR_DB:g} dB and >= the best trivial guess + {RECOVERED_MARGIN_DB:g} "
         f"dB; not recovered: PSNR <= the best trivial guess + {NOT_RECOVERED_MARGIN_DB:g} dB; partial: between. "
         "Trivial guesses: a flat grey image and the image's mean colour (docs/usage.md, Verdict)")
@@ -262,13 +287,16 @@ def labels_phrase(labels: Sequence[Sequence[int] | None]) -> str:
 class AttackVerdict:
     """The verdict an attack gives without truth (module docstring, "Without truth" and "Features"): per capture
     the mismatch verdict of the shared gradient or update (``gradient``: :func:`mismatch_summary`'s record), the
-    feature record where features were matched (``features``: :func:`feature_summary`'s, else None) and the labels
+    feature record where features were matched (``features``: :func:`feature_summary`'s, else None), the labels
     each reconstruction slot carries (``labels``: per capture, slot order; None for a capture that shares
-    nothing). ``record`` is ``metrics.json``'s ``verdict`` of a run without truth, ``sentence`` its summary line."""
+    nothing) and the prior-filled input values where the walk reached the input (``prior``: :func:`prior_summary`'s
+    record, else None). ``record`` is ``metrics.json``'s ``verdict`` of a run without truth, ``sentence`` its
+    summary line."""
 
     gradient: dict[str, Any]
     features: dict[str, Any] | None
     labels: list[list[int] | None]
+    prior: dict[str, Any] | None = None
 
     @property
     def mismatch(self) -> list[str]:
@@ -289,7 +317,7 @@ class AttackVerdict:
     def record(self) -> dict[str, Any]:
         """``metrics.json``'s ``verdict`` without truth: the mismatch record, ``features`` and ``labels``."""
         return {**self.gradient, **({"features": self.features} if self.features is not None else {}),
-                "labels": self.labels}
+                **({"prior": self.prior} if self.prior is not None else {}), "labels": self.labels}
 
     @property
     def sentence(self) -> str:
@@ -300,12 +328,15 @@ class AttackVerdict:
 def verdict_line(verdict: dict[str, Any]) -> str:
     """The verdict line of ``gi run`` / ``gi attack`` from ``metrics.json``'s ``verdict`` record: ``verdict:
     <word>: <sentence>``, with truth the mismatch sentence after it, then the feature sentence where features were
-    matched, and without truth the labels (:func:`labels_phrase`)."""
+    matched, the prior-filled input values (:func:`prior_summary`), and without truth the labels
+    (:func:`labels_phrase`)."""
     line = f"verdict: {verdict['overall']}: {verdict['summary']}"
     if "gradient" in verdict:
         line += f"; {verdict['gradient']['summary']}"
     if "features" in verdict:
         line += f"; {verdict['features']['summary']}"
+    if "prior" in verdict:
+        line += f"; {verdict['prior']['summary']}"
     if "labels" in verdict:
         line += f"; {labels_phrase(verdict['labels'])}"
     return line
@@ -338,6 +369,6 @@ __all__ = [
     "MAX_LABELS_SHOWN", "MISMATCH_VERDICTS", "NOT_RECOVERED", "NOT_RECOVERED_MARGIN_DB", "PARTIAL", "PARTLY_EXPLAINS",
     "RECOVERED", "RECOVERED_MARGIN_DB", "RECOVERED_MIN_PSNR_DB", "UNEXPLAINED_FROM", "UNKNOWN_ORDER", "best_guess",
     "feature_summary", "image_sentence", "image_summary", "image_verdict", "labels_phrase", "mismatch_phrase",
-    "mismatch_sentence", "mismatch_summary", "mismatch_verdict", "overall", "tally", "trivial_baselines",
-    "trivial_guesses", "verdict_line",
+    "mismatch_sentence", "mismatch_summary", "mismatch_verdict", "overall", "prior_summary", "tally",
+    "trivial_baselines", "trivial_guesses", "verdict_line",
 ]

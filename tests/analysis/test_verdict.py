@@ -29,6 +29,7 @@ from gi.analysis.verdict import (
     mismatch_summary,
     mismatch_verdict,
     overall,
+    prior_summary,
     trivial_baselines,
     trivial_guesses,
 )
@@ -154,6 +155,17 @@ def test_feature_words():
     unshared = feature_summary("fc", [None], [None])
     assert unshared["targets"] == [None] and "not shared" in unshared["summary"]
     assert "reproduce" not in unshared["summary"]
+
+
+def test_prior_filled_pixels_are_counted_per_capture_and_said():
+    """The prior record: the spread of the input values the walk leaves to the prior over the captures it filled,
+    out of their size; None (no record) where it filled none."""
+    rec = prior_summary("body.0", [499, None, 1001], [3072, None, 3072])
+    assert rec["free"] == [499, None, 1001] and rec["layer"] == "body.0"
+    assert rec["summary"] == ("the image prior fills at least 499 to 1001 of the 3072 input values (body.0) of 2 of 3 "
+                              "captures: the capture's equations do not determine them")
+    assert "at least 615 of the 3072" in prior_summary("body.0", [615], [3072])["summary"]
+    assert prior_summary("body.0", [None, None], [None, None]) is None
 
 
 def test_the_labels_phrase_names_each_capture_s_slot_labels_up_to_a_bound():

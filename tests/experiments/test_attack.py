@@ -10,6 +10,7 @@ import torch
 
 import gi
 import labels
+from gi.analysis.verdict import verdict_line
 from gi.attack.recon.config import ReconConfig
 from gi.attack.recon.presets import PRESETS, apply_preset
 from gi.core.config import load
@@ -132,6 +133,12 @@ def test_a_relu_lenet_is_answered_by_the_walk_with_the_input_prior(tmp_path):
     features, reconstruct = result.metrics["stages"][1:]
     assert features["analytic_residual"] < 1e-2 and "analytic_stopped" not in features
     assert "TV prior" in features["analytic_layers"][-1]["route"]
+    # the input layer has fewer equations than pixels (the dead units' rows dropped): the verdict says how many the
+    # prior filled, with and without truth
+    free, unknowns = features["analytic_layers"][-1]["free"][0], features["analytic_layers"][-1]["unknowns"][0]
+    assert unknowns == 3072 and 0 < free < unknowns
+    assert result.metrics["verdict"]["prior"]["free"] == [free]
+    assert f"at least {free} of the 3072 input values" in verdict_line(result.metrics["verdict"])
     assert reconstruct["analytic_captures"] == 1
     (row,) = list(csv.DictReader((tmp_path / "r" / "results.csv").open()))
     assert row["answered_by"] == "analytic inversion" and float(row["psnr"]) > 25  # measured 32.5 dB

@@ -77,7 +77,11 @@ def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_result
             {"name": layer.name, "route": layer.route,
              "routes": [inv.layers[k].route if k < len(inv.layers) else None for inv in inversions],
              "residual": [inv.layers[k].residual if k < len(inv.layers) else None for inv in inversions],
-             "forward": [inv.layers[k].forward_error if k < len(inv.layers) else None for inv in inversions]}
+             "forward": [inv.layers[k].forward_error if k < len(inv.layers) else None for inv in inversions],
+             "prior_filled": [inv.layers[k].prior_filled if k < len(inv.layers) else None for inv in inversions],
+             "free": [inv.layers[k].free if k < len(inv.layers) else None for inv in inversions],
+             "unknowns": [inv.layers[k].rows if k < len(inv.layers) and inv.layers[k].prior_filled else None
+                          for inv in inversions]}
             for k, layer in enumerate(deepest.layers)]
         stopped = [inv.info["stopped_at"] for inv in inversions if not inv.complete]
         if stopped:
