@@ -111,15 +111,18 @@ def _quiet_highs() -> object:
 class ConeProgram:
     """The linear programs over the cone's cross-section {c : V c ≥ 0, 1ᵀ V c = 1} (module docstring,
     "Vertices"; rows ``vn``, n × B): one HiGHS model (Huangfu & Hall 2018, the solver scipy's ``linprog`` wraps)
-    built once. ``warm``: each new objective is solved by the dual simplex from the last optimum's basis. The
-    optimum of a generic objective is a unique vertex, so warm and cold solves reach the same one (cosine > 1 − 1e-4
-    on all 40 random programs of a round's 3052 × 50 system) in ~150 pivots where a cold solve takes ~300: the 400
-    random programs of :func:`linear_inputs` on that round in 34 CPU s against 84, the same 48 of 50 true inputs
-    found. An objective orthogonal to the vertices found (:func:`vertex_inputs`) starts the warm simplex on a face
-    where it is zero, among the highly degenerate vertices of sparse inputs, and stalls (49 CPU s against 14
-    cold), so those programs start cold (``warm=False``)."""
+    built once, each new objective solved from the last optimum's basis. The optimum of a generic objective is a
+    unique vertex, so warm and cold solves reach the same one (cosine > 1 − 1e-4 on all 40 random programs of a
+    round's 3052 × 50 system). ``simplex``: ``dual`` for random objectives (~150 pivots where a cold solve takes
+    ~300: :func:`linear_inputs`' 400 programs on that round in 34 CPU s against 84 cold, the same 48 of 50 true
+    inputs found); ``primal`` for objectives orthogonal to the vertices found (:func:`vertex_inputs`,
+    :func:`complete_inputs`), whose last optimum is a vertex where the new objective vanishes, among the highly
+    degenerate vertices of sparse inputs: the dual simplex stalls there (46 CPU s against 14 cold for the round's
+    search), the primal one does not (8 CPU s, the same inputs)."""
 
-    def __init__(self, vn: torch.Tensor, warm: bool = True) -> None:
+    SIMPLEX = {"dual": 1, "primal": 4}  # HiGHS's simplex_strategy
+
+    def __init__(self, vn: torch.Tensor, simplex: str = "dual") -> None:
         import highspy
         import numpy as np
         import scipy.sparse as sp
@@ -140,18 +143,16 @@ class ConeProgram:
         self._highs = _quiet_highs()
         self._highs.setOptionValue("output_flag", False)
         self._highs.setOptionValue("threads", 1)
+        self._highs.setOptionValue("simplex_strategy", self.SIMPLEX[simplex])
         self._highs.passModel(lp)
         self._optimal = highspy.HighsModelStatus.kOptimal
         self._columns = np.arange(batch, dtype=np.int32)
         self.batch = batch
-        self.warm = warm
 
     def minimise(self, objective: torch.Tensor) -> torch.Tensor | None:
         """The vertex c minimising ``objective`` (B,) · c, as a unit vector (float64); None where the program has
         no optimum (an unbounded or infeasible cross-section)."""
         h = self._highs
-        if not self.warm:
-            h.clearSolver()
         h.changeColsCost(self.batch, self._columns, objective.double().cpu().numpy())
         h.run()
         if h.getModelStatus() != self._optimal:
@@ -700,7 +701,7 @@ def complete_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, inputs: torch.Te
         sure[doubt] = False
     replaced, left = 0, 0
     if programs > 0 and not bool(sure.all()):
-        program = ConeProgram(live_rows(v), warm=False)
+        program = ConeProgram(live_rows(v), simplex="primal")
         gen = torch.Generator().manual_seed(seed)
         kept = coef[sure]
         for _ in range(programs * int((~sure).sum())):
@@ -744,7 +745,7 @@ def vertex_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, batch: int, *, pro
     if not 2 <= batch <= min(gw.shape) or sv[batch - 1] <= 1e-9 * sv[0]:
         return gw[:0]
     v = vh[:batch].T
-    program = ConeProgram(live_rows(v), warm=False)
+    program = ConeProgram(live_rows(v), simplex="primal")
     gen = torch.Generator().manual_seed(seed)
     floor = batch - 1 + 20 if min_zeros is None else min_zeros
     kept = torch.zeros(0, batch, dtype=torch.float64)

@@ -119,11 +119,11 @@ def test_vertices_find_inputs_too_dense_for_the_sampling():
     assert torch.allclose(auto.inputs, got.inputs)
 
 
-@pytest.mark.parametrize("warm", [True, False])
-def test_cone_program_ends_on_the_vertex_each_objective_picks(warm, capfd):
+@pytest.mark.parametrize("simplex", ["dual", "primal"])
+def test_cone_program_ends_on_the_vertex_each_objective_picks(simplex, capfd):
     """Rows e_1 … e_4 and their sum: the cross-section is the simplex {c ≥ 0, Σc = 1}, whose vertex minimising r·c
-    is e_argmin(r), for every objective in turn, warm-started from the last optimum or cold; HiGHS prints nothing."""
-    program = ConeProgram(torch.eye(4, dtype=torch.float64), warm=warm)
+    is e_argmin(r), for every objective in turn, each warm-started from the last optimum; HiGHS prints nothing."""
+    program = ConeProgram(torch.eye(4, dtype=torch.float64), simplex=simplex)
     g = torch.Generator().manual_seed(0)
     for r in torch.randn(12, 4, generator=g, dtype=torch.float64):
         assert torch.equal(program.minimise(r), torch.eye(4, dtype=torch.float64)[int(r.argmin())])
