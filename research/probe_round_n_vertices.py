@@ -1,16 +1,17 @@
 """Are the cone's vertices the images' inputs at N images a round? The config round's client at SEED with
 ``protocol.num_samples=N`` (E = 1): the hidden layer's update's singular values around rank N, the inputs' zeros,
 how far the inputs at θᵗ lie outside the update's top-N row space, and ``vertex_inputs``' N vertices (zero
-tolerance 1e-4 and 1e-3) against those inputs (docs/results/client-round.md, "What is left").
+tolerance 1e-4 and 1e-3) against those inputs; with ``drift``, also ``drifting_inputs`` (the E > 1 search: vertices
+refined in the whole row space, the pursuit) (docs/results/client-round.md, "What is left").
 
-    python research/probe_round_n_vertices.py SEED N
+    python research/probe_round_n_vertices.py SEED N [drift]
 """
 import sys
 import time
 
 import torch
 
-from fcn_analytic.disaggregate import vertex_inputs
+from fcn_analytic.disaggregate import drifting_inputs, vertex_inputs
 from gi.core.config import load
 from gi.experiments.config.run import RunConfig
 from gi.experiments.run import capture_all
@@ -38,3 +39,10 @@ for tol in (1e-4, 1e-3):
     best = (torch.nn.functional.normalize(x0, dim=1) @ torch.nn.functional.normalize(found, dim=1).T).max(1).values
     print(f"zero_tol {tol:g}: {len(found)} vertices in {time.process_time() - start:.0f} CPU s; each input's best "
           f"cosine (min, median, max): {[round(float(t), 3) for t in best.quantile(q)]}")
+if sys.argv[3:] == ["drift"]:
+    start = time.process_time()
+    found = drifting_inputs(gw, gb, n).inputs
+    best = (torch.nn.functional.normalize(x0, dim=1) @ torch.nn.functional.normalize(found, dim=1).T).max(1).values
+    spread = [round(float(t), 3) for t in best.quantile(q)]
+    print(f"drifting_inputs: {len(found)} inputs in {time.process_time() - start:.0f} CPU s; each input's best cosine "
+          f"(min, median, max): {spread}, {int((best > 0.99).sum())} above 0.99")
