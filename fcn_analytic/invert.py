@@ -305,9 +305,9 @@ def _conv_step(capture: Capture, layer: AnalyticLayer, gw: Tensor, a_out: Tensor
                  f"{unread})" if null.pinned else
                  f"least-squares ({solved.solver}{unread}; its {null.dim}-dimensional null space is not pinned by "
                  f"the input's {null.zeros} zeros)")
-    k = int(w[0].numel())
+    equations = int(valid.sum()) + o * int(w[0].numel())  # the forward rows of the live units and the gradient's
     unique, filled = solved.solver != "lstsq" or (solved.null is not None and solved.null.pinned), False
-    if not need_grad and (solved.solver == "lstsq" or int(valid.sum()) + o * k < solved.unknowns):
+    if not need_grad and (solved.solver == "lstsq" or equations < solved.unknowns):
         # the input layer leaves a null space (a ReLU's dead units drop their forward rows): fill it with the
         # image prior of fcn_analytic.prior instead of the minimum-norm zeros
         mean, std = _normalization(capture, layer.in_shape[0])
@@ -316,9 +316,9 @@ def _conv_step(capture: Capture, layer: AnalyticLayer, gw: Tensor, a_out: Tensor
         refined = refine_input(conv, w, None if bias is None else bias.detach().cpu(), z, valid, dead, delta, gw,
                                mean, std, solved.x, forward_weight=slope)
         x, residual, forward = refined.x, refined.residual, max(refined.forward_residual, refined.hinge)
-        route += f" + TV prior ({int(valid.sum()) + o * k} rows < {solved.unknowns} unknowns)"
+        route += f" + TV prior ({equations} rows < {solved.unknowns} unknowns)"
         unique, filled = False, True
-    free = max(solved.unknowns - int(valid.sum()) - o * k, 0) + solved.unread if filled else 0
+    free = max(solved.unknowns - equations, 0) + solved.unread if filled else 0
     report = LayerReport(layer.prefix, route, solved.rows, solved.unknowns, residual, forward,
                          residual < EXACT_TOL and forward < EXACT_TOL, unique, filled, free)
     grad_in = conv_input_gradient(conv, layer.in_shape, w, delta) if need_grad else None

@@ -37,8 +37,8 @@ image: on a trained BatchNorm CNN the first fully-connected layer's inputs of ev
 equations, so the input layer can have fewer independent equations than pixels, and the image prior fills what
 they leave free (:func:`fcn_analytic.prior.refine_input`). Those pixels are the prior's guess, not the capture's;
 the record says per capture how many at least (:func:`prior_summary`), with or without truth, and no word changes:
-on the ReLU LeNet every capture leaves 360–1000 of its 3072 input values to the prior, and most come back
-recovered all the same.
+the ReLU LeNet captures of docs/results/realistic.md (S1) leave 361–1001 of their 3072 input values to the prior,
+and most come back recovered all the same.
 
 The rule here is pure (floats and words); :func:`trivial_baselines` scores the two guesses.
 """
@@ -315,7 +315,8 @@ class AttackVerdict:
 
     @property
     def record(self) -> dict[str, Any]:
-        """``metrics.json``'s ``verdict`` without truth: the mismatch record, ``features`` and ``labels``."""
+        """``metrics.json``'s ``verdict`` without truth: the mismatch record, ``features``, ``prior`` and
+        ``labels``."""
         return {**self.gradient, **({"features": self.features} if self.features is not None else {}),
                 **({"prior": self.prior} if self.prior is not None else {}), "labels": self.labels}
 
