@@ -31,3 +31,14 @@ class LRU:
         while len(self.items) > self.size:
             self.items.popitem(last=False)
         return value
+
+    def put(self, key: Any, value: Any) -> None:
+        """Keep ``value`` under ``key``, replacing what was there."""
+        self.items[key] = value
+        self.items.move_to_end(key)
+        while len(self.items) > self.size:
+            self.items.popitem(last=False)
+
+    def peek(self, key: Any) -> Any:
+        """The value kept under ``key`` (None if none), without making it."""
+        return self.pinned.get(key, self.items.get(key))

@@ -250,3 +250,55 @@ def test_drifting_inputs_find_every_image_of_a_multi_epoch_sum():
         drifting_inputs(gw, gb, 1)
     with pytest.raises(GIError, match="of 6 inputs found in 2 programs"):  # two vertices cannot stand for six
         drifting_inputs(gw, gb, 6, programs=2)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_pursuit_stops_rows_at_their_fixed_points_with_the_plain_iterations_answer(seed):
+    from fcn_analytic.disaggregate import null_directions, pursue, row_space
+
+    gw, _, x, _ = _layer_gradient(12, n=120, seed=seed)
+    basis = row_space(gw)
+    g = torch.Generator().manual_seed(seed)
+    starts = torch.rand(16, 12, generator=g, dtype=torch.float64) @ x  # mixtures of the inputs
+    plain, plain_ratio = starts, None
+    for _ in range(30):
+        plain, plain_ratio = null_directions(basis, plain, smallest=36)
+    found, ratio = pursue(basis, starts, 30, factor=3.0)
+    assert torch.equal(found, plain) and torch.equal(ratio, plain_ratio)
+
+
+def test_pursued_inputs_recover_every_input_with_its_scale():
+    from fcn_analytic.disaggregate import pursued_inputs
+
+    gw, gb, x, delta = _layer_gradient(12, n=120, seed=0)
+    found = pursued_inputs(gw, gb, 12)
+    assert found.sure == 12
+    assert _matched_error(found.inputs, x) < 1e-9 and _matched_error(found.output_errors, delta) < 1e-9
+    assert found.residual < 1e-9
+
+
+def test_pursued_inputs_are_sure_only_of_inputs():
+    from fcn_analytic.disaggregate import pursued_inputs
+
+    for batch, n, seed in ((20, 300, 0), (40, 600, 1)):  # 30 % zeros at B = 40: most pursuits end on no input
+        gw, gb, x, _ = _layer_gradient(batch, n=n, m=2 * batch, seed=seed, zeros=0.5 if batch == 20 else 0.3)
+        found = pursued_inputs(gw, gb, batch, rounds=2)
+        unit = torch.nn.functional.normalize(x, dim=1)
+        sure = torch.nn.functional.normalize(found.inputs[:found.sure], dim=1)
+        assert bool(((sure @ unit.T).amax(1) > 1 - 1e-9).all())  # every row it is sure of is an input, exactly
+        assert found.inputs.shape == (batch, n) and found.sure >= (10 if batch == 20 else 0)
+
+
+def test_pursued_inputs_bad_inputs_are_clear_errors():
+    from fcn_analytic.disaggregate import pursued_inputs
+
+    gw, gb, x, delta = _layer_gradient(6, n=120, seed=0)
+    with pytest.raises(GIError, match="must be >= 2"):
+        pursued_inputs(gw, gb, 1)
+    with pytest.raises(GIError, match="rank < batch=6"):
+        pursued_inputs(delta[:3].T @ x[:3], gb, 6)
+    with pytest.raises(GIError, match="zeros=0 in"):
+        pursued_inputs(gw, gb, 6, zeros=0)
+    signed = delta.T @ (x - 0.5)  # inputs of both signs: too few directions of the cone for six inputs
+    with pytest.raises(GIError, match="of 6 inputs"):
+        pursued_inputs(signed, delta.sum(0), 6)

@@ -215,6 +215,7 @@ def slot_features(capture: Capture, soft: Tensor, seed: int = 0) -> Tensor | Non
 
 
 _FOUND = LRU(64)  # linear_inputs per gradient (sha1)
+_HOW = LRU(64)  # which search found them, per gradient (sha1)
 FIRST_LINEAR = "first-linear"  # attack.feature_layer: the model's first nn.Linear (after a conv body: its flat map)
 
 
@@ -268,7 +269,7 @@ def layer_inputs(capture: Capture, layer: str, soft: Tensor | None, seed: int = 
     """
     from scipy.optimize import linear_sum_assignment
 
-    from fcn_analytic.disaggregate import drifting_inputs, linear_inputs, sample_errors, summed_layer
+    from fcn_analytic.disaggregate import drifting_inputs, linear_inputs, pursued_inputs, sample_errors, summed_layer
 
     summed = summed_layer(capture, layer)
     if summed is None:
@@ -278,14 +279,23 @@ def layer_inputs(capture: Capture, layer: str, soft: Tensor | None, seed: int = 
         return None if not bool(gb.any()) else (gw.T @ gb / gb.dot(gb)).view(1, -1)
     key = (hashlib.sha1(gw.numpy().tobytes() + gb.numpy().tobytes()).hexdigest(), b, seed, draws, capture.is_update)
 
+    digest = key[0]
+
     def search() -> Tensor | None:
         try:
             if not summed.once:  # several local epochs: each image's visits differ by the drift
+                _HOW.put(digest, "drifting_inputs")
                 return drifting_inputs(gw, gb, b, seed=seed).inputs
             # linear_inputs' 8·B random programs and the spanning selection, not search_inputs' one program per
             # input: on the round of configs/fedavg-round.yaml (seed 0) the images fitted to search_inputs +
             # complete_inputs scored 27.01 dB and 24 of 50 recovered, to linear_inputs' 27.61 dB and 28 of 50
-            return linear_inputs(gw, gb, b, samples=draws, seed=seed, **summed.tolerances).inputs
+            try:
+                _HOW.put(digest, "linear_inputs")
+                return linear_inputs(gw, gb, b, samples=draws, seed=seed, **summed.tolerances).inputs
+            except GIError:  # the cone's vertices mix several inputs (a round of N = 100): the pursuit, the
+                found = pursued_inputs(gw, gb, b)  # label stage's (fc-inputs) search, kept per gradient
+                _HOW.put(digest, f"pursued_inputs, sure of {found.sure} of {b}")
+                return found.inputs
         except GIError:
             return None
 
@@ -300,6 +310,17 @@ def layer_inputs(capture: Capture, layer: str, soft: Tensor | None, seed: int = 
     order = torch.empty(b, dtype=torch.long)
     order[torch.as_tensor(cols)] = torch.as_tensor(rows)
     return x[order]
+
+
+def input_search(capture: Capture, layer: str) -> str | None:
+    """Which search of :mod:`fcn_analytic.disaggregate` gave :func:`layer_inputs` for this capture's layer (with
+    what it was sure of), None before a search."""
+    from fcn_analytic.disaggregate import summed_layer
+
+    summed = summed_layer(capture, layer)
+    if summed is None:
+        return None
+    return _HOW.peek(hashlib.sha1(summed.weight.numpy().tobytes() + summed.bias.numpy().tobytes()).hexdigest())
 
 
 def drifting_layer(capture: Capture, layer: str | None) -> SummedLayer | None:

@@ -40,13 +40,14 @@ def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_result
     available = bool(features) and all(f is not None for f in features)
     source = None
     if available and layer is not None:
-        from gi.attack.recon.problem import drifting_layer, resolve_feature_layer
+        from gi.attack.recon.problem import drifting_layer, input_search, resolve_feature_layer
 
         layer = resolve_feature_layer(captures[0], layer)  # first-linear builds the model: resolved once here
         refresh = (f"refreshed from the images' zeros every {attack.feature_refresh} steps" if attack.feature_refresh
                    else "not refreshed: attack.feature_refresh=0")
         how = (f"drifting_inputs: approximate over several local epochs, {refresh}"
-               if drifting_layer(captures[0], layer) is not None else "linear_inputs")
+               if drifting_layer(captures[0], layer) is not None
+               else input_search(captures[0], layer) or "linear_inputs")
         source = f"inputs of {layer} per slot (fcn_analytic.disaggregate.{how}, ordered by their labels)"
 
     elif available:
