@@ -220,6 +220,22 @@ def test_a_plain_sgd_round_gives_every_slot_its_input_and_other_optimisers_none(
     assert feature_targets(momentum, oracle(mt), soft, "first-linear") is None  # not a sum of gradients
 
 
+def test_where_the_cone_programs_fall_short_the_round_takes_the_pursuit(monkeypatch):
+    import fcn_analytic.disaggregate as disaggregate
+    from gi.attack.recon.problem import input_search, layer_inputs
+
+    def short(*args, **kwargs):
+        raise disaggregate.GIError("linear_inputs: 4 of 6 inputs found")
+
+    capture, truth, x = _round()
+    monkeypatch.setattr(disaggregate, "linear_inputs", short)
+    soft = labels_for_slots(oracle(truth), 6, 10)
+    rows = layer_inputs(capture, "body.1", soft, seed=11)  # a seed no other test searched with (one search each)
+    assert input_search(capture, "body.1") == "pursued_inputs, sure of 6 of 6"
+    for slot, cls in enumerate(soft.argmax(1).tolist()):
+        assert _rel(rows[slot], x[truth.labels.tolist().index(cls)]) < 1e-2, (slot, cls)
+
+
 def test_an_update_problem_that_matches_no_layer_runs_the_forward_pass_alone():
     from gi.attack.recon.simulate import update_simulator
 

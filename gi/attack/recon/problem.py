@@ -256,7 +256,9 @@ def layer_inputs(capture: Capture, layer: str, soft: Tensor | None, seed: int = 
     One sample: ``∇Wᵀ∇b/‖∇b‖²`` (every row of ∇W is ``∇b_r·x``). A FedSGD batch:
     :func:`fcn_analytic.disaggregate.linear_inputs` (the vertices of the nonnegative cone in ∇W's row space, then
     SPEAR's sparsity sampling, Dimitrov et al. 2024, on the layer's input side: a ReLU / max-pool feature map),
-    which finds the inputs in no particular order; a round of
+    which finds the inputs in no particular order; where that finds too few (a one-epoch round of N = 100, whose
+    cone's vertices mostly mix several inputs), :func:`fcn_analytic.disaggregate.pursued_inputs` (the label
+    stage's search, kept per gradient; :func:`input_search` says which ran); a round of
     several local epochs, whose visits of an image differ by the drift:
     :func:`fcn_analytic.disaggregate.drifting_inputs` (approximate inputs, which the fit refreshes,
     :func:`drift_basis`). They are
