@@ -452,18 +452,22 @@ def pursued_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, batch: int, *, ze
     Fashion-MNIST round of N = 100 (the config round's CNN; :func:`vertex_inputs`' 100 vertices are within cosine
     0.99 of only 3 of the 100 inputs, the sampling finds none in a million draws).
 
-    Each input keeps ~800 zeros of 3136 there, more than B, and a mixture's ``factor``·B smallest entries fall
-    mostly among the zeros of the input that dominates it, so :func:`pursue` from a mixture ends on an input: a
+    Each input keeps 715–1076 zeros of 3136 there, far more than B, and a mixture's k smallest entries fall mostly
+    among the zeros of the input that dominates it, so :func:`pursue` from a mixture ends on that input, exactly: a
     fixed point whose null-direction ratio (the smallest singular value of V restricted to those entries over the
-    next) is ~1e-4, where the pursuit's other ends sit at ~0.2. Each of ``rounds`` rounds starts ``starts``·B
-    pursuits from random mixtures (Dirichlet weights) of ``mix`` of :func:`vertex_inputs`' vertices, each vertex
-    drawn by its distance to the inputs already sure (1 − its largest cosine to them, at least 0.02), runs each to its
-    fixed point (at most ``steps`` steps), and keeps the ends with ratio below ``sure`` that are distinct (cosine
-    below ``distinct`` to those kept). Measured on that round (seeds 0 and 1, N = 100, E = 1; kept inputs against
-    the true inputs at θ⁰): 75 / 83 sure after the first round, 86 / 87 after three, every one within cosine 0.99 of
-    a true input; ``factor`` 2 / 4 / 7 / 10 took 3 / 12 / 27 / 23 of 100 from the vertices alone; at N = 50 the
-    first two rounds are sure of all 50. The rows not sure of are the other ends with the smallest ratios (then
-    the vertices), after the sure ones (``sure`` in the result counts them); scales as :func:`linear_inputs`.
+    next) is ~1e-4, where the pursuit's other ends sit at ~0.2. An end is sure where that ratio is below ``sure``
+    and its k smallest entries are zeros (below ``zero_tol`` of its largest; on random sparse inputs the ratio
+    alone was fooled at k = B, hence also k ≥ 2·B). Each of ``rounds`` rounds starts ``starts``·B pursuits from
+    random mixtures (flat Dirichlet weights) of ``mix`` of :func:`vertex_inputs`' vertices (the first round from
+    each vertex too), each vertex drawn by its distance to the inputs already sure (1 − its largest cosine to them,
+    at least 0.02), runs each to its fixed point (at most ``steps`` steps) and keeps the sure ends that are
+    distinct (cosine below ``distinct`` to those kept). k is ``zeros`` of the most zeros a vertex has in the first
+    round and :data:`LADDER` of the round before's in each next one (for inputs with fewer zeros), at least 2·B.
+    Measured on that round (seed 0; docs/results/client-round.md, "N = 100: the pursuit"): from the vertices alone
+    k = 2·B / 4·B / 7·B / 10·B reached 3 / 12 / 27 / 23 of the 100 inputs; this function is sure of 83, every one
+    within cosine 0.99 of a true input at θ⁰ (the rest is the drift of the steps between), none of the other 17
+    rows is one. The rows not sure of are the other ends with the smallest ratios (then the vertices), after the
+    sure ones (``sure`` in the result counts them); scales as :func:`linear_inputs`.
     Raises :class:`GIError` for a rank below ``batch`` or where no vertex is found. The answer is kept per gradient
     (the label and feature stages of one run search the same update)."""
     gw, gb = grad_w.double(), grad_b.double()
