@@ -179,13 +179,17 @@ def mismatch_sentence(mismatches: Sequence[float], what: str = "gradient", known
 
 
 def feature_summary(layer: str, residuals: Sequence[float | None], image_mismatches: Sequence[float | None],
-                    slot_mismatches: Sequence[Sequence[float] | None] | None = None) -> dict[str, Any]:
+                    slot_mismatches: Sequence[Sequence[float] | None] | None = None,
+                    sure: Sequence[Sequence[int] | None] | None = None) -> dict[str, Any]:
     """The ``verdict.features`` record (module docstring, "Features"): per capture whether the matched features
     explain the gradient of ``layer`` (``targets``, :func:`mismatch_verdict` of ``residuals``; None where that
     layer's gradient is not shared), the residuals, the images' relative feature mismatch (per capture, and per
     slot in ``slot_mismatches``: each image against its own slot's target), and the sentence, e.g.
     ``the feature target (the inputs of body.1) explains that layer's gradient for 3 of 3 captures (residual at
-    most 4.1e-08); the images reproduce them to a relative mismatch of 0.081 to 0.15``."""
+    most 4.1e-08); the images reproduce them to a relative mismatch of 0.081 to 0.15``. ``sure``: per capture
+    ``[sure, rows]`` where the target's search is sure of fewer than all its rows (None: all, or not counted); the
+    sentence then says so, since any basis of the layer's row space explains its gradient (the residual cannot tell
+    a wrong row)."""
     words = [None if r is None else mismatch_verdict(r) for r in residuals]
     measured = [r for r in residuals if r is not None]
     what = f"the feature target (the inputs of {layer})"
@@ -196,6 +200,11 @@ def feature_summary(layer: str, residuals: Sequence[float | None], image_mismatc
         sentence = f"{what} {'; '.join(said)} (residual at most {max(measured):.2g})"
     else:
         sentence = f"{what}: that layer's gradient is not shared, so they are not checked against it"
+    unsure = [pair for pair in (sure or []) if pair is not None]
+    if unsure:
+        counts = ", ".join(f"{k} of {n}" for k, n in unsure)
+        sentence += (f"; its search is sure of only {counts} rows ({len(unsure)} of {len(residuals)} captures): the "
+                     f"others are its best guesses, which the residual cannot tell from inputs")
     fits = [m for m in image_mismatches if m is not None and not math.isnan(m)]
     if fits:
         spread = f"{fits[0]:.2g}" if len(fits) == 1 else f"{min(fits):.2g} to {max(fits):.2g}"
@@ -203,7 +212,9 @@ def feature_summary(layer: str, residuals: Sequence[float | None], image_mismatc
     slots = [None] * len(residuals) if slot_mismatches is None else [None if m is None else [float(v) for v in m]
                                                                      for m in slot_mismatches]
     return {"layer": layer, "summary": sentence, "targets": words, "target_residual": list(residuals),
-            "image_feature_mismatch": list(image_mismatches), "slot_feature_mismatch": slots, "rule": FEATURE_RULE}
+            "image_feature_mismatch": list(image_mismatches), "slot_feature_mismatch": slots,
+            "target_sure": [None if p is None else [int(v) for v in p] for p in sure] if sure is not None
+            else [None] * len(residuals), "rule": FEATURE_RULE}
 
 
 def prior_summary(layer: str, free: Sequence[int | None], unknowns: Sequence[int | None]) -> dict[str, Any] | None:

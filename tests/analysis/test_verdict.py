@@ -157,6 +157,19 @@ def test_feature_words():
     assert "reproduce" not in unshared["summary"]
 
 
+def test_a_target_its_search_is_not_sure_of_is_said_beside_the_residual():
+    """Any basis of a layer's row space explains its gradient, so a target the input search is sure of only in
+    part is said so, whatever the residual."""
+    rec = feature_summary("body.1", [4e-6, 3e-6], [0.1, 0.2], sure=[[83, 100], None])
+    assert rec["targets"] == [EXPLAINS, EXPLAINS] and rec["target_sure"] == [[83, 100], None]
+    assert rec["summary"] == ("the feature target (the inputs of body.1) explains that layer's gradient for 2 of 2 "
+                              "captures (residual at most 4e-06); its search is sure of only 83 of 100 rows (1 of 2 "
+                              "captures): the others are its best guesses, which the residual cannot tell from "
+                              "inputs; the images reproduce them to a relative mismatch of 0.1 to 0.2")
+    assert "sure" not in feature_summary("body.1", [4e-6], [0.1], sure=[None])["summary"]
+    assert feature_summary("body.1", [4e-6], [0.1])["target_sure"] == [None]
+
+
 def test_prior_filled_pixels_are_counted_per_capture_and_said():
     """The prior record: the spread of the input values the walk leaves to the prior over the captures it filled,
     out of their size; None (no record) where it filled none."""

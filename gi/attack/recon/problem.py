@@ -286,17 +286,17 @@ def layer_inputs(capture: Capture, layer: str, soft: Tensor | None, seed: int = 
     def search() -> Tensor | None:
         try:
             if not summed.once:  # several local epochs: each image's visits differ by the drift
-                _HOW.put(digest, "drifting_inputs")
+                _HOW.put(digest, ("drifting_inputs", None))
                 return drifting_inputs(gw, gb, b, seed=seed).inputs
             # linear_inputs' 8·B random programs and the spanning selection, not search_inputs' one program per
             # input: on the round of configs/fedavg-round.yaml (seed 0) the images fitted to search_inputs +
             # complete_inputs scored 27.01 dB and 24 of 50 recovered, to linear_inputs' 27.61 dB and 28 of 50
             try:
-                _HOW.put(digest, "linear_inputs")
+                _HOW.put(digest, ("linear_inputs", None))
                 return linear_inputs(gw, gb, b, samples=draws, seed=seed, **summed.tolerances).inputs
             except GIError:  # the cone's vertices mix several inputs (a round of N = 100): the pursuit, the
                 found = pursued_inputs(gw, gb, b)  # label stage's (fc-inputs) search, kept per gradient
-                _HOW.put(digest, f"pursued_inputs, sure of {found.sure} of {b}")
+                _HOW.put(digest, ("pursued_inputs", found.sure))
                 return found.inputs
         except GIError:
             return None
@@ -314,9 +314,10 @@ def layer_inputs(capture: Capture, layer: str, soft: Tensor | None, seed: int = 
     return x[order]
 
 
-def input_search(capture: Capture, layer: str) -> str | None:
-    """Which search of :mod:`fcn_analytic.disaggregate` gave :func:`layer_inputs` for this capture's layer (with
-    what it was sure of), None before a search."""
+def input_search(capture: Capture, layer: str) -> tuple[str, int | None] | None:
+    """Which search of :mod:`fcn_analytic.disaggregate` gave :func:`layer_inputs` for this capture's layer, and how
+    many of its rows it is sure of (None: not counted; :attr:`fcn_analytic.disaggregate.LinearInputs.sure`); None
+    before a search."""
     from fcn_analytic.disaggregate import summed_layer
 
     summed = summed_layer(capture, layer)

@@ -45,9 +45,11 @@ def feature_stage(attack: ReconConfig, captures: Sequence[Capture], label_result
         layer = resolve_feature_layer(captures[0], layer)  # first-linear builds the model: resolved once here
         refresh = (f"refreshed from the images' zeros every {attack.feature_refresh} steps" if attack.feature_refresh
                    else "not refreshed: attack.feature_refresh=0")
+        searched = input_search(captures[0], layer) or ("linear_inputs", None)
         how = (f"drifting_inputs: approximate over several local epochs, {refresh}"
                if drifting_layer(captures[0], layer) is not None
-               else input_search(captures[0], layer) or "linear_inputs")
+               else searched[0] + ("" if searched[1] is None else f", sure of {searched[1]} of "
+                                                                    f"{features[0].shape[0]} rows"))
         source = f"inputs of {layer} per slot (fcn_analytic.disaggregate.{how}, ordered by their labels)"
 
     elif available:
@@ -107,16 +109,24 @@ def feature_evidence(captures: Sequence[Capture], features: Sequence[torch.Tenso
     capture (:func:`fcn_analytic.disaggregate.factor_residual`: ∇W = Δᵀ f*, ∇b = Δᵀ 1 with the least-squares
     errors Δ; None where that layer's weight gradient is not shared): ``feature_layer`` (the module name) and
     ``target_residual``. ``layer``: the resolved module name (:func:`gi.attack.recon.problem.resolve_feature_layer`;
-    None: the last layer). Small is necessary for f* to be the samples' own features (docs/usage.md, "Verdict")."""
+    None: the last layer). Small is necessary for f* to be the samples' own features (docs/usage.md, "Verdict"),
+    not sufficient: any basis of the layer's row space explains its gradient, so ``target_sure`` says per capture
+    ``[sure, rows]`` where the input search is sure of fewer than all its rows
+    (:func:`gi.attack.recon.problem.input_search`; None: all, or not counted)."""
     from fcn_analytic.disaggregate import factor_residual
+    from gi.attack.recon.problem import input_search
 
     layer = layer or captures[0].last_layer_name
     residuals: list[float | None] = []
+    sure: list[list[int] | None] = []
     for capture, target in zip(captures, features):
         gw, gb = capture.shared.get(f"{layer}.weight"), capture.shared.get(f"{layer}.bias")
         fits = target is not None and gw is not None and gw.dim() == 2 and target.shape[-1] == gw.shape[1]
         residuals.append(factor_residual(gw, gb, target.reshape(-1, gw.shape[1])) if fits else None)
-    return {"feature_layer": layer, "target_residual": residuals}
+        searched = input_search(capture, layer) if fits and layer != capture.last_layer_name else None
+        rows = 0 if target is None else target.reshape(-1, target.shape[-1]).shape[0]
+        sure.append(None if searched is None or searched[1] is None or searched[1] >= rows else [searched[1], rows])
+    return {"feature_layer": layer, "target_residual": residuals, "target_sure": sure}
 
 
 @register_stage("features", FEATURES)
