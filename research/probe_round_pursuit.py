@@ -18,6 +18,7 @@ from gi.experiments.config.run import RunConfig
 from gi.experiments.run import capture_all
 from gi.world.build import build_victim
 
+torch.set_num_threads(1)
 seed, n = int(sys.argv[1]), int(sys.argv[2])
 cfg = load(RunConfig, "configs/fedavg-round.yaml", [f"seed={seed}", f"protocol.num_samples={n}"])
 torch.manual_seed(cfg.seed)
