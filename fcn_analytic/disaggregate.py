@@ -49,14 +49,13 @@ coordinate is dropped and counted). The number needed grows like
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 import torch
 
 from gi.capture import Capture
 from gi.core.errors import GIError
-from gi.core.lru import LRU
+from gi.core.lru import LRU, digest
 from gi.world.fl.local import distinct_samples, local_schedule, sums_gradients
 
 
@@ -471,8 +470,7 @@ def pursued_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, batch: int, *, ze
     Raises :class:`GIError` for a rank below ``batch`` or where no vertex is found. The answer is kept per gradient
     (the label and feature stages of one run search the same update)."""
     gw, gb = grad_w.double(), grad_b.double()
-    key = (hashlib.sha1(gw.numpy().tobytes() + gb.numpy().tobytes()).hexdigest(), batch, zeros, starts, mix, steps,
-           rounds, sure, distinct, zero_tol, seed)
+    key = (digest(gw, gb), batch, zeros, starts, mix, steps, rounds, sure, distinct, zero_tol, seed)
     return _PURSUED.get(key, lambda: _pursued(gw, gb, batch, zeros, starts, mix, steps, rounds, sure, distinct,
                                               zero_tol, seed))
 

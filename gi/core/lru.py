@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -26,10 +27,8 @@ class LRU:
         value = make()
         if pin:
             self.pinned[key] = value
-            return value
-        self.items[key] = value
-        while len(self.items) > self.size:
-            self.items.popitem(last=False)
+        else:
+            self.put(key, value)
         return value
 
     def put(self, key: Any, value: Any) -> None:
@@ -42,3 +41,12 @@ class LRU:
     def peek(self, key: Any) -> Any:
         """The value kept under ``key`` (None if none), without making it."""
         return self.pinned.get(key, self.items.get(key))
+
+
+def digest(*tensors: Any) -> str:
+    """A cache key for the contents of CPU tensors (sha1 of their bytes in order; None adds nothing)."""
+    h = hashlib.sha1()
+    for t in tensors:
+        if t is not None:
+            h.update(t.numpy().tobytes())
+    return h.hexdigest()

@@ -10,7 +10,6 @@ N·R rows are simulated in one ``vmap`` call. Ground truth never enters a Proble
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -23,7 +22,7 @@ from gi.attack.recon.terms import term_weights
 from gi.capture import Capture
 from gi.core.devices import resolve_device
 from gi.core.errors import CaptureError, ConfigError, GIError
-from gi.core.lru import LRU
+from gi.core.lru import LRU, digest
 from gi.label_result import LabelResult
 from gi.world.fl.local import distinct_samples
 from gi.world.fl.protocol import Protocol
@@ -203,8 +202,7 @@ def slot_features(capture: Capture, soft: Tensor, seed: int = 0) -> Tensor | Non
 
     gw, gb = capture.last_layer(torch.float64)
     gw, gb = gw.cpu(), None if gb is None else gb.cpu()
-    key = (hashlib.sha1(gw.numpy().tobytes() + (b"" if gb is None else gb.numpy().tobytes())).hexdigest(),
-           hashlib.sha1(soft.double().cpu().numpy().tobytes()).hexdigest(), seed, capture.is_update,
+    key = (digest(gw, gb), digest(soft.double().cpu()), seed, capture.is_update,
            capture.protocol.loss, float(capture.protocol.temperature))  # one gradient read under another loss
 
     def solve() -> Tensor | None:
@@ -279,24 +277,22 @@ def layer_inputs(capture: Capture, layer: str, soft: Tensor | None, seed: int = 
     gw, gb, b = summed.weight, summed.bias, summed.samples
     if b == 1:
         return None if not bool(gb.any()) else (gw.T @ gb / gb.dot(gb)).view(1, -1)
-    key = (hashlib.sha1(gw.numpy().tobytes() + gb.numpy().tobytes()).hexdigest(), b, seed, draws, capture.is_update)
-
-    digest = key[0]
+    key = (digest(gw, gb), b, seed, draws, capture.is_update)
 
     def search() -> Tensor | None:
         try:
             if not summed.once:  # several local epochs: each image's visits differ by the drift
-                _HOW.put(digest, ("drifting_inputs", None))
+                _HOW.put(key[0], ("drifting_inputs", None))
                 return drifting_inputs(gw, gb, b, seed=seed).inputs
             # linear_inputs' 8·B random programs and the spanning selection, not search_inputs' one program per
             # input: on the round of configs/fedavg-round.yaml (seed 0) the images fitted to search_inputs +
             # complete_inputs scored 27.01 dB and 24 of 50 recovered, to linear_inputs' 27.61 dB and 28 of 50
             try:
-                _HOW.put(digest, ("linear_inputs", None))
+                _HOW.put(key[0], ("linear_inputs", None))
                 return linear_inputs(gw, gb, b, samples=draws, seed=seed, **summed.tolerances).inputs
             except GIError:  # the cone's vertices mix several inputs (a round of N = 100): the pursuit, the
                 found = pursued_inputs(gw, gb, b)  # label stage's (fc-inputs) search, kept per gradient
-                _HOW.put(digest, ("pursued_inputs", found.sure))
+                _HOW.put(key[0], ("pursued_inputs", found.sure))
                 return found.inputs
         except GIError:
             return None
@@ -323,7 +319,7 @@ def input_search(capture: Capture, layer: str) -> tuple[str, int | None] | None:
     summed = summed_layer(capture, layer)
     if summed is None:
         return None
-    return _HOW.peek(hashlib.sha1(summed.weight.numpy().tobytes() + summed.bias.numpy().tobytes()).hexdigest())
+    return _HOW.peek(digest(summed.weight, summed.bias))
 
 
 def drifting_layer(capture: Capture, layer: str | None) -> SummedLayer | None:
