@@ -11,23 +11,15 @@ import sys
 import time
 
 import torch
+from round_client import round_client
 
 from fcn_analytic.disaggregate import pursue, pursued_inputs, vertex_inputs
-from gi.core.config import load
-from gi.experiments.config.run import RunConfig
-from gi.experiments.run import capture_all
-from gi.world.build import build_victim
 
 torch.set_num_threads(1)
 seed, n = int(sys.argv[1]), int(sys.argv[2])
-cfg = load(RunConfig, "configs/fedavg-round.yaml", [f"seed={seed}", f"protocol.num_samples={n}"])
-torch.manual_seed(cfg.seed)
-dataset, model = build_victim(cfg)
-captures, truths = capture_all(cfg, dataset, model, torch.Generator().manual_seed(cfg.seed))[:2]
-gw, gb = captures[0].shared["body.1.weight"].double(), captures[0].shared["body.1.bias"].double()
-net = captures[0].model()
-with torch.no_grad():
-    truth = torch.nn.functional.normalize(net.body[0](net.normalize(truths[0].images)).double().flatten(1), dim=1)
+capture, _, x0 = round_client(seed, 1, n)
+gw, gb = capture.shared["body.1.weight"].double(), capture.shared["body.1.bias"].double()
+truth = torch.nn.functional.normalize(x0.flatten(1), dim=1)
 
 
 def covered(found: torch.Tensor) -> torch.Tensor:

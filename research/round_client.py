@@ -10,10 +10,13 @@ from gi.experiments.run import capture_all
 from gi.world.build import build_victim
 
 
-def round_client(seed: int, epochs: int) -> tuple[Capture, Truth, torch.Tensor]:
-    """The config's first client at ``seed`` over ``epochs`` local epochs: its capture, its truth, and the true
-    images' inputs of the hidden layer at the global model (float64)."""
-    cfg = load(RunConfig, "configs/fedavg-round.yaml", [f"seed={seed}", f"protocol.local_epochs={epochs}"])
+def round_client(seed: int, epochs: int, num_samples: int | None = None) -> tuple[Capture, Truth, torch.Tensor]:
+    """The config's first client at ``seed`` over ``epochs`` local epochs (of ``num_samples`` images; None: the
+    config's): its capture, its truth, and the true images' inputs of the hidden layer at the global model
+    (float64)."""
+    overrides = [f"seed={seed}", f"protocol.local_epochs={epochs}"]
+    cfg = load(RunConfig, "configs/fedavg-round.yaml",
+               overrides + ([] if num_samples is None else [f"protocol.num_samples={num_samples}"]))
     torch.manual_seed(cfg.seed)
     dataset, model = build_victim(cfg)
     captures, truths = capture_all(cfg, dataset, model, torch.Generator().manual_seed(cfg.seed))[:2]
