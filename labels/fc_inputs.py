@@ -15,7 +15,7 @@ each sample's error is ``e_i = relu'(z_i) ⊙ W_Lᵀ g_i`` with g_i = ∂ℓ_i/�
 e_i ≠ 0 are the active ones at the sample's own step, and on them g_i is the least-squares solution of
 ``W_L[:, active]ᵀ g_i = e_i[active]`` (C unknowns, about half of the hidden units as equations). For the
 cross-entropy loss ``g_i = softmax(z_i) − y_i`` (``(softmax(z_i/T) − y_i)/T`` under a softmax temperature T), so the
-label is ``y_i = softmax(z_i) − g_i``; a hard label is the one negative entry of g_i. W_L at θᵗ stands for the
+label is ``y_i = softmax(z_i) − g_i``; a hard label its argmax (:func:`labels_of_errors`). W_L at θᵗ stands for the
 sample's own step's (its drift over one epoch of 10 steps is small), where the previous reading, the last layer's
 gradient ``∇W_L = (1/B) Σ_i δ_i h_iᵀ`` solved for all δ_i together (:func:`fcn_analytic.disaggregate.sample_errors`),
 needs every h_i and reads them at θᵗ; that reading remains for nets of another shape.
@@ -73,12 +73,12 @@ def recover_fc_inputs(capture: Capture, aux=None, layer: str | None = None, draw
     if summed.samples < 2:
         return LabelResult.failure("fc-inputs", c, "one sample: its layer input is ∇Wᵀ∇b/‖∇b‖²; use soft-lambda")
     try:
-        inputs, used, vertices = search_inputs(summed.weight, summed.bias, summed.samples, draws=draws,
-                                               **summed.tolerances)
+        inputs, used, vertices, sure = search_inputs(summed.weight, summed.bias, summed.samples, draws=draws,
+                                                     **summed.tolerances)
     except GIError as exc:
         return LabelResult.failure("fc-inputs", c, str(exc))
-    result = labels_from_inputs(capture, name, summed, inputs, programs)
-    result.info.update({"draws": used, "vertices": vertices})
+    result = labels_from_inputs(capture, name, summed, inputs, programs, doubt=list(range(sure, len(inputs))))
+    result.info.update({"draws": used, "vertices": vertices, "search_sure": sure})
     return result
 
 
@@ -109,8 +109,8 @@ def reads_round(capture: Capture) -> bool:
     return summed is not None and summed.once and 2 <= summed.samples <= min(summed.weight.shape)
 
 
-def labels_from_inputs(capture: Capture, name: str, summed, inputs: torch.Tensor, programs: int = 8
-                       ) -> LabelResult:
+def labels_from_inputs(capture: Capture, name: str, summed, inputs: torch.Tensor, programs: int = 8,
+                       doubt: list[int] | None = None) -> LabelResult:
     """The ``fc-inputs`` labels from the inputs :func:`fcn_analytic.disaggregate.linear_inputs` found for layer
     ``name`` of ``summed`` (:class:`fcn_analytic.disaggregate.SummedLayer`): completed (:func:`complete_inputs`),
     each sample's error read (:func:`hidden_errors`, else the last layer's least squares), the doubtful rows'
@@ -121,8 +121,8 @@ def labels_from_inputs(capture: Capture, name: str, summed, inputs: torch.Tensor
     :data:`BIAS_TOL`, the first reading stands. Only a first reading that doubts at most :data:`DOUBTS` rows is
     doubted further: one with more is not one spurious input away from right, and each re-reading would repeat the
     completion's linear programs for every doubtful row (on a trained round's update, 18 doubtful rows of 50: 24 CPU
-    s a reading, about 14 readings)."""
-    read = first = _reading(capture, name, summed, inputs, programs, [])
+    s a reading, about 14 readings). ``doubt``: rows doubted from the start (those the search is not sure of)."""
+    read = first = _reading(capture, name, summed, inputs, programs, list(doubt or []))
     for _ in range(DOUBTS if int(first.doubtful.sum()) <= DOUBTS else 0):
         if read.bias is None or read.bias <= BIAS_TOL:
             break
@@ -186,10 +186,7 @@ def _reading(capture: Capture, name: str, summed, inputs: torch.Tensor, programs
         fit = None
     else:
         logits, g, fit = read
-    probs = torch.softmax(logits / t, 1)
-    soft = (probs - t * g).clamp(0, 1)
-    soft = soft / soft.sum(1, keepdim=True).clamp_min(1e-12)
-    hard = g.argmin(1)  # a cross-entropy error p − y is negative only at the label
+    probs, soft, hard = labels_of_errors(logits, g, t)
     total = bias_total(capture, summed.per_mean)
     bias = None
     if total is not None:
@@ -203,6 +200,21 @@ def _reading(capture: Capture, name: str, summed, inputs: torch.Tensor, programs
         bias = float((explained - t * total).norm() / (t * total).norm().clamp_min(1e-30))
     return _Reading(found.inputs, soft, hard, fit, doubtful, bias, added, found.residual, g.norm(dim=1),
                     zero_counts(found.inputs, summed.tolerances.get("zero_tol", 1e-4)))
+
+
+def labels_of_errors(logits: torch.Tensor, errors: torch.Tensor, temperature: float = 1.0
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The labels that cross-entropy output errors ``errors`` (B × C, g_i = (softmax(z_i/T) − y_i)/T) give at
+    ``logits`` z_i: the probabilities softmax(z/T), the soft labels y = softmax(z/T) − T·g (clipped to [0, 1],
+    rows summed to 1) and the hard labels, their argmax. Where the model predicts a sample confidently and
+    rightly, g_i is near zero and read with a noise as large as itself, so its sign pattern (the one negative
+    entry of g_i) is a coin toss while softmax(z_i/T) − T·g_i still names the label: on the trained round of
+    docs/results/client-round.md with the true inputs, the negative entry of g gave 0.64 of the labels and the
+    argmax of y all of them."""
+    probs = torch.softmax(logits / temperature, 1)
+    soft = (probs - temperature * errors).clamp(0, 1)
+    soft = soft / soft.sum(1, keepdim=True).clamp_min(1e-12)
+    return probs, soft, soft.argmax(1)
 
 
 def hidden_errors(capture: Capture, layer: str, inputs: torch.Tensor, errors: torch.Tensor,

@@ -217,3 +217,39 @@ def test_a_reading_is_doubted_further_only_when_it_doubts_few_rows(monkeypatch, 
     capture, _, _, _, _ = _replayed_round()
     fc.labels_from_inputs(capture, "body.1", None, torch.zeros(b, 4), programs=8)
     assert len(calls) == readings
+
+
+def test_labels_of_errors_reads_a_confident_sample_from_its_prediction():
+    """y = softmax(z/T) − T·g exactly: with g = (p − y)/T the soft label is y itself, at T = 1 and T = 2; where g is
+    read with a noise larger than itself (a confidently, rightly predicted sample) the negative entry of g is
+    wrong but the argmax of y is the label."""
+    from labels.fc_inputs import labels_of_errors
+
+    logits = torch.tensor([[9.0, 0.0, -1.0], [0.0, 2.0, 0.5]], dtype=torch.float64)
+    y = torch.eye(3, dtype=torch.float64)[[0, 2]]
+    for t in (1.0, 2.0):
+        p = torch.softmax(logits / t, 1)
+        probs, soft, hard = labels_of_errors(logits, (p - y) / t, t)
+        assert torch.allclose(probs, p) and torch.allclose(soft, y, atol=1e-12) and hard.tolist() == [0, 2]
+    p = torch.softmax(logits, 1)
+    g = p - y
+    noisy = g + torch.tensor([[1e-3, -2e-3, 1e-3], [0.0, 0.0, 0.0]], dtype=torch.float64)  # |g_0| ~ 1.7e-4
+    assert noisy[0].argmin() != 0
+    assert labels_of_errors(logits, noisy)[2].tolist() == [0, 2]
+
+
+def test_rows_the_search_is_not_sure_of_are_doubted(monkeypatch):
+    """The pursuit's rows after the ones it is sure of are guesses (fcn_analytic.disaggregate.search_inputs): a
+    guess that copies another input keeps its zeros, so the completion's zero test passes it, and read as an input
+    it spoils the labels. Doubted from the start, it is replaced by the vertex it stands for and every count is
+    exact."""
+    import fcn_analytic.disaggregate as disaggregate
+
+    capture, truth, x, _, _ = _replayed_round()
+    guessed = x.clone()
+    guessed[5] = 2.0 * x[4]  # a guess with an input's zeros, in the last row
+
+    monkeypatch.setattr(disaggregate, "search_inputs", lambda *a, **k: (guessed, 0, 5, 5))
+    result = labels.recover(capture, "fc-inputs")
+    assert result.ok and torch.equal(result.counts, truth.counts)
+    assert result.info["search_sure"] == 5 and result.info["completed"] >= 1
