@@ -51,6 +51,21 @@ def smallest(found: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 mode = sys.argv[3] if len(sys.argv) > 3 else "k"
+if mode == "mix":  # the N = 100 pursuit's starts: each vertex and 8·N flat-Dirichlet mixtures of 3 vertices
+    from fcn_analytic.disaggregate import pursue
+    gen = torch.Generator().manual_seed(1)
+    unit_start = torch.nn.functional.normalize(start, dim=1)
+    picks = torch.stack([torch.randperm(len(start), generator=gen)[:3] for _ in range(8 * n)])
+    w = torch.distributions.Dirichlet(torch.ones(3, dtype=torch.float64)).sample((8 * n,))
+    mixes = torch.einsum("sk,skd->sd", w, unit_start[picks])
+    for f in [float(t) for t in sys.argv[4:]] or [2.0]:
+        for steps in (8, 40):
+            a, ra = pursue(basis, start, steps, f)
+            print(f"vertices, k {f:g}, {steps} steps:", score(a, ra), flush=True)
+            b, rb = pursue(basis, mixes, steps, f)
+            print(f"mixtures, k {f:g}, {steps} steps:", score(b, rb), flush=True)
+            print(f"pooled, k {f:g}, {steps} steps:", score(torch.cat([a, b]), torch.cat([ra, rb])), flush=True)
+    sys.exit()
 if mode == "pool":  # both refinements, 8 iterations each, their candidates pooled before the selection
     a, ra = start, None
     b, rb = start, None

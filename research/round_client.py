@@ -10,11 +10,12 @@ from gi.experiments.run import capture_all
 from gi.world.build import build_victim
 
 
-def round_client(seed: int, epochs: int, num_samples: int | None = None) -> tuple[Capture, Truth, torch.Tensor]:
+def round_client(seed: int, epochs: int, num_samples: int | None = None, extra: tuple[str, ...] = ()
+                 ) -> tuple[Capture, Truth, torch.Tensor]:
     """The config's first client at ``seed`` over ``epochs`` local epochs (of ``num_samples`` images; None: the
-    config's): its capture, its truth, and the true images' inputs of the hidden layer at the global model
-    (float64)."""
-    overrides = [f"seed={seed}", f"protocol.local_epochs={epochs}"]
+    config's; ``extra``: further config overrides, e.g. ``train={epochs: 1}`` for the trained round): its capture,
+    its truth, and the true images' inputs of the hidden layer at the global model (float64)."""
+    overrides = [f"seed={seed}", f"protocol.local_epochs={epochs}", *extra]
     cfg = load(RunConfig, "configs/fedavg-round.yaml",
                overrides + ([] if num_samples is None else [f"protocol.num_samples={num_samples}"]))
     torch.manual_seed(cfg.seed)
