@@ -302,3 +302,30 @@ def test_pursued_inputs_bad_inputs_are_clear_errors():
     signed = delta.T @ (x - 0.5)  # inputs of both signs: too few directions of the cone for six inputs
     with pytest.raises(GIError, match="of 6 inputs"):
         pursued_inputs(signed, delta.sum(0), 6)
+
+
+def _rows(zeros: list[int], n: int = 40) -> torch.Tensor:
+    """Nonnegative rows of length ``n``, row i zero on its first ``zeros[i]`` entries and 1 elsewhere."""
+    x = torch.ones(len(zeros), n, dtype=torch.float64)
+    for i, z in enumerate(zeros):
+        x[i, :z] = 0
+    return x
+
+
+@pytest.mark.parametrize("vertex_zeros, pursuit_sure, taken, sure", [
+    ([9, 9, 9, 9], 4, "vertices", 4),  # every vertex sparse (at least 2·batch zeros): no pursuit
+    ([9, 3, 3, 9], 3, "pursuit", 3),  # two vertices mix inputs (only batch − 1 zeros): the pursuit, surer, is taken
+    ([3, 3, 3, 9], 1, "vertices", 4),  # inputs denser than 2·batch zeros: the pursuit is no surer, the vertices stay
+    ([9, 9], 2, "pursuit", 2),  # too few vertices: the pursuit whatever it is sure of
+])
+def test_search_inputs_takes_the_pursuit_where_the_vertices_mix_inputs(monkeypatch, vertex_zeros, pursuit_sure,
+                                                                        taken, sure):
+    import fcn_analytic.disaggregate as disaggregate
+
+    vertices, pursued = _rows(vertex_zeros), _rows([20, 21, 22, 23])
+    monkeypatch.setattr(disaggregate, "vertex_inputs", lambda *a, **k: vertices)
+    monkeypatch.setattr(disaggregate, "pursued_inputs", lambda *a, **k: disaggregate.LinearInputs(
+        pursued, torch.zeros(4, 3), 0, 0.0, sure=pursuit_sure))
+    inputs, _, found, said = disaggregate.search_inputs(torch.zeros(3, 40), torch.zeros(3), 4)
+    assert torch.equal(inputs, vertices if taken == "vertices" else pursued)
+    assert (found, said) == (len(vertex_zeros), sure)
