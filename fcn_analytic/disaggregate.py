@@ -897,20 +897,22 @@ def zero_counts(x: torch.Tensor, tol: float) -> torch.Tensor:
     return (x.abs() < tol * x.abs().amax(1, keepdim=True)).sum(1)
 
 
-INPUT_ZEROS = 2  # search_inputs: a vertex with fewer than this many times the batch in zeros may mix inputs
+INPUT_ZEROS = 2  # search_inputs: a vertex with fewer than this many times the batch in zeros may mix inputs ...
+SPARSE_OF_MOST = 0.5  # ... or with fewer than this fraction of the most zeros a vertex has (measured, search_inputs)
 
 
 def search_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, batch: int, *, draws: int = 1_000_000, seed: int = 0,
                   zero_tol: float = 1e-4, sign_tol: float = 1e-3) -> tuple[torch.Tensor, int, int, int]:
     """The ``batch`` inputs of a Linear layer from its gradient (or a one-epoch round's summed update): one linear
     program per input (:func:`vertex_inputs`); where those miss some, or where fewer than ``batch`` of its vertices
-    have :data:`INPUT_ZEROS`·``batch`` zeros (every vertex has ``batch`` − 1; an input of a ReLU map has many more,
-    a vertex that mixes inputs only the zeros they share: on the Fashion-MNIST round of N = 100 the inputs have
-    715–1076 of 3136, three quarters of the 100 vertices at most 203, and labels read off them were exact on no
-    client), :func:`pursued_inputs` (the inputs it is sure of first, then its best other directions, which the
-    caller doubts; taken over enough vertices only where it is sure of more rows than they have sparse ones), and
-    where that finds no direction, :func:`linear_inputs`' search (random programs, then SPEAR's sampling, up to
-    ``draws``).
+    are sparse, with :data:`INPUT_ZEROS`·``batch`` zeros and :data:`SPARSE_OF_MOST` of the most a vertex has (every
+    vertex has ``batch`` − 1; an input of a ReLU map has many more, a vertex that mixes inputs only the zeros they
+    share: on the Fashion-MNIST round of N = 100, seed 1, the inputs have 862–1240 of 3136, the vertices within
+    cosine 0.99 of one 332–1223 at the search's tolerance, the 86 others at most 401, and labels read off them were
+    exact on no client), :func:`pursued_inputs` (the inputs it is sure of first, then its best other directions,
+    which the caller doubts; taken over enough vertices only where it is sure of more rows than they have sparse
+    ones), and where that finds no direction, :func:`linear_inputs`' search (random programs, then SPEAR's
+    sampling, up to ``draws``).
     Returns ``(inputs, draws used, vertices found first, rows sure)``: the pursuit's rows after the first ``sure``
     are its best guesses, which the caller must doubt (on the trained round of docs/results/client-round.md, seed
     1, they passed the completion's zero test and spoiled every label: 25 of 50 read as one class); the other
@@ -919,7 +921,8 @@ def search_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, batch: int, *, dra
     found 38 of the 100 inputs in a million draws (728 CPU s); the pursuit is sure of 85."""
     inputs = vertex_inputs(grad_w, grad_b, batch, zero_tol=zero_tol, sign_tol=sign_tol, seed=seed)
     vertices = len(inputs)
-    sparse = int((zero_counts(inputs, zero_tol) >= INPUT_ZEROS * batch).sum()) if vertices else 0
+    zeros = zero_counts(inputs, zero_tol) if vertices else torch.zeros(0)
+    sparse = int((zeros >= max(INPUT_ZEROS * batch, SPARSE_OF_MOST * float(zeros.max()))).sum()) if vertices else 0
     if vertices >= batch and sparse >= batch:
         return inputs, 0, vertices, batch
     try:

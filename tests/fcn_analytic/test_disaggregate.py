@@ -313,10 +313,11 @@ def _rows(zeros: list[int], n: int = 40) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("vertex_zeros, pursuit_sure, taken, sure", [
-    ([9, 9, 9, 9], 4, "vertices", 4),  # every vertex sparse (at least 2·batch zeros): no pursuit
+    ([9, 9, 9, 9], 4, "vertices", 4),  # every vertex sparse (2·batch zeros, half the most of any): no pursuit
     ([9, 3, 3, 9], 3, "pursuit", 3),  # two vertices mix inputs (only batch − 1 zeros): the pursuit, surer, is taken
     ([3, 3, 3, 9], 1, "vertices", 4),  # inputs denser than 2·batch zeros: the pursuit is no surer, the vertices stay
     ([9, 9], 2, "pursuit", 2),  # too few vertices: the pursuit whatever it is sure of
+    ([9, 20, 20, 20], 4, "pursuit", 4),  # a vertex under half the most zeros a vertex has mixes inputs
 ])
 def test_search_inputs_takes_the_pursuit_where_the_vertices_mix_inputs(monkeypatch, vertex_zeros, pursuit_sure,
                                                                         taken, sure):
