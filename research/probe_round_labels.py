@@ -1,0 +1,31 @@
+"""The ``fc-inputs`` label method on each client of configs/fedavg-round.yaml (a probe): counts exact or not,
+ins_acc, L1 of the counts, which search gave the inputs (vertices found by one program per input, rows the
+pursuit is sure of, rows completed, rows left doubtful) and CPU seconds, one line per client.
+
+    python research/probe_round_labels.py SEED CLIENTS [OVERRIDES...]   (e.g. protocol.num_samples=100)
+"""
+import sys
+import time
+
+import torch
+
+from gi.core.config import load
+from gi.experiments.config.run import RunConfig
+from gi.experiments.run import capture_all
+from gi.world.build import build_victim
+from labels.fc_inputs import recover_fc_inputs
+
+torch.set_num_threads(1)
+seed, clients = int(sys.argv[1]), int(sys.argv[2])
+cfg = load(RunConfig, "configs/fedavg-round.yaml", [f"seed={seed}", f"trials={clients}", *sys.argv[3:]])
+torch.manual_seed(cfg.seed)
+dataset, model = build_victim(cfg)
+captures, truths = capture_all(cfg, dataset, model, torch.Generator().manual_seed(cfg.seed))[:2]
+for k, (capture, truth) in enumerate(zip(captures, truths)):
+    start = time.process_time()
+    result = recover_fc_inputs(capture)
+    ins = int(torch.minimum(result.counts, truth.counts).sum()) / int(truth.counts.sum())
+    info = {key: result.info.get(key) for key in ("vertices", "search_sure", "completed", "doubtful")}
+    print(f"seed {seed} client {k}: exact {bool(torch.equal(result.counts, truth.counts))}, ins_acc {ins:.3f}, "
+          f"L1 {int((result.counts - truth.counts).abs().sum())}, {info}, {time.process_time() - start:.1f} CPU s",
+          flush=True)
