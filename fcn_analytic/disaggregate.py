@@ -921,8 +921,10 @@ def search_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, batch: int, *, dra
     found 38 of the 100 inputs in a million draws (728 CPU s); the pursuit is sure of 85."""
     inputs = vertex_inputs(grad_w, grad_b, batch, zero_tol=zero_tol, sign_tol=sign_tol, seed=seed)
     vertices = len(inputs)
-    zeros = zero_counts(inputs, zero_tol) if vertices else torch.zeros(0)
-    sparse = int((zeros >= max(INPUT_ZEROS * batch, SPARSE_OF_MOST * float(zeros.max()))).sum()) if vertices else 0
+    sparse = 0  # the vertices with the zeros of an input
+    if vertices:
+        zeros = zero_counts(inputs, zero_tol)
+        sparse = int((zeros >= max(INPUT_ZEROS * batch, SPARSE_OF_MOST * float(zeros.max()))).sum())
     if vertices >= batch and sparse >= batch:
         return inputs, 0, vertices, batch
     try:
@@ -932,7 +934,7 @@ def search_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, batch: int, *, dra
             return pursued.inputs, 0, vertices, sure
     except GIError:
         pass
-    if vertices >= batch:  # inputs denser than INPUT_ZEROS·batch zeros: the vertices as before
+    if vertices >= batch:  # the pursuit failed or is no surer than the vertices (inputs with fewer zeros): those
         return inputs, 0, vertices, batch
     found = linear_inputs(grad_w, grad_b, batch, samples=draws, seed=seed, zero_tol=zero_tol, sign_tol=sign_tol)
     return found.inputs, found.draws, vertices, batch
