@@ -10,27 +10,16 @@ E = 1 (labels.fc_inputs.hidden_errors); its one negative entry is the label.
 import sys
 
 import torch
-from round_client import round_client
+from round_client import layer_labels, round_client
 
 from fcn_analytic.disaggregate import drifting_inputs, first_linear, summed_layer
-from labels.fc_inputs import hidden_errors
 
 torch.set_num_threads(1)
 seed, epochs = int(sys.argv[1]), int(sys.argv[2])
 capture, truth, x0 = round_client(seed, epochs, extra=tuple(sys.argv[3:]))
-name = first_linear(capture.model())
-summed = summed_layer(capture, name)
+summed = summed_layer(capture, first_linear(capture.model()))
 labels = truth.labels
-
-
-def read(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    errors = torch.linalg.lstsq(x.T, summed.weight.T).solution * summed.per_mean
-    logits, g, fit = hidden_errors(capture, name, x, errors)
-    soft = torch.softmax(logits, 1) - g / epochs  # the mean over the visits of p − g, p at θᵗ standing for each visit's
-    return g.argmin(1), fit, soft.argmax(1)
-
-
-hard, fit, by_soft = read(x0)
+hard, fit, by_soft = layer_labels(capture, x0)
 print("oracle x, argmax(p - g/E)", torch.bincount(by_soft, minlength=10).tolist(), "ins_acc",
       float((by_soft == labels).double().mean()))
 print("true counts ", torch.bincount(labels, minlength=10).tolist())
@@ -41,6 +30,6 @@ if epochs == 1:
 cand = drifting_inputs(summed.weight, summed.bias, summed.samples, seed=0).inputs
 cos = torch.nn.functional.normalize(cand, dim=1) @ torch.nn.functional.normalize(x0, dim=1).T
 best = cos.argmax(1)
-hard_c, fit_c, _ = read(cand)
+hard_c, fit_c, _ = layer_labels(capture, cand)
 print("candidates  ", torch.bincount(hard_c, minlength=10).tolist(), "label of nearest true input agrees",
       float((hard_c == labels[best]).double().mean()), "cands > 0.99:", int((cos.max(1).values > 0.99).sum()))

@@ -8,19 +8,13 @@ import sys
 import time
 
 import torch
+from round_client import round_clients
 
-from gi.core.config import load
-from gi.experiments.config.run import RunConfig
-from gi.experiments.run import capture_all
-from gi.world.build import build_victim
 from labels.fc_inputs import recover_fc_inputs
 
 torch.set_num_threads(1)
 seed, clients = int(sys.argv[1]), int(sys.argv[2])
-cfg = load(RunConfig, "configs/fedavg-round.yaml", [f"seed={seed}", f"trials={clients}", *sys.argv[3:]])
-torch.manual_seed(cfg.seed)
-dataset, model = build_victim(cfg)
-captures, truths = capture_all(cfg, dataset, model, torch.Generator().manual_seed(cfg.seed))[:2]
+captures, truths = round_clients(seed, (f"trials={clients}", *sys.argv[3:]))
 for k, (capture, truth) in enumerate(zip(captures, truths)):
     start = time.process_time()
     result = recover_fc_inputs(capture)

@@ -10,20 +10,14 @@ sample whose error is below the floor adds nothing the update keeps: its input, 
 import sys
 
 import torch
+from round_client import round_clients
 
 from fcn_analytic.disaggregate import RANK_TOL, summed_layer
-from gi.core.config import load
-from gi.experiments.config.run import RunConfig
-from gi.experiments.run import capture_all
-from gi.world.build import build_victim
 
 torch.set_num_threads(1)
 seed = int(sys.argv[1])
 clients = int(sys.argv[2]) if len(sys.argv) > 2 else 6
-cfg = load(RunConfig, "configs/fedavg-round.yaml", [f"seed={seed}", "train={epochs: 1}", f"trials={clients}"])
-torch.manual_seed(cfg.seed)
-dataset, model = build_victim(cfg)
-captures, truths = capture_all(cfg, dataset, model, torch.Generator().manual_seed(cfg.seed))[:2]
+captures, truths = round_clients(seed, ("train={epochs: 1}", f"trials={clients}"))
 for c, t in zip(captures, truths):
     s = summed_layer(c, "body.1")
     sv = torch.linalg.svdvals(s.weight)
