@@ -184,7 +184,7 @@ def truth_table(outcome: AttackResult, truths: Sequence[Truth], lcfg: LabelConfi
     import torch
 
     from gi.analysis.metrics import label_metrics, score
-    from gi.analysis.verdict import image_verdict, mismatch_verdict, trivial_baselines
+    from gi.analysis.verdict import image_verdict, mismatch_verdict, slot_verdicts, trivial_baselines
 
     table = Table()
     simulable = outcome.simulable  # per capture, once: it derives each capture's local schedule
@@ -202,6 +202,7 @@ def truth_table(outcome: AttackResult, truths: Sequence[Truth], lcfg: LabelConfi
         table.final_label_scores.append(label_metrics(used_labels(rec, lcfg.mode), truth))
         slots = rec.labels.argmax(1).tolist()
         mismatch, known = mismatch_of(rec), simulable[k]
+        words = slot_verdicts(mismatch, rec.history.get("slot_swap_distance"), known)
         indices = truth.meta.get("indices") or [None] * truth.images.shape[0]
         for i in range(truth.images.shape[0]):
             trivial = max(base["grey_psnr"][i], base["mean_colour_psnr"][i])
@@ -213,7 +214,7 @@ def truth_table(outcome: AttackResult, truths: Sequence[Truth], lcfg: LabelConfi
                 "true_label": true, "slot_label": slot, "true_label_in_slots": true in slots,
                 "matched_slot": s["perm"][i], "answered_by": rec.history.get("answered_by", "optimisation"),
                 "analytic_residual": rec.history.get("analytic_residual"), "gradient_mismatch": mismatch,
-                "mismatch_verdict": mismatch_verdict(mismatch, known)})
+                "mismatch_verdict": mismatch_verdict(mismatch, known) if words is None else words[s["perm"][i]]})
             table.captions.append(f"{s['psnr'][i]:.1f} dB {verdict}\nslot: {label_name(slot, classes)}\n"
                                   f"true: {label_name(true, classes)}" + ("" if true in slots else " (no slot)"))
         table.shown_truth.append(truth.images)
@@ -223,16 +224,18 @@ def truth_table(outcome: AttackResult, truths: Sequence[Truth], lcfg: LabelConfi
 
 def plain_table(outcome: AttackResult, classes: Sequence[str] = ()) -> Table:
     """Without truth: one row per reconstruction slot, with its label (named by ``classes``, :func:`label_name`, in
-    the captions) and its capture's mismatch verdict (:func:`gi.analysis.verdict.mismatch_verdict`)."""
-    from gi.analysis.verdict import mismatch_verdict
+    the captions) and its verdict (:func:`gi.analysis.verdict.slot_verdict`: its capture's mismatch verdict, or
+    ``not pinned``)."""
+    from gi.analysis.verdict import mismatch_verdict, slot_verdicts
 
     table = Table()
     for k, (rec, known) in enumerate(zip(outcome.reconstructions, outcome.simulable)):
         mismatch = mismatch_of(rec)
+        words = slot_verdicts(mismatch, rec.history.get("slot_swap_distance"), known)
         for i in range(rec.images.shape[0]):
             label = int(rec.labels[i].argmax())
             table.rows.append({"capture": k, "image": i, "slot_label": label, "gradient_mismatch": mismatch,
-                               "mismatch_verdict": mismatch_verdict(mismatch, known),
+                               "mismatch_verdict": mismatch_verdict(mismatch, known) if words is None else words[i],
                                "answered_by": rec.history.get("answered_by", "optimisation"),
                                "analytic_residual": rec.history.get("analytic_residual")})
             table.captions.append(f"slot label {label_name(label, classes)}\nmismatch {mismatch:.2g}")

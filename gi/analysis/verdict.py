@@ -25,6 +25,15 @@ shared gradient (or update) that the final images and labels reproduce
 between. The mismatch is one-sided evidence: a large one proves the images (or their labels) wrong, a small one
 is necessary for a recovery but not sufficient (the measurements behind the thresholds: :data:`EXPLAINED_BELOW`).
 
+**Per image without truth**: a batch's images explain its gradient together, but an image whose own share of the
+gradient is small can be anything without moving the mismatch (a batch of 8 with two noise images read
+``explains`` at 2e-4). Each slot is therefore swapped for its own mean colour, the trivial guess the verdict with
+truth compares with, and the distance d the share moves measured
+(:func:`gi.attack.recon.mismatch.slot_swap_distances`). A slot is pinned by its capture when d ≥
+:data:`PINNED_FROM` and d is at least the capture's own mismatch; then it takes its capture's word, else it reads
+:data:`NOT_PINNED` (the capture would read about the same for the mean colour there, so nothing in it says the
+image is better). A capture that does not explain its share leaves every slot ``does not explain``.
+
 **Features** (where the attack matched them: eq. 8's f*, or the inputs of ``attack.feature_layer`` found from
 that layer's gradient), per capture, with or without truth: whether f* explains the gradient of the layer it is
 the input of (the residual of :func:`fcn_analytic.disaggregate.factor_residual`, under the same thresholds as the
@@ -80,6 +89,14 @@ UNKNOWN_ORDER = ("the round's batch order is unknown, so its update cannot be re
 # well under 1 % before the image is right. Other nets may map the mismatch to image quality differently.
 EXPLAINED_BELOW = 1e-3
 UNEXPLAINED_FROM = 3e-2  # 0.03
+# A slot is pinned by its capture when swapping its image for its own mean colour moves the share by at least this
+# (relative to ‖s*‖) and by at least the capture's mismatch. Measured on the sigmoid LeNet's batches of 8 (gi run
+# configs/batch8-default.yaml seed=0, 1, 2: 120 images; docs/usage.md "Verdict"): the 78 recovered images move it
+# by 0.040 to 0.12, the failed images of captures with a mismatch up to 1.4e-3 by 8.3e-4 to 7.0e-3; 0.02 sits between,
+# a factor of about 2.9 from each.
+PINNED_FROM = 2e-2
+NOT_PINNED = "not pinned"  # a slot whose capture reads about the same with the image replaced by its mean colour
+SLOT_VERDICTS = (EXPLAINS, PARTLY_EXPLAINS, NOT_PINNED, DOES_NOT_EXPLAIN)
 
 GUESS_NAMES = {"grey": "a flat grey image", "mean_colour": "each image's mean colour"}
 
@@ -104,6 +121,22 @@ def mismatch_verdict(mismatch: float, known: bool = True) -> str:
     if math.isnan(mismatch) or mismatch >= UNEXPLAINED_FROM:
         return DOES_NOT_EXPLAIN
     return EXPLAINS if mismatch < EXPLAINED_BELOW else PARTLY_EXPLAINS
+
+
+def slot_verdict(mismatch: float, swap: float | None, known: bool = True) -> str:
+    """One slot's word without truth (module docstring, "Per image without truth"): its capture's
+    :func:`mismatch_verdict`, or :data:`NOT_PINNED` where the capture explains it at least partly but swapping the
+    slot's image for its own mean colour moves the share by less than :data:`PINNED_FROM` or less than the
+    capture's mismatch (``swap``; None or NaN: not measured, the capture's word)."""
+    word = mismatch_verdict(mismatch, known)
+    if word not in (EXPLAINS, PARTLY_EXPLAINS) or swap is None or math.isnan(swap):
+        return word
+    return word if swap >= PINNED_FROM and swap >= mismatch else NOT_PINNED
+
+
+def slot_verdicts(mismatch: float, swaps: Sequence[float] | None, known: bool = True) -> list[str] | None:
+    """:func:`slot_verdict` of every slot of one capture (None where its slots were not measured)."""
+    return None if swaps is None else [slot_verdict(mismatch, float(d), known) for d in swaps]
 
 
 def overall(verdicts: Sequence[str], words: Sequence[str] = IMAGE_VERDICTS) -> str:
@@ -239,7 +272,9 @@ RULE = (f"recovered: PSNR >= {RECOVERED_MIN_PSNR_DB:g} dB and >= the best trivia
         f"dB; not recovered: PSNR <= the best trivial guess + {NOT_RECOVERED_MARGIN_DB:g} dB; partial: between. "
         "Trivial guesses: a flat grey image and the image's mean colour (docs/usage.md, Verdict)")
 MISMATCH_RULE = (f"relative mismatch of the shared tensors below {EXPLAINED_BELOW:g}: explains; at or above "
-                 f"{UNEXPLAINED_FROM:g}: does not explain; partly explains between (docs/usage.md, Verdict)")
+                 f"{UNEXPLAINED_FROM:g}: does not explain; partly explains between; an image whose swap for its own "
+                 f"mean colour moves the share by less than {PINNED_FROM:g} (or less than the mismatch): not pinned "
+                 "(docs/usage.md, Verdict)")
 
 FEATURE_RULE = (f"features: the residual of the matched features against their layer's weight and bias gradients "
                 f"(least-squares output errors), below {EXPLAINED_BELOW:g}: explains; at or above "
@@ -259,19 +294,42 @@ def image_summary(psnrs: Sequence[float], grey_psnrs: Sequence[float], mean_colo
             "rule": RULE}
 
 
-def mismatch_summary(mismatches: Sequence[float], what: str = "gradient", known: Sequence[bool] | None = None
-                     ) -> dict[str, Any]:
-    """The ``verdict`` record from the attack's own signal: per capture (``captures``, ``gradient_mismatch``), the
-    counts, the run's word (``overall``: of the captures that can be re-simulated, :data:`CANNOT_TELL` when none
-    can), the sentence (``summary``) and the rule. ``known``: :func:`mismatch_verdict`'s, per capture."""
+def slot_sentence(slots: Sequence[Sequence[str] | None]) -> str:
+    """The clause on the slots that are not pinned (module docstring, "Per image without truth"), e.g. ``2 of 24
+    images are not pinned by their capture: it reads about the same with each replaced by its own mean colour``;
+    empty where every measured slot is pinned or none was measured."""
+    words = [w for capture in slots if capture is not None for w in capture]
+    loose = sum(w == NOT_PINNED for w in words)
+    if not loose:
+        return ""
+    return (f"{loose} of {len(words)} image{'s' if len(words) != 1 else ''} {'is' if loose == 1 else 'are'} not "
+            f"pinned by {'its' if loose == 1 else 'their'} capture: it reads about the same with "
+            f"{'it' if loose == 1 else 'each'} replaced by its own mean colour")
+
+
+def mismatch_summary(mismatches: Sequence[float], what: str = "gradient", known: Sequence[bool] | None = None,
+                     swaps: Sequence[Sequence[float] | None] | None = None) -> dict[str, Any]:
+    """The ``verdict`` record from the attack's own signal: per capture (``captures``, ``gradient_mismatch``), per
+    slot where ``swaps`` measured them (``slots``, :func:`slot_verdicts`, and ``slot_swap_distance``; None per
+    capture where not), the counts, the run's word (``overall``: of the captures that can be re-simulated,
+    :data:`CANNOT_TELL` when none can; never ``explains`` while a slot is :data:`NOT_PINNED`), the sentence
+    (``summary``) and the rule. ``known``: :func:`mismatch_verdict`'s, per capture."""
     known = [True] * len(mismatches) if known is None else list(known)
+    swaps = [None] * len(mismatches) if swaps is None else list(swaps)
     verdicts = [mismatch_verdict(m, k) for m, k in zip(mismatches, known)]
+    slots = [slot_verdicts(m, d, k) for m, d, k in zip(mismatches, swaps, known)]
     judged = [v for v in verdicts if v != CANNOT_TELL]
     counts = tally(judged, MISMATCH_VERDICTS) | ({CANNOT_TELL: len(verdicts) - len(judged)} if len(judged) <
                                                   len(verdicts) else {})
-    return {"basis": "gradient mismatch", "overall": overall(judged, MISMATCH_VERDICTS) if judged else CANNOT_TELL,
-            "summary": mismatch_sentence(mismatches, what, known), "counts": counts,
-            "captures": verdicts, "gradient_mismatch": list(mismatches), "rule": MISMATCH_RULE}
+    word = overall(judged, MISMATCH_VERDICTS) if judged else CANNOT_TELL
+    loose = slot_sentence(slots)
+    if loose and word == EXPLAINS:
+        word = PARTLY_EXPLAINS
+    return {"basis": "gradient mismatch", "overall": word,
+            "summary": mismatch_sentence(mismatches, what, known) + (f"; {loose}" if loose else ""),
+            "counts": counts, "captures": verdicts, "gradient_mismatch": list(mismatches),
+            "slots": slots, "slot_swap_distance": [None if d is None else [float(v) for v in d] for d in swaps],
+            "rule": MISMATCH_RULE}
 
 
 MAX_LABELS_SHOWN = 8  # captures whose labels the verdict line names; the rest are in metrics.json
@@ -315,8 +373,14 @@ class AttackVerdict:
         return list(self.gradient["captures"])
 
     @property
+    def slots(self) -> list[list[str] | None]:
+        """Per capture, per slot: its capture's word or ``not pinned`` (:func:`slot_verdict`); None for a capture
+        whose slots were not swapped (one that cannot be re-simulated)."""
+        return [None if words is None else list(words) for words in self.gradient.get("slots", [])]
+
+    @property
     def overall(self) -> str:
-        """The run's word (:func:`overall` of :attr:`mismatch`)."""
+        """The run's word (:func:`overall` of :attr:`mismatch`, never ``explains`` while a slot is not pinned)."""
         return self.gradient["overall"]
 
     @property
@@ -378,9 +442,10 @@ def trivial_baselines(images: torch.Tensor) -> dict[str, list[float]]:
 
 __all__ = [
     "AttackVerdict", "CANNOT_TELL", "DOES_NOT_EXPLAIN", "EXPLAINED_BELOW", "EXPLAINS", "IMAGE_VERDICTS",
-    "MAX_LABELS_SHOWN", "MISMATCH_VERDICTS", "NOT_RECOVERED", "NOT_RECOVERED_MARGIN_DB", "PARTIAL", "PARTLY_EXPLAINS",
-    "RECOVERED", "RECOVERED_MARGIN_DB", "RECOVERED_MIN_PSNR_DB", "UNEXPLAINED_FROM", "UNKNOWN_ORDER", "best_guess",
-    "feature_summary", "image_sentence", "image_summary", "image_verdict", "labels_phrase", "mismatch_phrase",
-    "mismatch_sentence", "mismatch_summary", "mismatch_verdict", "overall", "prior_summary", "tally",
-    "trivial_baselines", "trivial_guesses", "verdict_line",
+    "MAX_LABELS_SHOWN", "MISMATCH_VERDICTS", "NOT_PINNED", "NOT_RECOVERED", "NOT_RECOVERED_MARGIN_DB", "PARTIAL",
+    "PARTLY_EXPLAINS", "PINNED_FROM", "RECOVERED", "RECOVERED_MARGIN_DB", "RECOVERED_MIN_PSNR_DB", "SLOT_VERDICTS",
+    "UNEXPLAINED_FROM", "UNKNOWN_ORDER", "best_guess", "feature_summary", "image_sentence", "image_summary",
+    "image_verdict", "labels_phrase", "mismatch_phrase", "mismatch_sentence", "mismatch_summary", "mismatch_verdict",
+    "overall", "prior_summary", "slot_sentence", "slot_verdict", "slot_verdicts", "tally", "trivial_baselines",
+    "trivial_guesses", "verdict_line",
 ]

@@ -15,10 +15,12 @@ from gi.capture import Truth
 C = 10
 
 
-def _outcome(images: torch.Tensor, slots: list[int], mismatch: float) -> AttackResult:
+def _outcome(images: torch.Tensor, slots: list[int], mismatch: float, swaps: list[float] | None = None
+             ) -> AttackResult:
     labels = torch.nn.functional.one_hot(torch.tensor(slots), C).float()
+    history = {"gradient_mismatch": mismatch} | ({} if swaps is None else {"slot_swap_distance": swaps})
     rec = Reconstruction(images=images, all_images=images[None], labels=labels, objective=torch.zeros(1),
-                         best_restart=0, history={"gradient_mismatch": mismatch})
+                         best_restart=0, history=history)
     return AttackResult([None], "fixed", [None], [rec], [{"name": "labels", "method": "test", "why": None}])
 
 
@@ -67,3 +69,17 @@ def test_captions_name_the_classes_where_the_dataset_has_names():
                         classes=CIFAR10_CLASSES)
     assert table.captions[1].endswith("\nslot: 6 frog\ntrue: 6 frog")
     assert plain_table(_outcome(images, [3, 6], 1e-6), CIFAR10_CLASSES).captions[0].startswith("slot label 3 cat\n")
+
+
+def test_each_row_carries_its_own_slot_s_word_where_the_slots_were_swapped():
+    """A capture that explains its gradient (2e-4) with slot 1 not pinned (its swap moves the share 1e-3): without
+    truth the slot's row reads ``not pinned``; with truth the row of the truth image matched to that slot does."""
+    images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    plain = plain_table(_outcome(images, [3, 6], 2e-4, [0.07, 1e-3]))
+    assert [r["mismatch_verdict"] for r in plain.rows] == ["explains", "not pinned"]
+    true = torch.tensor([6, 3])
+    truth = Truth(images=images[[1, 0]], labels=true, targets=torch.nn.functional.one_hot(true, C).float(),
+                  counts=torch.bincount(true, minlength=C), meta={})
+    rows = truth_table(_outcome(images, [3, 6], 2e-4, [0.07, 1e-3]), [truth], LabelConfig(), 0,
+                       {"match": True, "lpips_vgg": False}).rows
+    assert [(r["matched_slot"], r["mismatch_verdict"]) for r in rows] == [(1, "not pinned"), (0, "explains")]

@@ -13,10 +13,12 @@ from gi.analysis.verdict import (
     DOES_NOT_EXPLAIN,
     EXPLAINED_BELOW,
     EXPLAINS,
+    NOT_PINNED,
     NOT_RECOVERED,
     NOT_RECOVERED_MARGIN_DB,
     PARTIAL,
     PARTLY_EXPLAINS,
+    PINNED_FROM,
     RECOVERED,
     RECOVERED_MARGIN_DB,
     RECOVERED_MIN_PSNR_DB,
@@ -30,6 +32,7 @@ from gi.analysis.verdict import (
     mismatch_verdict,
     overall,
     prior_summary,
+    slot_verdict,
     trivial_baselines,
     trivial_guesses,
 )
@@ -191,3 +194,39 @@ def test_the_labels_phrase_names_each_capture_s_slot_labels_up_to_a_bound():
     assert phrase.startswith("recovered labels per capture: 0: 0; 1: 1; ")
     assert f"{MAX_LABELS_SHOWN - 1}: {MAX_LABELS_SHOWN - 1}; 2 more capture(s)" in phrase
     assert f"{MAX_LABELS_SHOWN}: " not in phrase
+
+
+@pytest.mark.parametrize(("mismatch", "swap", "want"), [
+    (2e-4, 0.07, EXPLAINS),  # a recovered slot of the sigmoid LeNet's batch: the swap moves the share 350x
+    (2e-4, 2.5e-3, NOT_PINNED),  # a noise slot of the same batch: the mean colour there would still read well
+    (2e-4, 0.0, NOT_PINNED),  # a slot already at its mean colour
+    (5e-3, 0.07, PARTLY_EXPLAINS),
+    (2e-2, 1.5e-2, NOT_PINNED),  # above PINNED_FROM but under the capture's own residual
+    (0.5, 1e-4, DOES_NOT_EXPLAIN),  # a capture that does not explain its share: every slot
+    (2e-4, None, EXPLAINS), (2e-4, math.nan, EXPLAINS),  # not measured: the capture's word
+])
+def test_slot_verdict(mismatch, swap, want):
+    assert slot_verdict(mismatch, swap) == want
+    assert PINNED_FROM > EXPLAINED_BELOW
+
+
+def test_a_batch_with_slots_its_capture_does_not_pin_never_reads_explains():
+    """The batch of 8 with two noise images that read ``explains`` at 2e-4: per slot it says which are not pinned,
+    and the run's word falls to ``partly explains``."""
+    from gi.analysis.verdict import CANNOT_TELL
+
+    swaps = [0.097, 0.084, 0.094, 0.070, 2.5e-3, 1.1e-3, 0.093, 0.097]
+    rec = mismatch_summary([8.6e-6, 2.0e-4], swaps=[[0.06] * 8, swaps])
+    assert rec["captures"] == [EXPLAINS, EXPLAINS]
+    assert rec["slots"] == [[EXPLAINS] * 8, [EXPLAINS] * 4 + [NOT_PINNED] * 2 + [EXPLAINS] * 2]
+    assert rec["overall"] == PARTLY_EXPLAINS
+    assert rec["summary"].endswith("; 2 of 16 images are not pinned by their capture: it reads about the same with "
+                                   "each replaced by its own mean colour")
+    assert rec["slot_swap_distance"][1] == swaps
+    pinned = mismatch_summary([8.6e-6], swaps=[[0.06] * 8])
+    assert pinned["overall"] == EXPLAINS and "pinned" not in pinned["summary"]
+    assert mismatch_summary([2e-4], swaps=[[0.07, 1e-3]])["summary"].endswith(
+        "; 1 of 2 images is not pinned by its capture: it reads about the same with it replaced by its own mean "
+        "colour")
+    assert mismatch_summary([8.6e-6])["slots"] == [None]  # not measured: no word per slot
+    assert mismatch_summary([0.35], "update", known=[False], swaps=[None])["overall"] == CANNOT_TELL

@@ -63,3 +63,53 @@ def test_the_blocked_sums_give_the_exact_ratio_across_block_edges(monkeypatch):
 def test_a_simulated_tensor_of_another_shape_is_an_error():
     with pytest.raises(ValueError, match=r"simulated shape \(4,\) does not match the target's \(2, 2\)"):
         relative_mismatch({"w": torch.zeros(4)}, {"w": torch.ones(2, 2)})
+
+
+def test_a_slot_s_swap_distance_is_its_own_gradient_change_over_the_capture_s_norm():
+    """FedSGD's mean-loss gradient is (1/B) Σ_j g_j(x_j) on a net without batch coupling, so swapping slot i for its
+    mean colour c_i moves it by exactly ‖g_i(x_i) − g_i(c_i)‖ / B; a slot that already holds a constant image moves
+    it by 0."""
+    from gi.attack.recon.mismatch import slot_swap_distances
+
+    model, x, y = _model(), _images(3), torch.tensor([1, 3, 0])
+    x[2] = 0.25  # a flat image is its own mean colour (0.25: its mean is exact in float32)
+    capture, truth = gi.capture_gradients(model, x, y, gi.Protocol(batch_size=3))
+    got = slot_swap_distances(capture, truth.images, truth.targets)
+    names = list(capture.shared)
+    norm = math.sqrt(sum(float(capture.shared[k].double().pow(2).sum()) for k in names))
+    params = dict(model.named_parameters())
+
+    def grad(image: torch.Tensor, label: int) -> list[torch.Tensor]:
+        loss = torch.nn.functional.cross_entropy(model(image[None]), torch.tensor([label]))
+        return torch.autograd.grad(loss, [params[k] for k in names])
+
+    for i in range(2):
+        colour = x[i].mean((1, 2), keepdim=True).expand_as(x[i])
+        diff = [a - b for a, b in zip(grad(x[i], int(y[i])), grad(colour, int(y[i])))]
+        want = math.sqrt(sum(float(d.double().pow(2).sum()) for d in diff)) / 3 / norm
+        assert got[i] == pytest.approx(want, rel=1e-4)
+        assert got[i] > 1e-3
+    assert got[2] == 0.0
+
+
+def test_the_final_reconstructions_carry_their_slots_swap_distances_and_a_round_does_not():
+    """record_mismatch(slots=True) measures every slot of a capture that can be re-simulated; a round of
+    reshuffled mini-batches (order unknown) is not swapped, since its share cannot judge the images."""
+    from gi.attack.recon import Reconstruction
+    from gi.attack.stages.reconstruct import record_mismatch
+
+    capture, truth = gi.capture_gradients(_model(), _images(2), torch.tensor([1, 3]), gi.Protocol(batch_size=2))
+    rnd, rtruth = gi.simulate_client(_model(), (_images(4), torch.tensor([0, 1, 1, 3])),
+                                     gi.Protocol(scheme="fedavg", batch_size=2, num_samples=4, local_epochs=1,
+                                                 lr=0.1), rng=torch.Generator().manual_seed(0))
+
+    def rec(t) -> Reconstruction:
+        return Reconstruction(images=t.images, all_images=t.images[None], labels=t.targets,
+                              objective=torch.zeros(1), best_restart=0)
+
+    recs = [rec(truth), rec(rtruth)]
+    record_mismatch([capture, rnd], recs)
+    assert all("slot_swap_distance" not in r.history for r in recs)  # only the final call measures the slots
+    record_mismatch([capture, rnd], recs, slots=True)
+    assert len(recs[0].history["slot_swap_distance"]) == 2 and min(recs[0].history["slot_swap_distance"]) > 1e-3
+    assert "slot_swap_distance" not in recs[1].history

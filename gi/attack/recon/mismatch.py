@@ -10,6 +10,11 @@ objective uses (:mod:`gi.attack.recon.simulate`, with the captured output error 
 0 means the images and labels reproduce the capture exactly; 1 is what sharing nothing (s = 0) would score. The
 attack's own signal, so it is available where truth is not (``gi attack`` without ``truth=``).
 
+A small mismatch says the final images explain the capture together, not that each of them is pinned by it: an
+image whose own share of the gradient is small (a sample the net already fits) can be anything without moving the
+mismatch. :func:`slot_swap_distances` measures, per slot, how far the share moves when that slot's image is
+replaced by its own mean colour (the trivial guess the verdict with truth compares with).
+
 Where the attack matched features (eq. 8's f*, or the inputs of ``attack.feature_layer`` found from that layer's
 gradient), :func:`feature_mismatch` is the same ratio for them: ‖f(x̂) − f*‖ / ‖f*‖, how far the final images
 are from reproducing the features the gradient gave.
@@ -127,4 +132,26 @@ def shared_mismatch(capture: Capture, images: Tensor, labels: Tensor, output_err
     return relative_mismatch(simulated_share(capture, images, labels, output_error, model), capture.shared)
 
 
-__all__ = ["feature_mismatch", "relative_mismatch", "shared_mismatch", "simulated_share"]
+def slot_swap_distances(capture: Capture, images: Tensor, labels: Tensor, output_error: str = "simulated",
+                        model: torch.nn.Module | None = None) -> list[float]:
+    """Per slot i, ‖s(x̂) − s(x̂ with image i replaced by its own mean colour)‖ / ‖s*‖ (float64; the other slots and
+    every label kept; :func:`simulated_share`): how far the capture tells slot i's image from the trivial guess
+    the verdict with truth compares it with. Where it is small the capture would read the same for the mean
+    colour in that slot, so nothing in it says the image is any better (docs/usage.md, "Verdict"). NaN for every
+    slot where ``s*`` is all zero. B + 1 simulations of the capture."""
+    model = capture.model() if model is None else model
+    x = images.detach().float().cpu()
+    base = simulated_share(capture, x, labels, output_error, model)
+    scale = sum(_squared_sums(capture.shared[k], capture.shared[k])[1] for k in capture.shared)
+    colours = x.mean((2, 3), keepdim=True).expand_as(x)
+    out = []
+    for i in range(x.shape[0]):
+        swapped = x.clone()
+        swapped[i] = colours[i]
+        share = simulated_share(capture, swapped, labels, output_error, model)
+        diff = sum(_squared_sums(share[k], base[k])[0] for k in capture.shared)
+        out.append(math.sqrt(diff / scale) if scale > 0 else math.nan)
+    return out
+
+
+__all__ = ["feature_mismatch", "relative_mismatch", "shared_mismatch", "simulated_share", "slot_swap_distances"]

@@ -85,7 +85,7 @@ def reconstruct_stage(attack: ReconConfig, captures: Sequence[Capture], label_re
         from gi.attack.recon.problem import resolve_feature_layer
 
         layer = resolve_feature_layer(captures[0], attack.feature_layer_name)  # once: first-linear builds the model
-    record_mismatch(captures, recs, features if matched else None, layer)
+    record_mismatch(captures, recs, features if matched else None, layer, slots=True)
     used = sorted({r.history["output_error"] for r in recs if "output_error" in r.history})
     if used:  # attack.output_error as resolved (auto: captured where the capture gives ∂L/∂z)
         record["output_error"] = used[0] if len(used) == 1 else used
@@ -132,28 +132,38 @@ def lower_mismatch(a: Reconstruction, b: Reconstruction) -> bool:
 
 
 def record_mismatch(captures: Sequence[Capture], recs: Sequence[Reconstruction],
-                    features: Sequence[torch.Tensor | None] | None = None, layer: str | None = None) -> None:
+                    features: Sequence[torch.Tensor | None] | None = None, layer: str | None = None,
+                    slots: bool = False) -> None:
     """Each reconstruction's final relative mismatch of the shared tensors, ``history["gradient_mismatch"]``
     (:func:`gi.attack.recon.mismatch.shared_mismatch`: the final images and labels through the simulator the
     objective uses; for an update capture, the update's): the attack's own verdict signal (docs/usage.md,
     "Verdict"). ``features``: the f* the fit matched (with ``layer``, the resolved module name they are the inputs
     of, None for the last layer), and then also ``history["feature_mismatch"]`` and, per slot,
     ``history["slot_feature_mismatch"]`` (:func:`gi.attack.recon.mismatch.feature_mismatches`) where a capture has
-    one.
+    one. ``slots`` (the final reconstructions): also ``history["slot_swap_distance"]`` where the capture can be
+    re-simulated (:func:`gi.attack.recon.mismatch.slot_swap_distances`: how far the share moves with each slot's
+    image replaced by its mean colour; the per-image verdict without truth).
     The model is rebuilt once per run of captures of one global model."""
-    from gi.attack.recon.mismatch import feature_mismatches, shared_mismatch
+    from gi.attack.recon.mismatch import feature_mismatches, shared_mismatch, slot_swap_distances
     from gi.attack.recon.problem import same_model
+    from gi.world.fl.local import order_known
 
     owner, model = None, None
     for k, (capture, rec) in enumerate(zip(captures, recs)):
         target = features[k] if features is not None else None
-        if "gradient_mismatch" in rec.history and (target is None or "slot_feature_mismatch" in rec.history):
+        swap = slots and "slot_swap_distance" not in rec.history and order_known(capture.protocol,
+                                                                               capture.num_samples)
+        if ("gradient_mismatch" in rec.history and (target is None or "slot_feature_mismatch" in rec.history)
+                and not swap):
             continue  # measured already (attack.alternatives chose by it)
         if owner is None or not same_model(owner, capture):
             owner, model = capture, capture.model()
         if "gradient_mismatch" not in rec.history:
             rec.history["gradient_mismatch"] = shared_mismatch(capture, rec.images, rec.labels,
                                                                rec.history.get("output_error", "simulated"), model)
-        if target is not None:
+        if target is not None and "slot_feature_mismatch" not in rec.history:
             rec.history["feature_mismatch"], rec.history["slot_feature_mismatch"] = feature_mismatches(
                 capture, rec.images, target, layer, model)
+        if swap:
+            rec.history["slot_swap_distance"] = slot_swap_distances(
+                capture, rec.images, rec.labels, rec.history.get("output_error", "simulated"), model)

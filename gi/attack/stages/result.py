@@ -35,10 +35,11 @@ class AttackResult:
     def verdict(self) -> AttackVerdict:
         """The verdict without truth (:class:`gi.analysis.verdict.AttackVerdict`): per capture the mismatch
         verdict of each reconstruction's ``history["gradient_mismatch"]`` (the shared update's for update
-        captures), the feature record where the features stage measured its target (``target_residual``), the
-        prior-filled input values where the analytic walk reached the input, and the labels each reconstruction
-        slot carries (None for a capture that shares nothing). Its ``record`` is
-        ``metrics.json``'s ``verdict`` of ``gi attack`` without truth."""
+        captures) and per slot whether its capture pins it (``history["slot_swap_distance"]``), the feature
+        record where the features stage measured its target (``target_residual``), the prior-filled input values
+        where the analytic walk reached the input, and the labels each reconstruction slot carries (None for a
+        capture that shares nothing). Its ``record`` is ``metrics.json``'s ``verdict`` of ``gi attack`` without
+        truth."""
         from gi.analysis.verdict import AttackVerdict, feature_summary, mismatch_summary, prior_summary
 
         recs = self.reconstructions
@@ -52,7 +53,8 @@ class AttackResult:
         walk = next((s.get("analytic_layers") for s in self.stages if s.get("name") == "features"), None)
         entry = walk[-1] if walk else {}  # the input layer (the walk lists the layers last first)
         prior = prior_summary(entry["name"], entry["free"], entry["unknowns"]) if "free" in entry else None
-        return AttackVerdict(mismatch_summary([mismatch_of(r) for r in recs], what, self.simulable), features,
+        return AttackVerdict(mismatch_summary([mismatch_of(r) for r in recs], what, self.simulable,
+                                              [r.history.get("slot_swap_distance") for r in recs]), features,
                              labels, prior)
 
     @property
