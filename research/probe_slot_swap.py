@@ -1,10 +1,12 @@
-"""Calibrating the per-image verdict without truth (gi.analysis.verdict, "Per image without truth") on finished
-`gi run` directories: for every image, its verdict with truth, its capture's mismatch and the distance its slot's
-swap for its own mean colour moves the share (gi.attack.recon.mismatch.slot_swap_distances, recomputed from the
-saved captures and reconstructions), and the slot's word without truth; then, per group of the verdict with truth,
-the swap distances' range, and the agreement of the words (explains ~ recovered, partly explains ~ partial, not
-pinned / does not explain ~ not recovered).
-  PYTHONPATH=$PWD .venv/bin/python research/probe_slot_swap.py RUN_DIR [RUN_DIR ...]
+"""Calibrating the verdict without truth across nets (gi.analysis.verdict, "Without truth" and "Per image without
+truth") on finished `gi run` directories: for every image, its verdict with truth, its capture's mismatch, the
+distance its slot's swap for its own mean colour moves the share (gi.attack.recon.mismatch.slot_swap_distances,
+recomputed from the saved captures and reconstructions) and the slot's word without truth. Prints, per net (the
+LABEL given) and pooled, the ranges per group of the verdict with truth and the agreement of the words (explains ~
+recovered, partly explains ~ partial, not pinned / does not explain ~ not recovered), per capture and per slot;
+with --plot, the mismatch of every image's capture against its PSNR above its best trivial guess, one panel per net.
+  PYTHONPATH=$PWD .venv/bin/python research/probe_slot_swap.py [--plot OUT.png] LABEL=RUN_DIR [LABEL=RUN_DIR ...]
+(a bare RUN_DIR is labelled by its name)
 """
 import glob
 import json
@@ -17,23 +19,26 @@ from safetensors import safe_open
 from gi.analysis.metrics import match_images, psnr
 from gi.analysis.verdict import (
     DOES_NOT_EXPLAIN,
+    EXPLAINED_BELOW,
     EXPLAINS,
     NOT_PINNED,
     NOT_RECOVERED,
     PARTIAL,
     PARTLY_EXPLAINS,
     RECOVERED,
+    UNEXPLAINED_FROM,
     mismatch_verdict,
     slot_verdict,
 )
-from gi.attack.recon.mismatch import shared_mismatch, slot_swap_distances
+from gi.attack.recon.mismatch import relative_mismatch, shared_mismatch, simulated_share, slot_swap_distances
 from gi.capture import Capture, Truth
 from gi.world.fl.local import order_known
 
 SAME = {EXPLAINS: RECOVERED, PARTLY_EXPLAINS: PARTIAL, NOT_PINNED: NOT_RECOVERED, DOES_NOT_EXPLAIN: NOT_RECOVERED}
+GROUPS = (RECOVERED, PARTIAL, NOT_RECOVERED)
 
 
-def rows(run: Path) -> list[dict]:
+def rows(run: Path, label: str) -> list[dict]:
     m = json.loads((run / "metrics.json").read_text())
     truth_words = m["verdict"]["images"]
     recs = safe_open(str(run / "reconstructions.safetensors"), "pt")
@@ -46,15 +51,28 @@ def rows(run: Path) -> list[dict]:
         mismatch = shared_mismatch(cap, x, y, model=model)
         known = order_known(cap.protocol, cap.num_samples)
         swaps = slot_swap_distances(cap, x, y, model=model) if known else [float("nan")] * x.shape[0]
+        noise = 0.056 * torch.randn(x.shape, generator=torch.Generator().manual_seed(k))  # 25 dB of pixel noise
+        d25 = relative_mismatch(simulated_share(cap, x + noise, y, model=model),
+                                simulated_share(cap, x, y, model=model)) if known else float("nan")
         perm = match_images(x, truth.images) if x.shape[0] > 1 else [0]
+        base = trivial_psnr(truth.images)
         for i in range(truth.images.shape[0]):
             slot = perm[i]
-            out.append({"run": run.name, "capture": k, "psnr": float(psnr(x[slot:slot + 1], truth.images[i:i + 1])[0]),
-                        "truth": truth_words[j], "mismatch": mismatch, "swap": swaps[slot],
+            p = float(psnr(x[slot:slot + 1], truth.images[i:i + 1])[0])
+            out.append({"net": label, "run": run.name, "capture": k, "psnr": p, "above": p - base[i],
+                        "truth": truth_words[j], "mismatch": mismatch, "swap": swaps[slot], "d25": d25,
                         "capture_word": mismatch_verdict(mismatch, known),
                         "word": slot_verdict(mismatch, swaps[slot], known)})
             j += 1
     return out
+
+
+def trivial_psnr(images: torch.Tensor) -> list[float]:
+    """Each image's best trivial guess (the better of grey and its mean colour), as the verdict with truth."""
+    from gi.analysis.verdict import trivial_baselines
+
+    b = trivial_baselines(images)
+    return [max(g, c) for g, c in zip(b["grey_psnr"], b["mean_colour_psnr"])]
 
 
 def spread(vals: list[float]) -> str:
@@ -62,21 +80,71 @@ def spread(vals: list[float]) -> str:
     return "—" if not vals else f"{vals[0]:.2g} / {vals[len(vals) // 2]:.2g} / {vals[-1]:.2g} ({len(vals)})"
 
 
-pooled = []
-for arg in sys.argv[1:]:
-    r = rows(Path(arg))
-    pooled += r
-    for row in r:
-        print(f"{row['run']} capture {row['capture']}: {row['psnr']:6.2f} dB {row['truth']:<13} mismatch "
-              f"{row['mismatch']:.2g} ({row['capture_word']}), swap {row['swap']:.2g} -> {row['word']}")
-print("\n| verdict with truth | swap distance: min / median / max (n) | capture mismatch |")
-print("|---|---|---|")
-for w in (RECOVERED, PARTIAL, NOT_RECOVERED):
-    g = [row for row in pooled if row["truth"] == w]
-    print(f"| {w} | {spread([row['swap'] for row in g])} | {spread([row['mismatch'] for row in g])} |")
-agree_capture = sum(SAME[row["capture_word"]] == row["truth"] for row in pooled if row["capture_word"] in SAME)
-agree = sum(SAME[row["word"]] == row["truth"] for row in pooled if row["word"] in SAME)
-wrong = sum(row["word"] == EXPLAINS and row["truth"] == NOT_RECOVERED for row in pooled)
-wrong_capture = sum(row["capture_word"] == EXPLAINS and row["truth"] == NOT_RECOVERED for row in pooled)
-print(f"\nagreement with the verdict with truth over {len(pooled)} images: per capture {agree_capture}, per slot "
-      f"{agree}; 'explains' on a not-recovered image: per capture {wrong_capture}, per slot {wrong}")
+def agreement(group: list[dict]) -> str:
+    cap = sum(SAME.get(r["capture_word"]) == r["truth"] for r in group)
+    slot = sum(SAME.get(r["word"]) == r["truth"] for r in group)
+    wrong = sum(r["word"] == EXPLAINS and r["truth"] == NOT_RECOVERED for r in group)
+    wrong_cap = sum(r["capture_word"] == EXPLAINS and r["truth"] == NOT_RECOVERED for r in group)
+    return f"{cap} / {slot} of {len(group)} | {wrong_cap} / {wrong}"
+
+
+def plot(pooled: list[dict], nets: list[str], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {RECOVERED: "tab:green", PARTIAL: "tab:orange", NOT_RECOVERED: "tab:red"}
+    fig, axes = plt.subplots(1, len(nets), figsize=(3.2 * len(nets), 3.4), sharey=True, squeeze=False)
+    for ax, net in zip(axes[0], nets):
+        for w in GROUPS:
+            g = [r for r in pooled if r["net"] == net and r["truth"] == w]
+            ax.scatter([max(r["mismatch"], 1e-7) for r in g], [r["above"] for r in g], s=12, c=colours[w],
+                       label=f"{w} ({len(g)})", alpha=0.8)
+            loose = [r for r in g if r["word"] == NOT_PINNED]
+            ax.scatter([max(r["mismatch"], 1e-7) for r in loose], [r["above"] for r in loose], s=60,
+                       facecolors="none", edgecolors="k", linewidths=0.8)
+        for t in (EXPLAINED_BELOW, UNEXPLAINED_FROM):
+            ax.axvline(t, color="grey", lw=0.8, ls="--")
+        ax.axhline(10, color="grey", lw=0.5, ls=":")
+        ax.axhline(1, color="grey", lw=0.5, ls=":")
+        ax.set_xscale("log")
+        ax.set_title(net, fontsize=9)
+        ax.set_xlabel("capture's relative mismatch")
+        ax.legend(fontsize=7, loc="upper right")
+    axes[0][0].set_ylabel("PSNR above the best trivial guess (dB)")
+    fig.suptitle("verdict thresholds (dashed: 1e-3, 0.03) against the verdict with truth; circled: not pinned",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+args = sys.argv[1:]
+out_png = None
+if args[:1] == ["--plot"]:
+    out_png, args = args[1], args[2:]
+pooled, nets = [], []
+for arg in args:
+    label, _, run = arg.rpartition("=") if "=" in arg else ("", "", arg)
+    label = label or Path(run).name
+    pooled += rows(Path(run), label)
+    if label not in nets:
+        nets.append(label)
+print("| net | images | recovered: mismatch min / median / max (n) | partial | not recovered | swap distance of the "
+      "recovered | of the not recovered | agreement per capture / per slot | explains on a not recovered image, "
+      "per capture / per slot |")
+print("|---|---|---|---|---|---|---|---|---|")
+for net in nets + ["all"]:
+    g = [r for r in pooled if net in ("all", r["net"])]
+    print(f"| {net} | {len(g)} | " + " | ".join(spread([r["mismatch"] for r in g if r["truth"] == w]) for w in GROUPS)
+          + f" | {spread([r['swap'] for r in g if r['truth'] == RECOVERED])} | "
+          f"{spread([r['swap'] for r in g if r['truth'] == NOT_RECOVERED])} | {agreement(g)} |")
+print("\n| net | mismatch / d25 of the recovered | partial | not recovered |")
+print("|---|---|---|---|")
+for net in nets + ["all"]:
+    g = [r for r in pooled if net in ("all", r["net"])]
+    print(f"| {net} | " + " | ".join(spread([r["mismatch"] / r["d25"] for r in g if r["truth"] == w]) for w in GROUPS)
+          + " |")
+if out_png:
+    plot(pooled, nets, out_png)
+    print(f"wrote {out_png}")
