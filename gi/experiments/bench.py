@@ -13,7 +13,8 @@ each, FedSGD, oracle labels) reconstructed as one problem (:func:`gi.attack.reco
 (:func:`gi.reconstruct`), alternated ``packed.rounds`` times in one process. It reports the wall time of each
 (Trainer set-up included: it is part of what a user waits for), the images per second, the speed-up,
 reconstructions per CPU-core-hour (``threads`` cores) or per GPU-hour, and the PSNR of every image both ways
-(a capture packed with others starts from the same image as alone, so the PSNRs agree up to float rounding).
+(a capture packed with others starts from the same image as alone, so the PSNRs agree up to float rounding, which
+a long chaotic fit can amplify: docs/architecture.md, "Packing").
 ``packed.compile``: also time the packed problem with ``attack.compile`` set to it (``true`` or a torch.compile
 mode, :data:`gi.attack.recon.config.COMPILE_MODES`; ``reduce-overhead`` replays CUDA graphs on a GPU); the row's
 ``compiled_speedup_over_packed`` is packed eager over packed compiled, the compilation inside the first round.

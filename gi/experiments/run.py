@@ -81,7 +81,8 @@ def run_many(cfgs: Sequence[RunConfig]) -> list[RunResult]:
     """Run several ``gi run`` jobs, each to its own output directory, and reconstruct the jobs whose attacks can
     share one problem (:func:`pack_groups`: the same attack config, captures of one global model; e.g. a sweep over
     the label method or the images attacked) as one packed problem. Each job gets the
-    reconstructions it gets alone (every capture starts from the image its seed gives it; up to float rounding);
+    reconstructions it gets alone (every capture starts from the image its seed gives it; up to float rounding,
+    which a long chaotic fit can amplify, docs/architecture.md "Packing");
     the reconstruct stage record says ``packed_jobs``; each job's ``log.txt`` holds its own lines and its pack's
 shared reconstruction (:func:`gi.experiments.outdir.log_scope`), not the other jobs'. If any
     job fails, no job's directory is written."""

@@ -106,7 +106,8 @@ class ReconConfig:
     the memory of a long ``data.images`` list on a GPU; ``auto``: as many as fit ``memory_budget`` GiB by the
     memory model of :mod:`gi.attack.recon.memory`, null budget: half the device's free memory; on a CUDA out-of-memory
     error an ``auto`` pack is halved and the problem run again). Every capture starts from the image its own seed
-    gives it, so ``pack`` changes memory and speed, not the reconstructions (up to float rounding).
+    gives it, so ``pack`` changes memory, speed and float rounding, as the thread count does; a long chaotic fit
+    (L-BFGS over thousands of steps) can amplify that rounding into another answer (docs/architecture.md, "Packing").
     ``retries``: restart on a stall. After the fit, every capture whose best restart kept more than
     ``retry_ratio`` of its starting objective (:func:`gi.attack.recon.api.stalled`: the DLG plateau) is fitted again
     from ``restarts`` × 4^k new starts (seed ``seed`` + k for the k-th retry; culled no earlier than iteration
