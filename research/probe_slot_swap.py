@@ -5,7 +5,7 @@ recomputed from the saved captures and reconstructions) and the slot's word with
 LABEL given) and pooled, the ranges per group of the verdict with truth and the agreement of the words (explains ~
 recovered, partly explains ~ partial, not pinned / does not explain ~ not recovered), per capture and per slot;
 with --plot, the mismatch of every image's capture against its PSNR above its best trivial guess, one panel per net.
-  PYTHONPATH=$PWD .venv/bin/python research/probe_slot_swap.py [--plot OUT.png] LABEL=RUN_DIR [LABEL=RUN_DIR ...]
+  PYTHONPATH=$PWD .venv/bin/python research/probe_slot_swap.py [--plot OUT.png] [--json ROWS.json] LABEL=RUN_DIR ...
 (a bare RUN_DIR is labelled by its name)
 """
 import glob
@@ -120,9 +120,13 @@ def plot(pooled: list[dict], nets: list[str], path: str) -> None:
 
 
 args = sys.argv[1:]
-out_png = None
-if args[:1] == ["--plot"]:
-    out_png, args = args[1], args[2:]
+out_png = out_json = None
+while args[:1] in (["--plot"], ["--json"]):
+    if args[0] == "--plot":
+        out_png = args[1]
+    else:
+        out_json = args[1]
+    args = args[2:]
 pooled, nets = [], []
 for arg in args:
     label, _, run = arg.rpartition("=") if "=" in arg else ("", "", arg)
@@ -145,6 +149,9 @@ for net in nets + ["all"]:
     g = [r for r in pooled if net in ("all", r["net"])]
     print(f"| {net} | " + " | ".join(spread([r["mismatch"] / r["d25"] for r in g if r["truth"] == w]) for w in GROUPS)
           + " |")
+if out_json:
+    Path(out_json).write_text(json.dumps(pooled, indent=1))
+    print(f"wrote {out_json}")
 if out_png:
     plot(pooled, nets, out_png)
     print(f"wrote {out_png}")

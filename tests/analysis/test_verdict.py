@@ -18,7 +18,8 @@ from gi.analysis.verdict import (
     NOT_RECOVERED_MARGIN_DB,
     PARTIAL,
     PARTLY_EXPLAINS,
-    PINNED_FROM,
+    PINNED_FLOOR,
+    PINNED_RATIO,
     RECOVERED,
     RECOVERED_MARGIN_DB,
     RECOVERED_MIN_PSNR_DB,
@@ -197,17 +198,19 @@ def test_the_labels_phrase_names_each_capture_s_slot_labels_up_to_a_bound():
 
 
 @pytest.mark.parametrize(("mismatch", "swap", "want"), [
-    (2e-4, 0.07, EXPLAINS),  # a recovered slot of the sigmoid LeNet's batch: the swap moves the share 350x
-    (2e-4, 2.5e-3, NOT_PINNED),  # a noise slot of the same batch: the mean colour there would still read well
+    (2e-4, 0.07, EXPLAINS),  # a recovered slot of the sigmoid LeNet's batch: the swap moves the share 350x the residual
+    (2e-4, 2.5e-3, NOT_PINNED),  # a noise slot of the same batch: 12x, the mean colour there would still read well
     (2e-4, 0.0, NOT_PINNED),  # a slot already at its mean colour
-    (5e-3, 0.07, PARTLY_EXPLAINS),
-    (2e-2, 1.5e-2, NOT_PINNED),  # above PINNED_FROM but under the capture's own residual
+    (5e-3, 0.15, PARTLY_EXPLAINS),  # 30x
+    (1e-2, 0.11, NOT_PINNED),  # a failed slot of a batch that partly explains its gradient: 11x
+    (1e-6, 1e-3, EXPLAINS),  # an exact answer on a net whose gradient barely depends on the images
+    (0.0, 1e-6, NOT_PINNED),  # under the float32 floor: nothing to tell apart
     (0.5, 1e-4, DOES_NOT_EXPLAIN),  # a capture that does not explain its share: every slot
     (2e-4, None, EXPLAINS), (2e-4, math.nan, EXPLAINS),  # not measured: the capture's word
 ])
 def test_slot_verdict(mismatch, swap, want):
     assert slot_verdict(mismatch, swap) == want
-    assert PINNED_FROM > EXPLAINED_BELOW
+    assert PINNED_RATIO > 1 and PINNED_FLOOR < EXPLAINED_BELOW
 
 
 def test_a_batch_with_slots_its_capture_does_not_pin_never_reads_explains():
