@@ -216,7 +216,8 @@ def mismatch_sentence(mismatches: Sequence[float], what: str = "gradient", known
 
 def feature_summary(layer: str, residuals: Sequence[float | None], image_mismatches: Sequence[float | None],
                     slot_mismatches: Sequence[Sequence[float] | None] | None = None,
-                    sure: Sequence[Sequence[int] | None] | None = None) -> dict[str, Any]:
+                    sure: Sequence[Sequence[int] | None] | None = None,
+                    slot_swaps: Sequence[Sequence[float] | None] | None = None) -> dict[str, Any]:
     """The ``verdict.features`` record (module docstring, "Features"): per capture whether the matched features
     explain the gradient of ``layer`` (``targets``, :func:`mismatch_verdict` of ``residuals``; None where that
     layer's gradient is not shared), the residuals, the images' relative feature mismatch (per capture, and per
@@ -225,7 +226,8 @@ def feature_summary(layer: str, residuals: Sequence[float | None], image_mismatc
     most 4.1e-08); the images reproduce them to a relative mismatch of 0.081 to 0.15``. ``sure``: per capture
     ``[sure, rows]`` where the target's search is sure of fewer than all its rows (None: all, or not counted); the
     sentence then says so, since any basis of the layer's row space explains its gradient (the residual cannot tell
-    a wrong row)."""
+    a wrong row). ``slot_swaps``: per slot the same mismatch for its image's own mean colour
+    (:func:`gi.attack.recon.mismatch.feature_swap_mismatches`; ``slot_feature_swap``, reported, not judged)."""
     words = [None if r is None else mismatch_verdict(r) for r in residuals]
     measured = [r for r in residuals if r is not None]
     what = f"the feature target (the inputs of {layer})"
@@ -247,8 +249,11 @@ def feature_summary(layer: str, residuals: Sequence[float | None], image_mismatc
         sentence += f"; the images reproduce them to a relative mismatch of {spread}"
     slots = [None] * len(residuals) if slot_mismatches is None else [None if m is None else [float(v) for v in m]
                                                                      for m in slot_mismatches]
+    swaps = [None] * len(residuals) if slot_swaps is None else [None if m is None else [float(v) for v in m]
+                                                                for m in slot_swaps]
     return {"layer": layer, "summary": sentence, "targets": words, "target_residual": list(residuals),
             "image_feature_mismatch": list(image_mismatches), "slot_feature_mismatch": slots,
+            "slot_feature_swap": swaps,
             "target_sure": [None if p is None else [int(v) for v in p] for p in sure] if sure is not None
             else [None] * len(residuals), "rule": FEATURE_RULE}
 

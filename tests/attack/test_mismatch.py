@@ -113,3 +113,31 @@ def test_the_final_reconstructions_carry_their_slots_swap_distances_and_a_round_
     record_mismatch([capture, rnd], recs, slots=True)
     assert len(recs[0].history["slot_swap_distance"]) == 2 and min(recs[0].history["slot_swap_distance"]) > 1e-3
     assert "slot_swap_distance" not in recs[1].history
+
+
+def test_a_slot_s_feature_swap_is_its_mean_colour_s_feature_mismatch_batched_or_alone():
+    """feature_swap_mismatches: per slot ‖f(c_i) − f*_i‖ / ‖f*_i‖ for the slot's mean colour c_i; a slot whose
+    image is flat is its own mean colour, so its swap equals its own mismatch; with BatchNorm in train mode each
+    slot is swapped alone (the others keep their images in the batch statistics), so the values differ from one
+    batch of mean colours."""
+    from gi.attack.recon.mismatch import feature_mismatches, feature_swap_mismatches
+    from gi.world.models import features_and_logits
+
+    x = _images(3)
+    x[1] = 0.25
+    for options, mode in (({}, "eval"), ({"batch_norm": True}, "train")):
+        model = gi.world.models.build("cnn", 4, in_shape=(1, 6, 6), seed=0, channels=(4,), hidden=8, **options)
+        capture, truth = gi.capture_gradients(model, x, torch.tensor([1, 3, 0]),
+                                              gi.Protocol(batch_size=3, model_mode=mode))
+        m = capture.model().train(mode == "train")
+        with torch.no_grad():
+            target = features_and_logits(m, x, None)[0] * 1.1  # a target the images miss by 10 %
+        got = feature_swap_mismatches(capture, x, target)
+        assert got[1] == pytest.approx(feature_mismatches(capture, x, target)[1][1], rel=1e-9)
+        for i in (0, 2):
+            swapped = x.clone()
+            swapped[i] = x[i].mean((1, 2), keepdim=True).expand_as(x[i])
+            with torch.no_grad():
+                f = features_and_logits(m, swapped, None)[0][i].double()
+            want = float((f - target[i].double()).norm() / target[i].double().norm())
+            assert got[i] == pytest.approx(want, rel=1e-6)

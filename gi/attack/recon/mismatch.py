@@ -88,6 +88,33 @@ def feature_mismatches(capture: Capture, images: Tensor, target: Tensor, layer: 
     return _ratio((f - t).norm(), t.norm()), [_ratio(d, n) for d, n in zip((f - t).norm(dim=1), t.norm(dim=1))]
 
 
+def feature_swap_mismatches(capture: Capture, images: Tensor, target: Tensor, layer: str | None = None,
+                            model: torch.nn.Module | None = None) -> list[float]:
+    """Per slot i, ‖f_i(c) − f*_i‖ / ‖f*_i‖ with slot i's image replaced by its own mean colour c_i (the trivial
+    guess the verdict with truth compares with): what :func:`feature_mismatches`' per-slot value would be for that
+    guess, beside which the image's own value says how much of its target the image explains beyond its mean
+    colour. Without BatchNorm in train mode a sample's features do not depend on the others, so every slot's mean
+    colour is forwarded in one batch; in train mode each slot is swapped alone (B forward passes)."""
+    model = (capture.model() if model is None else model).cpu()
+    train = capture.protocol.model_mode == "train"
+    model.train(train)
+    x = images.detach().float().cpu()
+    colours = x.mean((2, 3), keepdim=True).expand_as(x).contiguous()
+    t = target.detach().double().cpu().reshape(x.shape[0], -1)
+    coupled = train and any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    with torch.no_grad():
+        if not coupled:
+            f = features_and_logits(model, colours, layer)[0].double().reshape(x.shape[0], -1)
+        else:
+            rows = []
+            for i in range(x.shape[0]):
+                swapped = x.clone()
+                swapped[i] = colours[i]
+                rows.append(features_and_logits(model, swapped, layer)[0].double().reshape(x.shape[0], -1)[i])
+            f = torch.stack(rows)
+    return [_ratio(d, n) for d, n in zip((f - t).norm(dim=1), t.norm(dim=1))]
+
+
 def _ratio(diff: Tensor, norm: Tensor) -> float:
     """``diff / norm`` as a float: 0 where both are 0, inf where only ``norm`` is."""
     diff, norm = float(diff), float(norm)
@@ -154,4 +181,5 @@ def slot_swap_distances(capture: Capture, images: Tensor, labels: Tensor, output
     return out
 
 
-__all__ = ["feature_mismatch", "relative_mismatch", "shared_mismatch", "simulated_share", "slot_swap_distances"]
+__all__ = ["feature_mismatch", "feature_swap_mismatches", "relative_mismatch", "shared_mismatch", "simulated_share",
+           "slot_swap_distances"]

@@ -142,9 +142,16 @@ def record_mismatch(captures: Sequence[Capture], recs: Sequence[Reconstruction],
     ``history["slot_feature_mismatch"]`` (:func:`gi.attack.recon.mismatch.feature_mismatches`) where a capture has
     one. ``slots`` (the final reconstructions): also ``history["slot_swap_distance"]`` where the capture can be
     re-simulated (:func:`gi.attack.recon.mismatch.slot_swap_distances`: how far the share moves with each slot's
-    image replaced by its mean colour; the per-image verdict without truth).
+    image replaced by its mean colour; the per-image verdict without truth), and where features were matched
+    ``history["slot_feature_swap"]`` (:func:`gi.attack.recon.mismatch.feature_swap_mismatches`: each slot's
+    feature mismatch had it held its mean colour).
     The model is rebuilt once per run of captures of one global model."""
-    from gi.attack.recon.mismatch import feature_mismatches, shared_mismatch, slot_swap_distances
+    from gi.attack.recon.mismatch import (
+        feature_mismatches,
+        feature_swap_mismatches,
+        shared_mismatch,
+        slot_swap_distances,
+    )
     from gi.attack.recon.problem import same_model
     from gi.world.fl.local import order_known
 
@@ -153,8 +160,9 @@ def record_mismatch(captures: Sequence[Capture], recs: Sequence[Reconstruction],
         target = features[k] if features is not None else None
         swap = slots and "slot_swap_distance" not in rec.history and order_known(capture.protocol,
                                                                                capture.num_samples)
+        feature_swap = slots and target is not None and "slot_feature_swap" not in rec.history
         if ("gradient_mismatch" in rec.history and (target is None or "slot_feature_mismatch" in rec.history)
-                and not swap):
+                and not swap and not feature_swap):
             continue  # measured already (attack.alternatives chose by it)
         if owner is None or not same_model(owner, capture):
             owner, model = capture, capture.model()
@@ -164,6 +172,8 @@ def record_mismatch(captures: Sequence[Capture], recs: Sequence[Reconstruction],
         if target is not None and "slot_feature_mismatch" not in rec.history:
             rec.history["feature_mismatch"], rec.history["slot_feature_mismatch"] = feature_mismatches(
                 capture, rec.images, target, layer, model)
+        if slots and target is not None and "slot_feature_swap" not in rec.history:
+            rec.history["slot_feature_swap"] = feature_swap_mismatches(capture, rec.images, target, layer, model)
         if swap:
             rec.history["slot_swap_distance"] = slot_swap_distances(
                 capture, rec.images, rec.labels, rec.history.get("output_error", "simulated"), model)

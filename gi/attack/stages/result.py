@@ -47,7 +47,8 @@ class AttackResult:
         stage = next((s for s in self.stages if s.get("name") == "features" and "target_residual" in s), None)
         features = None if stage is None else feature_summary(
             stage["feature_layer"], stage["target_residual"], [r.history.get("feature_mismatch") for r in recs],
-            [r.history.get("slot_feature_mismatch") for r in recs], stage.get("target_sure"))
+            [r.history.get("slot_feature_mismatch") for r in recs], stage.get("target_sure"),
+            [r.history.get("slot_feature_swap") for r in recs])
         silent = [bool(self.captures) and self.captures[k].silent for k in range(len(recs))]
         labels = [None if quiet else [int(c) for c in r.labels.argmax(1)] for r, quiet in zip(recs, silent)]
         walk = next((s.get("analytic_layers") for s in self.stages if s.get("name") == "features"), None)
