@@ -26,6 +26,7 @@ import math
 
 import torch
 
+from gi.attack.recon.batchnorm_decoupled import batch_norm_layers
 from gi.attack.recon.problem import captured_output_error
 from gi.attack.recon.simulate import gradient_simulator, update_simulator
 from gi.capture import Capture
@@ -101,7 +102,7 @@ def feature_swap_mismatches(capture: Capture, images: Tensor, target: Tensor, la
     x = images.detach().float().cpu()
     colours = x.mean((2, 3), keepdim=True).expand_as(x).contiguous()
     t = target.detach().double().cpu().reshape(x.shape[0], -1)
-    coupled = train and any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    coupled = train and bool(batch_norm_layers(model))
     with torch.no_grad():
         if not coupled:
             f = features_and_logits(model, colours, layer)[0].double().reshape(x.shape[0], -1)

@@ -172,7 +172,7 @@ def record_mismatch(captures: Sequence[Capture], recs: Sequence[Reconstruction],
         if target is not None and "slot_feature_mismatch" not in rec.history:
             rec.history["feature_mismatch"], rec.history["slot_feature_mismatch"] = feature_mismatches(
                 capture, rec.images, target, layer, model)
-        if slots and target is not None and "slot_feature_swap" not in rec.history:
+        if feature_swap:
             rec.history["slot_feature_swap"] = feature_swap_mismatches(capture, rec.images, target, layer, model)
         if swap:
             rec.history["slot_swap_distance"] = slot_swap_distances(
