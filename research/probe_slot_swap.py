@@ -1,13 +1,17 @@
 """Calibrating the verdict without truth across nets (gi.analysis.verdict, "Without truth" and "Per image without
 truth") on finished `gi run` directories: for every image, its verdict with truth, its capture's mismatch, the
 distance its slot's swap for its own mean colour moves the share (gi.attack.recon.mismatch.slot_swap_distances,
-recomputed from the saved captures and reconstructions) and the slot's word without truth. Prints, per net (the
-LABEL given) and pooled, the ranges per group of the verdict with truth and the agreement of the words (explains ~
-recovered, partly explains ~ partial, not pinned / does not explain ~ not recovered), per capture and per slot;
+recomputed from the saved captures and reconstructions), the slot's word without truth and its estimate of the
+verdict with truth (gi.analysis.verdict.image_estimate, by the evidence kind the run's reconstruction had: its
+results.csv `answered_by`, its config's attack.match_weight, the capture's share). Prints, per net (the LABEL given)
+and pooled, the ranges per group of the verdict with truth, the agreement of the words (explains ~ recovered,
+partly explains ~ partial, not pinned / does not explain ~ not recovered), per capture and per slot, and of the
+estimates (recovered and not recovered right of those said, undecided);
 with --plot, the mismatch of every image's capture against its PSNR above its best trivial guess, one panel per net.
   PYTHONPATH=$PWD .venv/bin/python research/probe_slot_swap.py [--plot OUT.png] [--json ROWS.json] LABEL=RUN_DIR ...
 (a bare RUN_DIR is labelled by its name)
 """
+import csv
 import glob
 import json
 import sys
@@ -26,7 +30,10 @@ from gi.analysis.verdict import (
     PARTIAL,
     PARTLY_EXPLAINS,
     RECOVERED,
+    UNDECIDED,
     UNEXPLAINED_FROM,
+    evidence_kind,
+    image_estimate,
     mismatch_verdict,
     slot_verdict,
 )
@@ -41,6 +48,10 @@ GROUPS = (RECOVERED, PARTIAL, NOT_RECOVERED)
 def rows(run: Path, label: str) -> list[dict]:
     m = json.loads((run / "metrics.json").read_text())
     truth_words = m["verdict"]["images"]
+    answered = {int(r["capture"]): r["answered_by"] for r in csv.DictReader(open(run / "results.csv"))}
+    import yaml
+
+    match = float(yaml.safe_load((run / "config.yaml").read_text())["attack"].get("match_weight", 1.0))
     recs = safe_open(str(run / "reconstructions.safetensors"), "pt")
     out, j = [], 0
     for k, path in enumerate(sorted(glob.glob(str(run / "captures" / "*.safetensors")))):
@@ -56,13 +67,15 @@ def rows(run: Path, label: str) -> list[dict]:
                                 simulated_share(cap, x, y, model=model)) if known else float("nan")
         perm = match_images(x, truth.images) if x.shape[0] > 1 else [0]
         base = trivial_psnr(truth.images)
+        kind = evidence_kind(answered[k] == "analytic inversion", match > 0, cap.is_update)
         for i in range(truth.images.shape[0]):
             slot = perm[i]
             p = float(psnr(x[slot:slot + 1], truth.images[i:i + 1])[0])
             out.append({"net": label, "run": run.name, "capture": k, "psnr": p, "above": p - base[i],
                         "truth": truth_words[j], "mismatch": mismatch, "swap": swaps[slot], "d25": d25,
                         "capture_word": mismatch_verdict(mismatch, known),
-                        "word": slot_verdict(mismatch, swaps[slot], known)})
+                        "word": slot_verdict(mismatch, swaps[slot], known), "kind": kind,
+                        "estimate": image_estimate(mismatch, swaps[slot], kind, known)})
             j += 1
     return out
 
@@ -149,6 +162,19 @@ for net in nets + ["all"]:
     g = [r for r in pooled if net in ("all", r["net"])]
     print(f"| {net} | " + " | ".join(spread([r["mismatch"] / r["d25"] for r in g if r["truth"] == w]) for w in GROUPS)
           + " |")
+print("\n| net | images | evidence | estimated recovered: right / said | estimated not recovered: right / said | "
+      "undecided | right of all | right of those said |")
+print("|---|---|---|---|---|---|---|---|")
+for net in nets + ["all"]:
+    g = [r for r in pooled if net in ("all", r["net"])]
+    said = {w: [r for r in g if r["estimate"] == w] for w in (RECOVERED, NOT_RECOVERED)}
+    right = {w: sum(r["truth"] == w for r in v) for w, v in said.items()}
+    und = sum(r["estimate"] == UNDECIDED for r in g)
+    n_said = sum(len(v) for v in said.values())
+    kinds = ", ".join(sorted({r["kind"] for r in g}))
+    print(f"| {net} | {len(g)} | {kinds} | {right[RECOVERED]} / {len(said[RECOVERED])} | "
+          f"{right[NOT_RECOVERED]} / {len(said[NOT_RECOVERED])} | {und} | {sum(right.values())} of {len(g)} | "
+          f"{sum(right.values())} of {n_said} |")
 if out_json:
     Path(out_json).write_text(json.dumps(pooled, indent=1))
     print(f"wrote {out_json}")

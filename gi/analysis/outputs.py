@@ -184,7 +184,7 @@ def truth_table(outcome: AttackResult, truths: Sequence[Truth], lcfg: LabelConfi
     import torch
 
     from gi.analysis.metrics import label_metrics, score
-    from gi.analysis.verdict import image_verdict, mismatch_verdict, slot_verdicts, trivial_baselines
+    from gi.analysis.verdict import image_estimates, image_verdict, mismatch_verdict, slot_verdicts, trivial_baselines
 
     table = Table()
     simulable = outcome.simulable  # per capture, once: it derives each capture's local schedule
@@ -203,6 +203,8 @@ def truth_table(outcome: AttackResult, truths: Sequence[Truth], lcfg: LabelConfi
         slots = rec.labels.argmax(1).tolist()
         mismatch, known = mismatch_of(rec), simulable[k]
         words = slot_verdicts(mismatch, rec.history.get("slot_swap_distance"), known)
+        guesses = image_estimates(mismatch, rec.history.get("slot_swap_distance"), rec.history.get("evidence"),
+                                  known, rec.images.shape[0])
         indices = truth.meta.get("indices") or [None] * truth.images.shape[0]
         for i in range(truth.images.shape[0]):
             trivial = max(base["grey_psnr"][i], base["mean_colour_psnr"][i])
@@ -214,7 +216,8 @@ def truth_table(outcome: AttackResult, truths: Sequence[Truth], lcfg: LabelConfi
                 "true_label": true, "slot_label": slot, "true_label_in_slots": true in slots,
                 "matched_slot": s["perm"][i], "answered_by": rec.history.get("answered_by", "optimisation"),
                 "analytic_residual": rec.history.get("analytic_residual"), "gradient_mismatch": mismatch,
-                "mismatch_verdict": mismatch_verdict(mismatch, known) if words is None else words[s["perm"][i]]})
+                "mismatch_verdict": mismatch_verdict(mismatch, known) if words is None else words[s["perm"][i]],
+                "estimate": guesses[s["perm"][i]]})
             table.captions.append(f"{s['psnr'][i]:.1f} dB {verdict}\nslot: {label_name(slot, classes)}\n"
                                   f"true: {label_name(true, classes)}" + ("" if true in slots else " (no slot)"))
         table.shown_truth.append(truth.images)
@@ -226,16 +229,19 @@ def plain_table(outcome: AttackResult, classes: Sequence[str] = ()) -> Table:
     """Without truth: one row per reconstruction slot, with its label (named by ``classes``, :func:`label_name`, in
     the captions) and its verdict (:func:`gi.analysis.verdict.slot_verdict`: its capture's mismatch verdict, or
     ``not pinned``)."""
-    from gi.analysis.verdict import mismatch_verdict, slot_verdicts
+    from gi.analysis.verdict import image_estimates, mismatch_verdict, slot_verdicts
 
     table = Table()
     for k, (rec, known) in enumerate(zip(outcome.reconstructions, outcome.simulable)):
         mismatch = mismatch_of(rec)
         words = slot_verdicts(mismatch, rec.history.get("slot_swap_distance"), known)
+        guesses = image_estimates(mismatch, rec.history.get("slot_swap_distance"), rec.history.get("evidence"),
+                                  known, rec.images.shape[0])
         for i in range(rec.images.shape[0]):
             label = int(rec.labels[i].argmax())
             table.rows.append({"capture": k, "image": i, "slot_label": label, "gradient_mismatch": mismatch,
                                "mismatch_verdict": mismatch_verdict(mismatch, known) if words is None else words[i],
+                               "estimate": guesses[i],
                                "answered_by": rec.history.get("answered_by", "optimisation"),
                                "analytic_residual": rec.history.get("analytic_residual")})
             table.captions.append(f"slot label {label_name(label, classes)}\nmismatch {mismatch:.2g}")
@@ -440,10 +446,12 @@ def image_cards(tmp: Path, table: Table, classes: Sequence[str]) -> list[str]:
             words = (f"{row['verdict']}\nPSNR {row['psnr']:.2f} dB, SSIM {row['ssim']:.3f}\n"
                      f"slot label: {label_name(row['slot_label'], classes)}\n"
                      f"true label: {label_name(row['true_label'], classes)}"
-                     + ("" if row["true_label_in_slots"] else " (in no slot)"))
+                     + ("" if row["true_label_in_slots"] else " (in no slot)")
+                     + (f"\nwithout truth: {row['estimate']}" if "estimate" in row else ""))
         else:
             words = (f"slot label: {label_name(row['slot_label'], classes)}\n"
-                     f"gradient: {row['mismatch_verdict']} (mismatch {row['gradient_mismatch']:.2g})")
+                     f"gradient: {row['mismatch_verdict']} (mismatch {row['gradient_mismatch']:.2g})"
+                     + (f"\nestimate: {row['estimate']}" if "estimate" in row else ""))
         cards.append(html.card(*figures, html.paragraph(f"capture {k}, image {row['image']}\n{words}", "caption")))
     return cards
 

@@ -37,6 +37,16 @@ the image is better). The rule is a ratio, so a net whose gradient barely depend
 at PyTorch's init: swaps move a true batch's gradient by 1e-3) still pins an exact answer (m ~ 1e-6). A capture
 that does not explain its share leaves every slot ``does not explain``.
 
+**The images without truth** (``estimates``): the words above describe the share; what they say of each image
+depends on how the answer was reached, so the estimate of the verdict with truth is calibrated per kind of
+evidence (:data:`CALIBRATIONS`, keyed by :data:`EVIDENCE_KINDS`: the analytic walk's direct answer, an optimisation
+against a FedSGD gradient, one against a shared update, a fit that did not match the share at all) and says
+``recovered`` or ``not recovered`` only where that kind's measured groups are apart, else :data:`UNDECIDED`
+(:func:`image_estimate`). A mismatch that separates recovered from failed images on one net does not on another:
+the sigmoid LeNet's recovered images leave at most 1.4e-3, S3's 4-step FedAvg updates leave 0.067 on recovered
+and partial images alike, the ``fc-inputs`` fit 0.30–0.48 on partial ones (docs/results/realistic.md, "The verdict
+without truth across nets").
+
 **Features** (where the attack matched them: eq. 8's f*, or the inputs of ``attack.feature_layer`` found from
 that layer's gradient), per capture, with or without truth: whether f* explains the gradient of the layer it is
 the input of (the residual of :func:`fcn_analytic.disaggregate.factor_residual`, under the same thresholds as the
@@ -103,6 +113,54 @@ SLOT_VERDICTS = (EXPLAINS, PARTLY_EXPLAINS, NOT_PINNED, DOES_NOT_EXPLAIN)
 
 GUESS_NAMES = {"grey": "a flat grey image", "mean_colour": "each image's mean colour"}
 
+UNDECIDED = "undecided"  # the capture's evidence of this kind does not separate recovered from failed images
+ESTIMATES = (RECOVERED, NOT_RECOVERED, UNDECIDED)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Where one kind of evidence tells recovered from failed images (module docstring, "The images without truth"):
+    a slot pinned by its capture (swap ≥ :data:`PINNED_RATIO` × mismatch) whose capture's mismatch is below
+    ``recovered_below`` is estimated ``recovered``; every slot of a capture at or above ``failed_from``, and a slot
+    whose swap moves the share by under ``loose_below`` × the mismatch (or under :data:`PINNED_FLOOR`), ``not
+    recovered``; anything else :data:`UNDECIDED`. None: that kind's measurements place no such threshold.
+    ``measured``: the tuning runs behind the numbers."""
+
+    recovered_below: float | None
+    failed_from: float | None
+    loose_below: float | None
+    measured: str
+
+
+ANALYTIC = "analytic"  # the analytic inversion answered the capture directly
+GRADIENT = "gradient"  # optimised against a FedSGD gradient (also from the analytic inversion as a start)
+UPDATE = "update"  # optimised against a shared update (FedAvg-like local steps)
+UNMATCHED = "unmatched"  # the fit did not match the shared tensors (attack.match_weight 0: the fc-inputs preset)
+EVIDENCE_KINDS = (ANALYTIC, GRADIENT, UPDATE, UNMATCHED)
+
+# Tuning runs only (fashion-mnist and cifar10-samples; docs/results/realistic.md, "The verdict without truth across
+# nets"); ratios are swap distance over the capture's mismatch.
+CALIBRATIONS: dict[str, Calibration] = {
+    ANALYTIC: Calibration(
+        recovered_below=EXPLAINED_BELOW, failed_from=None, loose_below=None,
+        measured="ReLU LeNet single images answered by the walk (cifar10-samples 0-19, both inits, seeds 0-1): 75 "
+                 "recovered at 4.6e-5 to 2.2e-2 (67 below 1e-3), none failed; the sigmoid LeNet's answers ~1e-6"),
+    GRADIENT: Calibration(
+        recovered_below=EXPLAINED_BELOW, failed_from=UNEXPLAINED_FROM, loose_below=4.0,
+        measured="sigmoid LeNet batches of 8 (fashion-mnist, seeds 0-2, 120 images): recovered at most 1.4e-3, "
+                 "ratio 44-9900; partial ratio 5.5-79; not recovered ratio 0.8-15; the ReLU LeNet's failed walks, "
+                 "optimised from the inversion, 0.078-0.11; sigmoid LeNet single images at the trivial guess "
+                 "0.049-0.16"),
+    UPDATE: Calibration(
+        recovered_below=None, failed_from=None, loose_below=None,
+        measured="ReLU LeNet FedAvg updates of 4 local steps (fashion-mnist, seeds 0-1, 24 images): recovered "
+                 "(26-31 dB) and partial images alike at 0.067-0.14, ratios 1.4-7.6"),
+    UNMATCHED: Calibration(
+        recovered_below=None, failed_from=None, loose_below=None,
+        measured="trained BatchNorm cnn under fc-inputs (fashion-mnist, seeds 0-1, 48 images): 0.30-0.48 on images "
+                 "1-10 dB above their mean colour; the fit never matched the gradient"),
+}
+
 
 def image_verdict(psnr: float, trivial_psnr: float) -> str:
     """``recovered`` / ``partial`` / ``not recovered`` of one image scored ``psnr`` dB whose best trivial guess
@@ -140,6 +198,62 @@ def slot_verdict(mismatch: float, swap: float | None, known: bool = True) -> str
 def slot_verdicts(mismatch: float, swaps: Sequence[float] | None, known: bool = True) -> list[str] | None:
     """:func:`slot_verdict` of every slot of one capture (None where its slots were not measured)."""
     return None if swaps is None else [slot_verdict(mismatch, float(d), known) for d in swaps]
+
+
+def evidence_kind(analytic: bool, matched: bool, update: bool) -> str:
+    """The kind of evidence a reconstruction's capture gives of it (:data:`EVIDENCE_KINDS`): :data:`ANALYTIC` where
+    the analytic inversion answered it directly, :data:`UNMATCHED` where the fit did not match the shared tensors
+    (``matched`` false), else :data:`UPDATE` or :data:`GRADIENT` by what the capture shares."""
+    if analytic:
+        return ANALYTIC
+    if not matched:
+        return UNMATCHED
+    return UPDATE if update else GRADIENT
+
+
+def image_estimate(mismatch: float, swap: float | None, kind: str | None, known: bool = True) -> str:
+    """One slot's estimate of the verdict with truth, without truth (module docstring, "The images without truth"):
+    ``recovered`` / ``not recovered`` where :data:`CALIBRATIONS`' entry for its evidence ``kind`` separates them,
+    :data:`UNDECIDED` otherwise, for a kind without a calibration (None: not recorded) and where the capture cannot
+    be re-simulated (``known`` false). A NaN mismatch (a capture that shares nothing, answered by a flat grey image,
+    or a non-finite reconstruction) is ``not recovered``. ``swap``: :func:`gi.attack.recon.mismatch.
+    slot_swap_distances`' value for the slot (None or NaN: not measured, so no estimate rests on it)."""
+    if not known:
+        return UNDECIDED
+    if math.isnan(mismatch):
+        return NOT_RECOVERED
+    cal = CALIBRATIONS.get(kind) if kind is not None else None
+    if cal is None:
+        return UNDECIDED
+    if cal.failed_from is not None and mismatch >= cal.failed_from:
+        return NOT_RECOVERED
+    if swap is None or math.isnan(swap):
+        return UNDECIDED
+    if cal.loose_below is not None and swap < max(cal.loose_below * mismatch, PINNED_FLOOR):
+        return NOT_RECOVERED
+    pinned = swap >= max(PINNED_RATIO * mismatch, PINNED_FLOOR)
+    if cal.recovered_below is not None and mismatch < cal.recovered_below and pinned:
+        return RECOVERED
+    return UNDECIDED
+
+
+def image_estimates(mismatch: float, swaps: Sequence[float] | None, kind: str | None, known: bool = True,
+                    size: int = 1) -> list[str]:
+    """:func:`image_estimate` of every slot of one capture (``size`` slots where ``swaps`` is None)."""
+    values: Sequence[float | None] = [None] * size if swaps is None else swaps
+    return [image_estimate(mismatch, None if d is None else float(d), kind, known) for d in values]
+
+
+def estimate_sentence(estimates: Sequence[Sequence[str] | None]) -> str:
+    """The clause on the images' estimates without truth, e.g. ``by the capture's own evidence 5 of 8 images
+    recovered, 1 not recovered, 2 undecided``; empty where nothing was estimated."""
+    words = [w for capture in estimates if capture is not None for w in capture]
+    if not words:
+        return ""
+    n = tally(words, ESTIMATES)
+    parts = [f"{n[RECOVERED]} of {len(words)} image{'s' if len(words) != 1 else ''} recovered"]
+    parts += [f"{n[w]} {w}" for w in (NOT_RECOVERED, UNDECIDED) if n[w]]
+    return "by the capture's own evidence " + ", ".join(parts)
 
 
 def overall(verdicts: Sequence[str], words: Sequence[str] = IMAGE_VERDICTS) -> str:
@@ -283,6 +397,11 @@ MISMATCH_RULE = (f"relative mismatch of the shared tensors below {EXPLAINED_BELO
                  f"{UNEXPLAINED_FROM:g}: does not explain; partly explains between; an image whose swap for its own "
                  f"mean colour moves the share by less than {PINNED_RATIO:g} times the mismatch: not pinned "
                  "(docs/usage.md, Verdict)")
+ESTIMATE_RULE = ("per image without truth, by the kind of evidence (analytic / gradient / update / unmatched): "
+                 "recovered where its capture's mismatch is below that kind's calibrated threshold and the slot is "
+                 "pinned, not recovered at or above its failure threshold or where the slot moves the share by "
+                 "little, undecided where the kind's measured groups overlap (gi/analysis/verdict.py CALIBRATIONS; "
+                 "docs/usage.md, Verdict)")
 
 FEATURE_RULE = (f"features: the residual of the matched features against their layer's weight and bias gradients "
                 f"(least-squares output errors), below {EXPLAINED_BELOW:g}: explains; at or above "
@@ -316,16 +435,26 @@ def slot_sentence(slots: Sequence[Sequence[str] | None]) -> str:
 
 
 def mismatch_summary(mismatches: Sequence[float], what: str = "gradient", known: Sequence[bool] | None = None,
-                     swaps: Sequence[Sequence[float] | None] | None = None) -> dict[str, Any]:
+                     swaps: Sequence[Sequence[float] | None] | None = None,
+                     kinds: Sequence[str | None] | None = None, sizes: Sequence[int] | None = None
+                     ) -> dict[str, Any]:
     """The ``verdict`` record from the attack's own signal: per capture (``captures``, ``gradient_mismatch``), per
     slot where ``swaps`` measured them (``slots``, :func:`slot_verdicts`, and ``slot_swap_distance``; None per
     capture where not), the counts, the run's word (``overall``: of the captures that can be re-simulated,
     :data:`CANNOT_TELL` when none can; never ``explains`` while a slot is :data:`NOT_PINNED`), the sentence
-    (``summary``) and the rule. ``known``: :func:`mismatch_verdict`'s, per capture."""
+    (``summary``) and the rule. ``known``: :func:`mismatch_verdict`'s, per capture. ``kinds``: per capture its
+    evidence kind (:data:`EVIDENCE_KINDS`), and then per slot the estimate of the verdict with truth
+    (``estimates``, :func:`image_estimates`; ``sizes``: each capture's slots, for those without swaps) with
+    ``evidence`` and a clause of the sentence (:func:`estimate_sentence`)."""
     known = [True] * len(mismatches) if known is None else list(known)
     swaps = [None] * len(mismatches) if swaps is None else list(swaps)
     verdicts = [mismatch_verdict(m, k) for m, k in zip(mismatches, known)]
     slots = [slot_verdicts(m, d, k) for m, d, k in zip(mismatches, swaps, known)]
+    estimates = None
+    if kinds is not None:
+        sizes = [1] * len(mismatches) if sizes is None else list(sizes)
+        estimates = [image_estimates(m, d, kind, k, n)
+                     for m, d, kind, k, n in zip(mismatches, swaps, kinds, known, sizes)]
     judged = [v for v in verdicts if v != CANNOT_TELL]
     counts = tally(judged, MISMATCH_VERDICTS) | ({CANNOT_TELL: len(verdicts) - len(judged)} if len(judged) <
                                                   len(verdicts) else {})
@@ -333,11 +462,16 @@ def mismatch_summary(mismatches: Sequence[float], what: str = "gradient", known:
     loose = slot_sentence(slots)
     if loose and word == EXPLAINS:
         word = PARTLY_EXPLAINS
-    return {"basis": "gradient mismatch", "overall": word,
-            "summary": mismatch_sentence(mismatches, what, known) + (f"; {loose}" if loose else ""),
-            "counts": counts, "captures": verdicts, "gradient_mismatch": list(mismatches),
-            "slots": slots, "slot_swap_distance": [None if d is None else [float(v) for v in d] for d in swaps],
-            "rule": MISMATCH_RULE}
+    clauses = [c for c in (loose, estimate_sentence(estimates or [])) if c]
+    record = {"basis": "gradient mismatch", "overall": word,
+              "summary": "; ".join([mismatch_sentence(mismatches, what, known), *clauses]),
+              "counts": counts, "captures": verdicts, "gradient_mismatch": list(mismatches),
+              "slots": slots, "slot_swap_distance": [None if d is None else [float(v) for v in d] for d in swaps],
+              "rule": MISMATCH_RULE}
+    if estimates is not None:
+        record.update(estimates=estimates, evidence=list(kinds or []), estimate_counts=tally(
+            [w for capture in estimates for w in capture], ESTIMATES), estimate_rule=ESTIMATE_RULE)
+    return record
 
 
 MAX_LABELS_SHOWN = 8  # captures whose labels the verdict line names; the rest are in metrics.json
@@ -385,6 +519,13 @@ class AttackVerdict:
         """Per capture, per slot: its capture's word or ``not pinned`` (:func:`slot_verdict`); None for a capture
         whose slots were not swapped (one that cannot be re-simulated)."""
         return [None if words is None else list(words) for words in self.gradient.get("slots", [])]
+
+    @property
+    def estimates(self) -> list[list[str]] | None:
+        """Per capture, per slot: the estimate of the verdict with truth (``recovered`` / ``not recovered`` /
+        ``undecided``, :func:`image_estimate`); None where the evidence kinds were not recorded."""
+        got = self.gradient.get("estimates")
+        return None if got is None else [list(words) for words in got]
 
     @property
     def overall(self) -> str:
@@ -449,6 +590,8 @@ def trivial_baselines(images: torch.Tensor) -> dict[str, list[float]]:
 
 
 __all__ = [
+    "ANALYTIC", "CALIBRATIONS", "ESTIMATES", "ESTIMATE_RULE", "EVIDENCE_KINDS", "GRADIENT", "UNDECIDED", "UNMATCHED",
+    "UPDATE", "Calibration", "estimate_sentence", "evidence_kind", "image_estimate", "image_estimates",
     "AttackVerdict", "CANNOT_TELL", "DOES_NOT_EXPLAIN", "EXPLAINED_BELOW", "EXPLAINS", "IMAGE_VERDICTS",
     "MAX_LABELS_SHOWN", "MISMATCH_VERDICTS", "NOT_PINNED", "NOT_RECOVERED", "NOT_RECOVERED_MARGIN_DB", "PARTIAL",
     "PARTLY_EXPLAINS", "PINNED_FLOOR", "PINNED_RATIO", "RECOVERED", "RECOVERED_MARGIN_DB", "RECOVERED_MIN_PSNR_DB",

@@ -233,3 +233,78 @@ def test_a_batch_with_slots_its_capture_does_not_pin_never_reads_explains():
         "colour")
     assert mismatch_summary([8.6e-6])["slots"] == [None]  # not measured: no word per slot
     assert mismatch_summary([0.35], "update", known=[False], swaps=[None])["overall"] == CANNOT_TELL
+
+
+@pytest.mark.parametrize(("kind", "mismatch", "swap", "want"), [
+    # an optimisation against a FedSGD gradient (the sigmoid LeNet's batches)
+    ("gradient", 2e-4, 0.07, RECOVERED),  # pinned 350x, under 1e-3
+    ("gradient", 2e-4, 5e-4, NOT_RECOVERED),  # 2.5x: the capture barely tells the image from its mean colour
+    ("gradient", 2e-4, 2e-3, "undecided"),  # 10x: between the measured groups (partial images reach 5.5x)
+    ("gradient", 5e-3, 1.0, "undecided"),  # pinned, but the mismatch is between the thresholds
+    ("gradient", 0.05, 1.0, NOT_RECOVERED),  # at or above the failure threshold: every slot
+    ("gradient", 0.05, None, NOT_RECOVERED), ("gradient", 2e-4, None, "undecided"),  # no swap: nothing rests on it
+    ("gradient", 1e-7, 5e-6, NOT_RECOVERED),  # a ratio of 50 under the float32 floor: nothing to tell apart
+    # the analytic walk's direct answer: no failure measured among them, so no failure threshold or loose ratio
+    ("analytic", 1e-4, 0.5, RECOVERED), ("analytic", 0.05, 0.5, "undecided"), ("analytic", 1e-4, 1e-4, "undecided"),
+    # a shared update and a fit that never matched the share: their groups overlap, so nothing is said
+    ("update", 1e-5, 1.0, "undecided"), ("update", 0.5, 1e-6, "undecided"),
+    ("unmatched", 1e-5, 1.0, "undecided"), ("unmatched", 0.4, 0.3, "undecided"),
+    (None, 1e-5, 1.0, "undecided"), ("no such kind", 1e-5, 1.0, "undecided"),  # not recorded / not calibrated
+])
+def test_image_estimate_by_evidence_kind(kind, mismatch, swap, want):
+    from gi.analysis.verdict import image_estimate
+
+    assert image_estimate(mismatch, swap, kind) == want
+
+
+def test_image_estimate_without_a_mismatch_or_a_re_simulation():
+    """A NaN mismatch (a capture sharing nothing, answered by a flat grey image) is not recovered whatever the kind;
+    a capture that cannot be re-simulated is undecided whatever its numbers."""
+    from gi.analysis.verdict import EVIDENCE_KINDS, UNDECIDED, image_estimate
+
+    for kind in (*EVIDENCE_KINDS, None):
+        assert image_estimate(math.nan, 0.5, kind) == NOT_RECOVERED
+        assert image_estimate(1e-6, 0.5, kind, known=False) == UNDECIDED
+
+
+def test_the_calibrations_are_ordered_and_cover_every_kind():
+    """Every evidence kind has an entry; where both thresholds are placed the recovered one is the lower, and a
+    loose ratio sits under the pinned one (else a slot could be both)."""
+    from gi.analysis.verdict import CALIBRATIONS, EVIDENCE_KINDS
+
+    assert set(CALIBRATIONS) == set(EVIDENCE_KINDS)
+    for cal in CALIBRATIONS.values():
+        if cal.recovered_below is not None and cal.failed_from is not None:
+            assert cal.recovered_below < cal.failed_from
+        if cal.loose_below is not None:
+            assert 1 <= cal.loose_below < PINNED_RATIO
+        assert cal.measured
+
+
+def test_evidence_kind():
+    from gi.analysis.verdict import ANALYTIC, GRADIENT, UNMATCHED, UPDATE, evidence_kind
+
+    assert evidence_kind(True, True, False) == ANALYTIC and evidence_kind(True, False, True) == ANALYTIC
+    assert evidence_kind(False, False, False) == UNMATCHED and evidence_kind(False, False, True) == UNMATCHED
+    assert evidence_kind(False, True, False) == GRADIENT and evidence_kind(False, True, True) == UPDATE
+
+
+def test_the_record_estimates_each_slot_by_its_capture_s_kind():
+    """Two captures: a batch of 4 optimised against its gradient (two slots pinned, one loose, one between) and a
+    4-step update (nothing said); the record, the counts and the sentence's clause."""
+    from gi.analysis.verdict import UNDECIDED, AttackVerdict
+
+    rec = mismatch_summary([2e-4, 0.07], swaps=[[0.07, 0.06, 4e-4, 2e-3], [0.3, 0.2, 0.4, 0.1]],
+                           kinds=["gradient", "update"], sizes=[4, 4])
+    assert rec["estimates"] == [[RECOVERED, RECOVERED, NOT_RECOVERED, UNDECIDED], [UNDECIDED] * 4]
+    assert rec["evidence"] == ["gradient", "update"]
+    assert rec["estimate_counts"] == {RECOVERED: 2, NOT_RECOVERED: 1, UNDECIDED: 5}
+    assert rec["summary"].endswith("; by the capture's own evidence 2 of 8 images recovered, 1 not recovered, "
+                                   "5 undecided")
+    assert AttackVerdict(rec, None, [[0] * 4, [0] * 4]).estimates == rec["estimates"]
+    # a capture whose slots were not swapped (a round whose order is unknown) has its size of undecided slots
+    rnd = mismatch_summary([0.35], "update", known=[False], swaps=[None], kinds=["update"], sizes=[3])
+    assert rnd["estimates"] == [[UNDECIDED] * 3]
+    plain = mismatch_summary([2e-4], swaps=[[0.07]])
+    assert "estimates" not in plain and "own evidence" not in plain["summary"]
+    assert AttackVerdict(plain, None, [[0]]).estimates is None

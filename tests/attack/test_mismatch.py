@@ -141,3 +141,30 @@ def test_a_slot_s_feature_swap_is_its_mean_colour_s_feature_mismatch_batched_or_
                 f = features_and_logits(m, swapped, None)[0][i].double()
             want = float((f - target[i].double()).norm() / target[i].double().norm())
             assert got[i] == pytest.approx(want, rel=1e-6)
+
+
+def test_each_final_reconstruction_records_the_kind_of_evidence_its_capture_gives():
+    """The verdict's estimate per image rests on how the answer was reached (gi.analysis.verdict.evidence_kind):
+    an FCN's analytic answer, the same capture optimised, a 2-step update optimised, and a fit that does not match
+    the gradient (attack.match_weight 0, the last-layer features alone)."""
+    from gi.analysis.verdict import UNDECIDED
+
+    model = gi.world.models.build("mlp", 10, in_shape=(3, 8, 8), widths=(32, 16), bias=False, bias_last=False, seed=1)
+    cap, _ = gi.capture_gradients(model, torch.rand(1, 3, 8, 8, generator=torch.Generator().manual_seed(2)),
+                                  torch.tensor([3]), gi.Protocol())
+    answered = gi.attack.run(cap, labels="soft-lambda", preset="default", progress=False)
+    assert answered.reconstructions[0].history["evidence"] == "analytic"
+    assert answered.verdict.estimates == [["recovered"]]  # exact (~1e-6) and pinned
+    short = dict(labels="soft-lambda", preset="default", analytic=False, iterations=2, restarts=1, retries=0,
+                 progress=False)
+    assert gi.attack.run(cap, **short).reconstructions[0].history["evidence"] == "gradient"
+    unmatched = gi.attack.run(cap, **short, match_weight=0.0, feature_weight=1.0)
+    assert unmatched.reconstructions[0].history["evidence"] == "unmatched"
+    assert unmatched.verdict.estimates == [[UNDECIDED]]
+    upd, _ = gi.simulate_client(_model(), (_images(2), torch.tensor([1, 3])),
+                                gi.Protocol(scheme="fedavg", batch_size=1, num_samples=2, lr=0.1),
+                                rng=torch.Generator().manual_seed(0))
+    update = gi.attack.run(upd, labels="auto", preset="default", iterations=2, restarts=1, retries=0,
+                           progress=False)
+    assert update.reconstructions[0].history["evidence"] == "update"
+    assert update.verdict.estimates == [[UNDECIDED, UNDECIDED]]

@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from gi.analysis.verdict import evidence_kind
 from gi.attack.recon.config import ReconConfig
 from gi.attack.stages import analytic
 from gi.attack.stages.analytic import analytic_reconstruction, answers, inversion_residual
@@ -79,6 +80,9 @@ def reconstruct_stage(attack: ReconConfig, captures: Sequence[Capture], label_re
                 recs[i].history["alternative"] = chosen[j]
             record["alternatives"] = {"fits": len(attack.alternatives) + 1,
                                       "chosen": [chosen.count(k) for k in range(len(attack.alternatives) + 1)]}
+    for i, rec in enumerate(recs):  # what the capture says of it depends on how it was reached (the verdict)
+        fit = attack.alternative(rec.history.get("alternative", 0)) if i in rest else attack
+        rec.history["evidence"] = evidence_kind(i in direct, fit.match_weight > 0, captures[i].is_update)
     matched = attack.feature_weight > 0 and any(f is not None for f in features)
     layer = None
     if matched:

@@ -35,7 +35,8 @@ class AttackResult:
     def verdict(self) -> AttackVerdict:
         """The verdict without truth (:class:`gi.analysis.verdict.AttackVerdict`): per capture the mismatch
         verdict of each reconstruction's ``history["gradient_mismatch"]`` (the shared update's for update
-        captures) and per slot whether its capture pins it (``history["slot_swap_distance"]``), the feature
+        captures), per slot whether its capture pins it (``history["slot_swap_distance"]``) and the estimate of the
+        verdict with truth by the reconstruction's kind of evidence (``history["evidence"]``), the feature
         record where the features stage measured its target (``target_residual``), the prior-filled input values
         where the analytic walk reached the input, and the labels each reconstruction slot carries (None for a
         capture that shares nothing). Its ``record`` is ``metrics.json``'s ``verdict`` of ``gi attack`` without
@@ -55,8 +56,9 @@ class AttackResult:
         entry = walk[-1] if walk else {}  # the input layer (the walk lists the layers last first)
         prior = prior_summary(entry["name"], entry["free"], entry["unknowns"]) if "free" in entry else None
         return AttackVerdict(mismatch_summary([mismatch_of(r) for r in recs], what, self.simulable,
-                                              [r.history.get("slot_swap_distance") for r in recs]), features,
-                             labels, prior)
+                                              [r.history.get("slot_swap_distance") for r in recs],
+                                              [r.history.get("evidence") for r in recs],
+                                              [int(r.images.shape[0]) for r in recs]), features, labels, prior)
 
     @property
     def simulable(self) -> list[bool]:
