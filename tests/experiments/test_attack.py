@@ -373,6 +373,8 @@ def test_gi_attack_scores_a_capture_with_an_all_zero_gradient_as_not_recovered(t
     assert m["verdict"]["images"] == ["not recovered"] and m["labels"]["ok"] == 0  # the share of captures ok
     assert m["psnr_mean"] == pytest.approx(m["grey_psnr_mean"])  # the answer is the flat grey guess itself
     assert any("not attacked: its shared tensors are all zero" in w for w in m["warnings"])
-    assert m["verdict"]["gradient"]["summary"].endswith("(no mismatch measured)")
+    assert m["verdict"]["gradient"]["summary"].endswith("(no mismatch measured); by the capture's own evidence 0 of 1 "
+                                                       "image recovered, 1 not recovered")  # a grey answer
+    assert m["verdict"]["gradient"]["estimates"] == [["not recovered"]]
     rows = list(csv.DictReader((tmp_path / "o" / "results.csv").open()))
     assert rows[0]["answered_by"] == "nothing (all-zero gradient)" and done.outcome.reconstructions[0].iterations == 0
