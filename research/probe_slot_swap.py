@@ -3,10 +3,10 @@ truth") on finished `gi run` directories: for every image, its verdict with trut
 distance its slot's swap for its own mean colour moves the share (gi.attack.recon.mismatch.slot_swap_distances,
 recomputed from the saved captures and reconstructions), the slot's word without truth and its estimate of the
 verdict with truth (gi.analysis.verdict.image_estimate, by the evidence kind the run's reconstruction had: its
-results.csv `answered_by`, its config's attack.match_weight, the capture's share). Prints, per net (the LABEL given)
-and pooled, the ranges per group of the verdict with truth, the agreement of the words (explains ~ recovered,
-partly explains ~ partial, not pinned / does not explain ~ not recovered), per capture and per slot, and of the
-estimates (recovered and not recovered right of those said, undecided);
+results.csv `answered_by`, its config's attack.match_weight and objective, the capture's share). Prints, per net
+(the LABEL given) and pooled, the ranges per group of the verdict with truth, the agreement of the words (explains
+~ recovered, partly explains ~ partial, not pinned / does not explain ~ not recovered), per capture and per slot,
+and of the estimates (recovered and not recovered right of those said, undecided);
 with --plot, the mismatch of every image's capture against its PSNR above its best trivial guess, one panel per net.
   PYTHONPATH=$PWD .venv/bin/python research/probe_slot_swap.py [--plot OUT.png] [--json ROWS.json] LABEL=RUN_DIR ...
 (a bare RUN_DIR is labelled by its name)
@@ -51,7 +51,8 @@ def rows(run: Path, label: str) -> list[dict]:
     answered = {int(r["capture"]): r["answered_by"] for r in csv.DictReader(open(run / "results.csv"))}
     import yaml
 
-    match = float(yaml.safe_load((run / "config.yaml").read_text())["attack"].get("match_weight", 1.0))
+    attack = yaml.safe_load((run / "config.yaml").read_text())["attack"]
+    match, objective = float(attack.get("match_weight", 1.0)), attack.get("objective", "l2")
     recs = safe_open(str(run / "reconstructions.safetensors"), "pt")
     out, j = [], 0
     for k, path in enumerate(sorted(glob.glob(str(run / "captures" / "*.safetensors")))):
@@ -67,7 +68,7 @@ def rows(run: Path, label: str) -> list[dict]:
                                 simulated_share(cap, x, y, model=model)) if known else float("nan")
         perm = match_images(x, truth.images) if x.shape[0] > 1 else [0]
         base = trivial_psnr(truth.images)
-        kind = evidence_kind(answered[k] == "analytic inversion", match > 0, cap.is_update)
+        kind = evidence_kind(answered[k] == "analytic inversion", match > 0, cap.is_update, objective)
         for i in range(truth.images.shape[0]):
             slot = perm[i]
             p = float(psnr(x[slot:slot + 1], truth.images[i:i + 1])[0])

@@ -40,12 +40,12 @@ that does not explain its share leaves every slot ``does not explain``.
 **The images without truth** (``estimates``): the words above describe the share; what they say of each image
 depends on how the answer was reached, so the estimate of the verdict with truth is calibrated per kind of
 evidence (:data:`CALIBRATIONS`, keyed by :data:`EVIDENCE_KINDS`: the analytic walk's direct answer, an optimisation
-against a FedSGD gradient, one against a shared update, a fit that did not match the share at all) and says
-``recovered`` or ``not recovered`` only where that kind's measured groups are apart, else :data:`UNDECIDED`
-(:func:`image_estimate`). A mismatch that separates recovered from failed images on one net does not on another:
-the sigmoid LeNet's recovered images leave at most 1.4e-3, S3's 4-step FedAvg updates leave 0.067 on recovered
-and partial images alike, the ``fc-inputs`` fit 0.30–0.48 on partial ones (docs/results/realistic.md, "The verdict
-without truth across nets").
+against a FedSGD gradient by its distance or by its angle, one against a shared update, a fit that did not match
+the share at all) and says ``recovered`` or ``not recovered`` only where that kind's measured groups are apart,
+else :data:`UNDECIDED` (:func:`image_estimate`). A mismatch that separates recovered from failed images on one net
+does not on another: the sigmoid LeNet's recovered images leave at most 1.4e-3, ResNet-18's under the angle fit
+0.13–0.15, S3's 4-step FedAvg updates 0.067 on recovered and partial images alike, the ``fc-inputs`` fit 0.30–0.48
+on partial ones (docs/results/realistic.md, "The verdict without truth across nets").
 
 **Features** (where the attack matched them: eq. 8's f*, or the inputs of ``attack.feature_layer`` found from
 that layer's gradient), per capture, with or without truth: whether f* explains the gradient of the layer it is
@@ -133,10 +133,11 @@ class Calibration:
 
 
 ANALYTIC = "analytic"  # the analytic inversion answered the capture directly
-GRADIENT = "gradient"  # optimised against a FedSGD gradient (also from the analytic inversion as a start)
+GRADIENT = "gradient-l2"  # optimised against a FedSGD gradient by its distance (also from the analytic inversion)
+COSINE = "gradient-cosine"  # optimised against a FedSGD gradient by its angle (Inverting Gradients; the resnet preset)
 UPDATE = "update"  # optimised against a shared update (FedAvg-like local steps)
 UNMATCHED = "unmatched"  # the fit did not match the shared tensors (attack.match_weight 0: the fc-inputs preset)
-EVIDENCE_KINDS = (ANALYTIC, GRADIENT, UPDATE, UNMATCHED)
+EVIDENCE_KINDS = (ANALYTIC, GRADIENT, COSINE, UPDATE, UNMATCHED)
 
 # Tuning runs only (fashion-mnist and cifar10-samples; docs/results/realistic.md, "The verdict without truth across
 # nets"); ratios are swap distance over the capture's mismatch.
@@ -151,6 +152,10 @@ CALIBRATIONS: dict[str, Calibration] = {
                  "ratio 44-9900; partial ratio 5.5-79; not recovered ratio 0.8-15; the ReLU LeNet's failed walks, "
                  "optimised from the inversion, 0.078-0.11; sigmoid LeNet single images at the trivial guess "
                  "0.049-0.16"),
+    COSINE: Calibration(
+        recovered_below=None, failed_from=None, loose_below=None,
+        measured="ResNet-18 single images under the resnet preset (cifar10-samples 0-3, seed 0): recovered (25-33 dB) "
+                 "at 0.13-0.15, the angle fit never drives the distance down; no failed image measured"),
     UPDATE: Calibration(
         recovered_below=None, failed_from=None, loose_below=None,
         measured="ReLU LeNet FedAvg updates of 4 local steps (fashion-mnist, seeds 0-1, 24 images): recovered "
@@ -200,15 +205,17 @@ def slot_verdicts(mismatch: float, swaps: Sequence[float] | None, known: bool = 
     return None if swaps is None else [slot_verdict(mismatch, float(d), known) for d in swaps]
 
 
-def evidence_kind(analytic: bool, matched: bool, update: bool) -> str:
+def evidence_kind(analytic: bool, matched: bool, update: bool, objective: str = "l2") -> str:
     """The kind of evidence a reconstruction's capture gives of it (:data:`EVIDENCE_KINDS`): :data:`ANALYTIC` where
     the analytic inversion answered it directly, :data:`UNMATCHED` where the fit did not match the shared tensors
-    (``matched`` false), else :data:`UPDATE` or :data:`GRADIENT` by what the capture shares."""
+    (``matched`` false), :data:`UPDATE` for a shared update, else ``gradient-<objective>`` (:data:`GRADIENT` for the
+    distance ``l2``, :data:`COSINE` for the angle; another objective names a kind without a calibration, so its
+    images read :data:`UNDECIDED`)."""
     if analytic:
         return ANALYTIC
     if not matched:
         return UNMATCHED
-    return UPDATE if update else GRADIENT
+    return UPDATE if update else f"gradient-{objective}"
 
 
 def image_estimate(mismatch: float, swap: float | None, kind: str | None, known: bool = True) -> str:
@@ -590,8 +597,8 @@ def trivial_baselines(images: torch.Tensor) -> dict[str, list[float]]:
 
 
 __all__ = [
-    "ANALYTIC", "CALIBRATIONS", "ESTIMATES", "ESTIMATE_RULE", "EVIDENCE_KINDS", "GRADIENT", "UNDECIDED", "UNMATCHED",
-    "UPDATE", "Calibration", "estimate_sentence", "evidence_kind", "image_estimate", "image_estimates",
+    "ANALYTIC", "CALIBRATIONS", "COSINE", "ESTIMATES", "ESTIMATE_RULE", "EVIDENCE_KINDS", "GRADIENT", "UNDECIDED",
+    "UNMATCHED", "UPDATE", "Calibration", "estimate_sentence", "evidence_kind", "image_estimate", "image_estimates",
     "AttackVerdict", "CANNOT_TELL", "DOES_NOT_EXPLAIN", "EXPLAINED_BELOW", "EXPLAINS", "IMAGE_VERDICTS",
     "MAX_LABELS_SHOWN", "MISMATCH_VERDICTS", "NOT_PINNED", "NOT_RECOVERED", "NOT_RECOVERED_MARGIN_DB", "PARTIAL",
     "PARTLY_EXPLAINS", "PINNED_FLOOR", "PINNED_RATIO", "RECOVERED", "RECOVERED_MARGIN_DB", "RECOVERED_MIN_PSNR_DB",

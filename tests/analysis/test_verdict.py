@@ -237,16 +237,19 @@ def test_a_batch_with_slots_its_capture_does_not_pin_never_reads_explains():
 
 @pytest.mark.parametrize(("kind", "mismatch", "swap", "want"), [
     # an optimisation against a FedSGD gradient (the sigmoid LeNet's batches)
-    ("gradient", 2e-4, 0.07, RECOVERED),  # pinned 350x, under 1e-3
-    ("gradient", 2e-4, 5e-4, NOT_RECOVERED),  # 2.5x: the capture barely tells the image from its mean colour
-    ("gradient", 2e-4, 2e-3, "undecided"),  # 10x: between the measured groups (partial images reach 5.5x)
-    ("gradient", 5e-3, 1.0, "undecided"),  # pinned, but the mismatch is between the thresholds
-    ("gradient", 0.05, 1.0, NOT_RECOVERED),  # at or above the failure threshold: every slot
-    ("gradient", 0.05, None, NOT_RECOVERED), ("gradient", 2e-4, None, "undecided"),  # no swap: nothing rests on it
-    ("gradient", 1e-7, 5e-6, NOT_RECOVERED),  # a ratio of 50 under the float32 floor: nothing to tell apart
+    ("gradient-l2", 2e-4, 0.07, RECOVERED),  # pinned 350x, under 1e-3
+    ("gradient-l2", 2e-4, 5e-4, NOT_RECOVERED),  # 2.5x: the capture barely tells the image from its mean colour
+    ("gradient-l2", 2e-4, 2e-3, "undecided"),  # 10x: between the measured groups (partial images reach 5.5x)
+    ("gradient-l2", 5e-3, 1.0, "undecided"),  # pinned, but the mismatch is between the thresholds
+    ("gradient-l2", 0.05, 1.0, NOT_RECOVERED),  # at or above the failure threshold: every slot
+    ("gradient-l2", 0.05, None, NOT_RECOVERED), ("gradient-l2", 2e-4, None, "undecided"),  # no swap: none rests on it
+    ("gradient-l2", 1e-7, 5e-6, NOT_RECOVERED),  # a ratio of 50 under the float32 floor: nothing to tell apart
     # the analytic walk's direct answer: no failure measured among them, so no failure threshold or loose ratio
     ("analytic", 1e-4, 0.5, RECOVERED), ("analytic", 0.05, 0.5, "undecided"), ("analytic", 1e-4, 1e-4, "undecided"),
-    # a shared update and a fit that never matched the share: their groups overlap, so nothing is said
+    # the angle fit (ResNet-18), a shared update and a fit that never matched the share: their groups overlap, so
+    # nothing is said; an objective without a calibration neither
+    ("gradient-cosine", 1e-5, 1.0, "undecided"), ("gradient-cosine", 0.5, 1e-6, "undecided"),
+    ("gradient-l1", 1e-5, 1.0, "undecided"),
     ("update", 1e-5, 1.0, "undecided"), ("update", 0.5, 1e-6, "undecided"),
     ("unmatched", 1e-5, 1.0, "undecided"), ("unmatched", 0.4, 0.3, "undecided"),
     (None, 1e-5, 1.0, "undecided"), ("no such kind", 1e-5, 1.0, "undecided"),  # not recorded / not calibrated
@@ -282,11 +285,14 @@ def test_the_calibrations_are_ordered_and_cover_every_kind():
 
 
 def test_evidence_kind():
-    from gi.analysis.verdict import ANALYTIC, GRADIENT, UNMATCHED, UPDATE, evidence_kind
+    from gi.analysis.verdict import ANALYTIC, COSINE, GRADIENT, UNMATCHED, UPDATE, evidence_kind
 
     assert evidence_kind(True, True, False) == ANALYTIC and evidence_kind(True, False, True) == ANALYTIC
     assert evidence_kind(False, False, False) == UNMATCHED and evidence_kind(False, False, True) == UNMATCHED
     assert evidence_kind(False, True, False) == GRADIENT and evidence_kind(False, True, True) == UPDATE
+    assert evidence_kind(False, True, False, "cosine") == COSINE
+    assert evidence_kind(False, True, True, "cosine") == UPDATE
+    assert evidence_kind(False, True, False, "l1") == "gradient-l1"  # no calibration: its images read undecided
 
 
 def test_the_record_estimates_each_slot_by_its_capture_s_kind():
@@ -295,9 +301,9 @@ def test_the_record_estimates_each_slot_by_its_capture_s_kind():
     from gi.analysis.verdict import UNDECIDED, AttackVerdict
 
     rec = mismatch_summary([2e-4, 0.07], swaps=[[0.07, 0.06, 4e-4, 2e-3], [0.3, 0.2, 0.4, 0.1]],
-                           kinds=["gradient", "update"], sizes=[4, 4])
+                           kinds=["gradient-l2", "update"], sizes=[4, 4])
     assert rec["estimates"] == [[RECOVERED, RECOVERED, NOT_RECOVERED, UNDECIDED], [UNDECIDED] * 4]
-    assert rec["evidence"] == ["gradient", "update"]
+    assert rec["evidence"] == ["gradient-l2", "update"]
     assert rec["estimate_counts"] == {RECOVERED: 2, NOT_RECOVERED: 1, UNDECIDED: 5}
     assert rec["summary"].endswith("; by the capture's own evidence 2 of 8 images recovered, 1 not recovered, "
                                    "5 undecided")

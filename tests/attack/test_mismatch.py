@@ -157,7 +157,8 @@ def test_each_final_reconstruction_records_the_kind_of_evidence_its_capture_give
     assert answered.verdict.estimates == [["recovered"]]  # exact (~1e-6) and pinned
     short = dict(labels="soft-lambda", preset="default", analytic=False, iterations=2, restarts=1, retries=0,
                  progress=False)
-    assert gi.attack.run(cap, **short).reconstructions[0].history["evidence"] == "gradient"
+    assert gi.attack.run(cap, **short).reconstructions[0].history["evidence"] == "gradient-l2"  # the default preset
+    assert gi.attack.run(cap, **short, objective="cosine").reconstructions[0].history["evidence"] == "gradient-cosine"
     unmatched = gi.attack.run(cap, **short, match_weight=0.0, feature_weight=1.0)
     assert unmatched.reconstructions[0].history["evidence"] == "unmatched"
     assert unmatched.verdict.estimates == [[UNDECIDED]]

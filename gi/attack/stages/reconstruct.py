@@ -82,7 +82,8 @@ def reconstruct_stage(attack: ReconConfig, captures: Sequence[Capture], label_re
                                       "chosen": [chosen.count(k) for k in range(len(attack.alternatives) + 1)]}
     for i, rec in enumerate(recs):  # what the capture says of it depends on how it was reached (the verdict)
         fit = attack.alternative(rec.history.get("alternative", 0)) if i in rest else attack
-        rec.history["evidence"] = evidence_kind(i in direct, fit.match_weight > 0, captures[i].is_update)
+        rec.history["evidence"] = evidence_kind(i in direct, fit.match_weight > 0, captures[i].is_update,
+                                                fit.objective)
     matched = attack.feature_weight > 0 and any(f is not None for f in features)
     layer = None
     if matched:
