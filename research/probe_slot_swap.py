@@ -9,7 +9,8 @@ results.csv `answered_by`, its config's attack.match_weight and objective, the c
 and of the estimates (recovered and not recovered right of those said, undecided);
 with --plot, the mismatch of every image's capture against its PSNR above its best trivial guess, one panel per net.
   PYTHONPATH=$PWD .venv/bin/python research/probe_slot_swap.py [--plot OUT.png] [--json ROWS.json] LABEL=RUN_DIR ...
-(a bare RUN_DIR is labelled by its name)
+  PYTHONPATH=$PWD .venv/bin/python research/probe_slot_swap.py [--plot OUT.png] --rows ROWS.json
+(a bare RUN_DIR is labelled by its name; --rows reads the rows a --json run wrote instead of recomputing them)
 """
 import csv
 import glob
@@ -115,9 +116,12 @@ def plot(pooled: list[dict], nets: list[str], path: str) -> None:
             g = [r for r in pooled if r["net"] == net and r["truth"] == w]
             ax.scatter([max(r["mismatch"], 1e-7) for r in g], [r["above"] for r in g], s=12, c=colours[w],
                        label=f"{w} ({len(g)})", alpha=0.8)
-            loose = [r for r in g if r["word"] == NOT_PINNED]
-            ax.scatter([max(r["mismatch"], 1e-7) for r in loose], [r["above"] for r in loose], s=60,
+            said = [r for r in g if r.get("estimate") == RECOVERED]
+            ax.scatter([max(r["mismatch"], 1e-7) for r in said], [r["above"] for r in said], s=60,
                        facecolors="none", edgecolors="k", linewidths=0.8)
+            said = [r for r in g if r.get("estimate") == NOT_RECOVERED]
+            ax.scatter([max(r["mismatch"], 1e-7) for r in said], [r["above"] for r in said], s=60, marker="x",
+                       c="k", linewidths=0.8)
         for t in (EXPLAINED_BELOW, UNEXPLAINED_FROM):
             ax.axvline(t, color="grey", lw=0.8, ls="--")
         ax.axhline(10, color="grey", lw=0.5, ls=":")
@@ -127,8 +131,8 @@ def plot(pooled: list[dict], nets: list[str], path: str) -> None:
         ax.set_xlabel("capture's relative mismatch")
         ax.legend(fontsize=7, loc="upper right")
     axes[0][0].set_ylabel("PSNR above the best trivial guess (dB)")
-    fig.suptitle("verdict thresholds (dashed: 1e-3, 0.03) against the verdict with truth; circled: not pinned",
-                 fontsize=9)
+    fig.suptitle("mismatch thresholds (dashed: 1e-3, 0.03) against the verdict with truth (colour); the estimate "
+                 "without truth: ringed recovered, crossed not recovered, bare undecided", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -142,6 +146,10 @@ while args[:1] in (["--plot"], ["--json"]):
         out_json = args[1]
     args = args[2:]
 pooled, nets = [], []
+if args[:1] == ["--rows"]:  # the rows a --json run wrote: table and plot again without recomputing them
+    pooled = json.loads(Path(args[1]).read_text())
+    nets = list(dict.fromkeys(r["net"] for r in pooled))
+    args = []
 for arg in args:
     label, _, run = arg.rpartition("=") if "=" in arg else ("", "", arg)
     label = label or Path(run).name
