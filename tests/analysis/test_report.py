@@ -51,6 +51,7 @@ def test_the_report_gives_the_verdict_and_every_image_s_verdict_psnr_and_labels(
         card = (f"capture {row['capture']}, image {row['image']}\n{row['verdict']}\n"
                 f"PSNR {float(row['psnr']):.2f} dB")
         assert card in page, card
+        assert f"without truth: {row['estimate']}" in page
         assert f"true label: {row['true_label']} {EVIL_CLASS}{row['true_label']}" in page
     for guess in ("mean_colour_psnr_mean", "grey_psnr_mean"):
         assert f"{demo_run.metrics[guess]:.2f} dB" in page
@@ -69,6 +70,8 @@ def test_a_report_without_truth_gives_each_slot_s_label_and_the_mismatch_verdict
     for row in rows:
         assert (f"capture {row['capture']}, image {row['image']}\nslot label: {row['slot_label']}\n"
                 f"gradient: {row['mismatch_verdict']}") in page
+        assert row["estimate"] == "not recovered"  # 2 iterations from noise leave the gradient far off (>= 0.03)
+        assert f"\nestimate: {row['estimate']}" in page
     assert page.count("data:image/png;base64,") == len(rows) + 1  # the slots and objective.png
     assert "Trivial guesses" not in page
 
