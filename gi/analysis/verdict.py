@@ -198,7 +198,14 @@ def slot_verdict(mismatch: float, swap: float | None, known: bool = True) -> str
     word = mismatch_verdict(mismatch, known)
     if word not in (EXPLAINS, PARTLY_EXPLAINS) or swap is None or math.isnan(swap):
         return word
-    return word if swap >= max(PINNED_RATIO * mismatch, PINNED_FLOOR) else NOT_PINNED
+    return word if moves_share(swap, mismatch, PINNED_RATIO) else NOT_PINNED
+
+
+def moves_share(swap: float, mismatch: float, ratio: float) -> bool:
+    """Whether a slot's swap for its mean colour moves the share by at least ``ratio`` times its capture's
+    mismatch and above the float32 simulation's rounding (:data:`PINNED_FLOOR`): the one test behind pinned
+    (:data:`PINNED_RATIO`) and loose (:attr:`Calibration.loose_below`) slots."""
+    return swap >= max(ratio * mismatch, PINNED_FLOOR)
 
 
 def slot_verdicts(mismatch: float, swaps: Sequence[float] | None, known: bool = True) -> list[str] | None:
@@ -230,17 +237,17 @@ def image_estimate(mismatch: float, swap: float | None, kind: str | None, known:
         return UNDECIDED
     if math.isnan(mismatch):
         return NOT_RECOVERED
-    cal = CALIBRATIONS.get(kind) if kind is not None else None
+    cal = CALIBRATIONS.get(kind)
     if cal is None:
         return UNDECIDED
     if cal.failed_from is not None and mismatch >= cal.failed_from:
         return NOT_RECOVERED
     if swap is None or math.isnan(swap):
         return UNDECIDED
-    if cal.loose_below is not None and swap < max(cal.loose_below * mismatch, PINNED_FLOOR):
+    if cal.loose_below is not None and not moves_share(swap, mismatch, cal.loose_below):
         return NOT_RECOVERED
-    pinned = swap >= max(PINNED_RATIO * mismatch, PINNED_FLOOR)
-    if cal.recovered_below is not None and mismatch < cal.recovered_below and pinned:
+    if cal.recovered_below is not None and mismatch < cal.recovered_below and moves_share(swap, mismatch,
+                                                                                          PINNED_RATIO):
         return RECOVERED
     return UNDECIDED
 
@@ -605,6 +612,6 @@ __all__ = [
     "PARTLY_EXPLAINS", "PINNED_FLOOR", "PINNED_RATIO", "RECOVERED", "RECOVERED_MARGIN_DB", "RECOVERED_MIN_PSNR_DB",
     "SLOT_VERDICTS", "UNEXPLAINED_FROM", "UNKNOWN_ORDER", "best_guess", "feature_summary", "image_sentence",
     "image_summary", "image_verdict", "labels_phrase", "mismatch_phrase", "mismatch_sentence", "mismatch_summary",
-    "mismatch_verdict", "overall", "prior_summary", "slot_sentence", "slot_verdict", "slot_verdicts", "tally",
-    "trivial_baselines", "trivial_guesses", "verdict_line",
+    "mismatch_verdict", "moves_share", "overall", "prior_summary", "slot_sentence", "slot_verdict", "slot_verdicts",
+    "tally", "trivial_baselines", "trivial_guesses", "verdict_line",
 ]
