@@ -174,6 +174,17 @@ def label_name(label: int, classes: Sequence[str] = ()) -> str:
     return f"{label} {classes[label]}" if 0 <= label < len(classes) else str(label)
 
 
+def slot_words(rec: Reconstruction, mismatch: float, known: bool) -> tuple[list[str] | None, list[str]]:
+    """A reconstruction's words per slot without truth: the slot verdicts (:func:`gi.analysis.verdict.slot_verdicts`;
+    None where its slots were not swapped) and the estimates (:func:`gi.analysis.verdict.image_estimates` by its
+    ``history["evidence"]``), from its capture's ``mismatch`` and whether it can be re-simulated (``known``)."""
+    from gi.analysis.verdict import image_estimates, slot_verdicts
+
+    swaps = rec.history.get("slot_swap_distance")
+    return (slot_verdicts(mismatch, swaps, known),
+            image_estimates(mismatch, swaps, rec.history.get("evidence"), known, rec.images.shape[0]))
+
+
 def truth_table(outcome: AttackResult, truths: Sequence[Truth], lcfg: LabelConfig, seed: int,
                 metric_options: dict[str, Any], classes: Sequence[str] = ()) -> Table:
     """Every truth image scored against its pixel-matched reconstruction slot (one row each), beside the trivial
@@ -184,7 +195,7 @@ def truth_table(outcome: AttackResult, truths: Sequence[Truth], lcfg: LabelConfi
     import torch
 
     from gi.analysis.metrics import label_metrics, score
-    from gi.analysis.verdict import image_estimates, image_verdict, mismatch_verdict, slot_verdicts, trivial_baselines
+    from gi.analysis.verdict import image_verdict, mismatch_verdict, trivial_baselines
 
     table = Table()
     simulable = outcome.simulable  # per capture, once: it derives each capture's local schedule
@@ -202,9 +213,7 @@ def truth_table(outcome: AttackResult, truths: Sequence[Truth], lcfg: LabelConfi
         table.final_label_scores.append(label_metrics(used_labels(rec, lcfg.mode), truth))
         slots = rec.labels.argmax(1).tolist()
         mismatch, known = mismatch_of(rec), simulable[k]
-        words = slot_verdicts(mismatch, rec.history.get("slot_swap_distance"), known)
-        guesses = image_estimates(mismatch, rec.history.get("slot_swap_distance"), rec.history.get("evidence"),
-                                  known, rec.images.shape[0])
+        words, guesses = slot_words(rec, mismatch, known)
         indices = truth.meta.get("indices") or [None] * truth.images.shape[0]
         for i in range(truth.images.shape[0]):
             trivial = max(base["grey_psnr"][i], base["mean_colour_psnr"][i])
@@ -229,14 +238,12 @@ def plain_table(outcome: AttackResult, classes: Sequence[str] = ()) -> Table:
     """Without truth: one row per reconstruction slot, with its label (named by ``classes``, :func:`label_name`, in
     the captions) and its verdict (:func:`gi.analysis.verdict.slot_verdict`: its capture's mismatch verdict, or
     ``not pinned``)."""
-    from gi.analysis.verdict import image_estimates, mismatch_verdict, slot_verdicts
+    from gi.analysis.verdict import mismatch_verdict
 
     table = Table()
     for k, (rec, known) in enumerate(zip(outcome.reconstructions, outcome.simulable)):
         mismatch = mismatch_of(rec)
-        words = slot_verdicts(mismatch, rec.history.get("slot_swap_distance"), known)
-        guesses = image_estimates(mismatch, rec.history.get("slot_swap_distance"), rec.history.get("evidence"),
-                                  known, rec.images.shape[0])
+        words, guesses = slot_words(rec, mismatch, known)
         for i in range(rec.images.shape[0]):
             label = int(rec.labels[i].argmax())
             table.rows.append({"capture": k, "image": i, "slot_label": label, "gradient_mismatch": mismatch,
